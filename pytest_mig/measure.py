@@ -1,0 +1,347 @@
+"""Timing, robust statistics, and the Metric record every workload produces.
+
+GPU work is timed with CUDA events on the current stream (under emulation that is the green
+context's stream), after warm-up, over several repeats; the figure reported is the median.
+Nothing here imports pytest.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Literal, Sequence
+
+Direction = Literal["higher", "lower"]
+
+#: Kinds of metric; the verdict and scaling layers pick tolerances and ideal bases by kind.
+METRIC_KINDS = ("compute", "tensor", "memory", "training", "simulation", "energy", "cost", "info")
+
+
+@dataclass
+class Metric:
+    """One named figure of one test: what the verdict layer compares and the reports print."""
+
+    name: str
+    value: float
+    unit: str
+    direction: Direction = "higher"
+    samples: list[float] = field(default_factory=list)
+    kind: str = "compute"
+    info: dict[str, Any] = field(default_factory=dict)
+    compare: bool = True  # False: informational (size at peak, power), never a regression
+
+    def __post_init__(self) -> None:
+        if self.direction not in ("higher", "lower"):
+            raise ValueError(f"direction must be 'higher' or 'lower', not {self.direction!r}")
+        if self.kind not in METRIC_KINDS:
+            raise ValueError(f"kind must be one of {METRIC_KINDS}, not {self.kind!r}")
+        self.value = float(self.value)
+        self.samples = [float(s) for s in self.samples]
+
+    @property
+    def stats(self) -> "Stats | None":
+        return Stats.of(self.samples) if self.samples else None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        st = self.stats
+        d["stats"] = asdict(st) if st else None
+        return d
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Robust summary of repeated samples."""
+
+    n: int
+    median: float
+    mean: float
+    min: float
+    max: float
+    mad: float  # median absolute deviation
+    iqr: float
+    cv: float  # stdev / mean (0 for one sample)
+
+    @classmethod
+    def of(cls, samples: Sequence[float]) -> "Stats":
+        if not samples:
+            raise ValueError("no samples")
+        xs = sorted(float(s) for s in samples)
+        med = statistics.median(xs)
+        mean = statistics.fmean(xs)
+        mad = statistics.median([abs(x - med) for x in xs])
+        if len(xs) >= 2:
+            q = statistics.quantiles(xs, n=4, method="inclusive")
+            iqr = q[2] - q[0]
+            cv = statistics.stdev(xs) / mean if mean else 0.0
+        else:
+            iqr, cv = 0.0, 0.0
+        return cls(len(xs), med, mean, xs[0], xs[-1], mad, iqr, cv)
+
+
+def percentile(samples: Sequence[float], p: float) -> float:
+    """Linear-interpolated percentile, p in [0, 100]."""
+    xs = sorted(samples)
+    if not xs:
+        raise ValueError("no samples")
+    k = (len(xs) - 1) * p / 100.0
+    lo, hi = math.floor(k), math.ceil(k)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def _cuda_ready() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available() and torch.cuda.is_initialized())
+
+
+def synchronize() -> None:
+    if _cuda_ready():
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def time_fn(fn: Callable[[], Any], *, warmup: int = 3, repeats: int = 10, device: str = "cuda") -> list[float]:
+    """Seconds per call of ``fn``: CUDA events around each call on a GPU, perf_counter on the CPU."""
+    for _ in range(max(0, warmup)):
+        fn()
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+        pairs = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            pairs.append((start, end))
+        torch.cuda.synchronize()
+        return [s.elapsed_time(e) / 1e3 for s, e in pairs]
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+class GpuClock:
+    """A monotonic clock for pytest-benchmark that advances by CUDA-event time once CUDA is up.
+
+    pytest-benchmark reads its timer before and after each round; with this clock the difference
+    is the GPU time between two events on the current stream (the host waits for the second), so
+    a round is timed by the device, not by launch overhead.  Before CUDA starts, and on the CPU,
+    it advances with perf_counter.  It never goes backwards.
+    """
+
+    def __init__(self) -> None:
+        self._value = 0.0
+        self._last_event: Any = None
+        self._last_host = time.perf_counter()
+
+    def __call__(self) -> float:
+        now_host = time.perf_counter()
+        if _cuda_ready():
+            import torch
+
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            ev.synchronize()
+            if self._last_event is not None:
+                try:
+                    self._value += max(0.0, self._last_event.elapsed_time(ev) / 1e3)
+                except RuntimeError:  # events from different contexts/streams: fall back to host time
+                    self._value += max(0.0, now_host - self._last_host)
+            else:
+                self._value += max(0.0, now_host - self._last_host)
+            self._last_event = ev
+        else:
+            self._value += max(0.0, now_host - self._last_host)
+            self._last_event = None
+        self._last_host = time.perf_counter()
+        return self._value
+
+
+#: The clock pytest-mig hands to pytest-benchmark (``--benchmark-timer pytest_mig.measure.gpu_clock``).
+gpu_clock = GpuClock()
+
+
+@dataclass
+class PowerTrace:
+    """Board power samples taken during a measurement (NVML power is board-level, also on MIG)."""
+
+    watts: list[float]
+    seconds: float
+    energy_j: float | None  # from the energy counter where the GPU has one
+    source: str  # "energy-counter" or "power-samples"
+
+    @property
+    def mean_w(self) -> float | None:
+        if self.energy_j is not None and self.seconds > 0:
+            return self.energy_j / self.seconds
+        return statistics.fmean(self.watts) if self.watts else None
+
+    @property
+    def joules(self) -> float | None:
+        if self.energy_j is not None:
+            return self.energy_j
+        m = statistics.fmean(self.watts) if self.watts else None
+        return m * self.seconds if m is not None else None
+
+
+class PowerSampler:
+    """Samples board power every ``interval`` seconds in a thread while a measurement runs.
+
+    ``read_power_w`` and ``read_energy_mj`` come from the nvml module (or a fake in tests); either
+    may be None.  Used as a context manager; ``trace`` is set on exit.
+    """
+
+    def __init__(
+        self,
+        read_power_w: Callable[[], float | None] | None,
+        read_energy_mj: Callable[[], float | None] | None = None,
+        interval: float = 0.25,
+    ) -> None:
+        self._read_power = read_power_w
+        self._read_energy = read_energy_mj
+        self.interval = interval
+        self.trace: PowerTrace | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._samples: list[float] = []
+
+    def _safe(self, fn: Callable[[], float | None] | None) -> float | None:
+        if fn is None:
+            return None
+        try:
+            return fn()
+        except Exception:  # telemetry must never break a measurement
+            return None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            w = self._safe(self._read_power)
+            if w is not None:
+                self._samples.append(w)
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> "PowerSampler":
+        synchronize()
+        self._e0 = self._safe(self._read_energy)
+        self._t0 = time.perf_counter()
+        if self._read_power is not None:
+            self._thread = threading.Thread(target=self._run, name="pytest-mig-power", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        synchronize()
+        seconds = time.perf_counter() - self._t0
+        e1 = self._safe(self._read_energy)
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+        energy = (e1 - self._e0) / 1e3 if (e1 is not None and self._e0 is not None and e1 >= self._e0) else None
+        source = "energy-counter" if energy is not None else "power-samples"
+        self.trace = PowerTrace(list(self._samples), seconds, energy, source)
+
+
+@dataclass
+class Timing:
+    """Seconds per repeat of one timed callable, with the telemetry taken while it ran."""
+
+    samples: list[float]
+    power: PowerTrace | None = None
+    clocks: dict[str, Any] = field(default_factory=dict)  # before/after SM clock, throttle reasons
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    @property
+    def stats(self) -> Stats:
+        return Stats.of(self.samples)
+
+    def rate_samples(self, work: float) -> list[float]:
+        """Work per second for each repeat (e.g. FLOPs/s when ``work`` is FLOPs per call)."""
+        return [work / s for s in self.samples if s > 0]
+
+
+class Telemetry:
+    """What a measurement can read from the board: power, energy, clocks, throttle reasons.
+
+    The nvml module builds one for the Target's parent GPU; on the CPU every reader is None.
+    """
+
+    def __init__(
+        self,
+        read_power_w: Callable[[], float | None] | None = None,
+        read_energy_mj: Callable[[], float | None] | None = None,
+        read_clocks: Callable[[], dict[str, Any]] | None = None,
+        interval: float = 0.25,
+    ) -> None:
+        self.read_power_w = read_power_w
+        self.read_energy_mj = read_energy_mj
+        self.read_clocks = read_clocks
+        self.interval = interval
+
+    def clocks(self) -> dict[str, Any]:
+        if self.read_clocks is None:
+            return {}
+        try:
+            return dict(self.read_clocks())
+        except Exception:
+            return {}
+
+
+class Timer:
+    """Times a callable on a Target's device with warm-up and repeats, sampling power meanwhile.
+
+    Workloads take a Timer so that they stay free of pytest: the benchmark fixture hands them one
+    that also feeds pytest-benchmark; scripts and unit tests use this plain one.
+    """
+
+    def __init__(self, device: str = "cpu", telemetry: Telemetry | None = None) -> None:
+        self.device = device
+        self.telemetry = telemetry or Telemetry()
+
+    def _timed(self, fn: Callable[[], Any], warmup: int, repeats: int) -> list[float]:
+        return time_fn(fn, warmup=warmup, repeats=repeats, device=self.device)
+
+    def __call__(self, fn: Callable[[], Any], *, warmup: int = 3, repeats: int = 10) -> Timing:
+        before = self.telemetry.clocks()
+        sampler = PowerSampler(self.telemetry.read_power_w, self.telemetry.read_energy_mj, self.telemetry.interval)
+        with sampler:
+            samples = self._timed(fn, warmup, repeats)
+        after = self.telemetry.clocks()
+        clocks = {"before": before, "after": after} if (before or after) else {}
+        power = sampler.trace if (sampler.trace and (sampler.trace.watts or sampler.trace.energy_j is not None)) else None
+        return Timing(samples=samples, power=power, clocks=clocks)
+
+
+def energy_metrics(timing: Timing, work_per_call: float, unit: str, *, label: str | None = None) -> list[Metric]:
+    """Average board power and energy per unit of work (J/token, J/TFLOP, ...), where power was read.
+
+    ``unit`` names the work (``"token"``, ``"TFLOP"``); NVML power is board-level, also on a MIG slice.
+    """
+    if timing.power is None or timing.power.joules is None or not timing.samples:
+        return []
+    calls = len(timing.samples)
+    busy = sum(timing.samples)
+    # Energy over the sampled window covers warm-up and gaps too: scale by the busy fraction's power.
+    mean_w = timing.power.mean_w or 0.0
+    joules_per_call = mean_w * busy / calls
+    tag = f"{label}_" if label else ""
+    info = {"scope": "board", "source": timing.power.source, "samples": len(timing.power.watts)}
+    return [
+        Metric(f"{tag}power_w", mean_w, "W", "lower", [], kind="energy", info=info, compare=False),
+        Metric(f"{tag}energy_j_per_{unit.lower()}", joules_per_call / work_per_call, f"J/{unit}", "lower",
+               [], kind="energy", info=info),
+    ]

@@ -1,0 +1,108 @@
+"""Result records: one per metric of one test, with the Target and fingerprint it was measured on.
+
+Every run writes them to a results JSON file (for merging across nodes and slices with
+``pytest-mig report``), and the verdict layer compares them with baselines.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from .measure import Metric
+
+RESULTS_SCHEMA = "pytest-mig/results/1"
+
+
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass
+class ResultRecord:
+    """One metric of one test on one Target."""
+
+    test: str  # the test's key: node id without the profile parameter (same across profiles)
+    metric: Metric
+    target: dict[str, Any]  # Target.to_dict()
+    fingerprint: dict[str, Any]
+    timestamp: str = field(default_factory=utc_now)
+    node: str = field(default_factory=lambda: os.uname().nodename)
+    verdict: dict[str, Any] | None = None  # filled by the verdict layer
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.test, self.metric.name)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "test": self.test,
+            "metric": self.metric.to_dict(),
+            "target": self.target,
+            "fingerprint": self.fingerprint,
+            "timestamp": self.timestamp,
+            "node": self.node,
+            "verdict": self.verdict,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ResultRecord":
+        m = dict(d["metric"])
+        m.pop("stats", None)
+        return cls(
+            test=str(d["test"]),
+            metric=Metric(**m),
+            target=dict(d.get("target") or {}),
+            fingerprint=dict(d.get("fingerprint") or {}),
+            timestamp=str(d.get("timestamp", "")),
+            node=str(d.get("node", "")),
+            verdict=d.get("verdict"),
+        )
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write via a temporary file in the same folder and rename: a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def write_results(path: Path, records: Iterable[ResultRecord], meta: dict[str, Any] | None = None) -> None:
+    doc = {"schema": RESULTS_SCHEMA, "meta": meta or {}, "records": [r.to_dict() for r in records]}
+    atomic_write_text(Path(path), json.dumps(doc, indent=2, sort_keys=True) + "\n")
+
+
+class ResultsFileError(Exception):
+    """A results file that cannot be read: one sentence naming the file and the problem."""
+
+
+def read_results(path: Path) -> list[ResultRecord]:
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ResultsFileError(f"{path}: no such results file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ResultsFileError(f"{path}: not a readable JSON results file ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("schema") != RESULTS_SCHEMA or not isinstance(doc.get("records"), list):
+        raise ResultsFileError(f"{path}: not a pytest-mig results file (schema {RESULTS_SCHEMA} expected)")
+    try:
+        return [ResultRecord.from_dict(r) for r in doc["records"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ResultsFileError(f"{path}: a record is malformed ({exc})") from None
