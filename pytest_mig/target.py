@@ -11,8 +11,10 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from fractions import Fraction
+from typing import Any, Literal, Mapping
 
+from .nvml import Gpu, Inventory, MigInstance, iter_visible
 from .profiles import ALL, CPU, FULL, GpuModel, ProfileError, ProfileSpec, ladder, lookup_model, model_slug, parse_profile
 
 TargetKind = Literal["mig", "full", "emulated", "cpu"]
@@ -117,3 +119,363 @@ class Target:
             "verified": self.verified,
             "emulated": self.emulated,
         }
+
+
+# --------------------------------------------------------------------------- choosing the Target
+
+_HIDDEN = {"", "-1", "none", "nodevfiles", "void"}
+
+
+@dataclass(frozen=True)
+class Options:
+    """The run's choices, from the command line / ini (see plugin.py)."""
+
+    profile: str | None = None
+    device: str | None = None
+    emulate: bool = False
+    require_gpu: bool = False
+
+
+@dataclass
+class Plan:
+    """What the run measures and how to pin it."""
+
+    targets: list[Target]
+    pin: str | None = None  # value for CUDA_VISIBLE_DEVICES; None leaves the environment alone
+    header: list[str] = field(default_factory=list)
+
+    @property
+    def sweep(self) -> bool:
+        return len(self.targets) > 1
+
+
+def gpu_profiles(gpu: Gpu) -> list[ProfileSpec]:
+    """This GPU's profiles: NVML's live table where it answered, else the catalog's."""
+    model = lookup_model(gpu.name, gpu.memory_mib)
+    if gpu.profiles:
+        specs = []
+        for p in gpu.profiles:
+            cat = model.profile(p.name) if model else None
+            frac = cat.memory_fraction if cat else Fraction(p.slices, 8)
+            specs.append(ProfileSpec(p.name, p.sms, p.memory_mb / 1024, frac, p.copy_engines, p.instance_count))
+        return specs
+    return list(model.profiles) if model else []
+
+
+def _names(specs: list[ProfileSpec]) -> str:
+    return ", ".join(s.name for s in specs) or "none known"
+
+
+def _find_spec(specs: list[ProfileSpec], name: str) -> ProfileSpec | None:
+    for s in specs:
+        if s.name.lower() == name.lower():
+            return s
+    return None
+
+
+def _spec_for_compute_instance(specs: list[ProfileSpec], name: str) -> ProfileSpec | None:
+    """'1c.3g.40gb': memory of the 3g GPU instance, SMs of a 1g slice (an approximation the header states)."""
+    parsed = parse_profile(name)
+    gi = _find_spec(specs, parsed.gi_name)
+    if gi is None:
+        return None
+    if not parsed.is_compute_instance:
+        return gi
+    small = next((s for s in specs if s.slices == parsed.compute_slices and not s.parsed.media), None)
+    sms = small.sms if small else None
+    return ProfileSpec(str(parsed), sms, gi.memory_gib, gi.memory_fraction, gi.copy_engines, gi.max_instances, True)
+
+
+def _resolve_visible(entry: str, inv: Inventory) -> tuple[Gpu, MigInstance | None] | None:
+    """A CUDA_VISIBLE_DEVICES / --mig-device entry: N, N:M, GPU-uuid, MIG-uuid or MIG-GPU-uuid/gi/ci."""
+    if entry.startswith("MIG-GPU-") and "/" in entry:  # pre-R470 form
+        gpu_uuid, gi, ci = entry[4:].split("/")[:3]
+        gpu = inv.find_gpu(gpu_uuid)
+        if gpu is None:
+            return None
+        for inst in gpu.instances:
+            if str(inst.gpu_instance_id) == gi and str(inst.compute_instance_id) == ci:
+                return gpu, inst
+        return None
+    if entry.startswith("MIG-"):
+        inst = inv.find_instance(entry)
+        return (inv.gpus[[g.index for g in inv.gpus].index(inst.gpu_index)], inst) if inst else None
+    if ":" in entry:
+        g, _, m = entry.partition(":")
+        gpu = inv.find_gpu(g)
+        if gpu is None:
+            return None
+        inst = next((i for i in gpu.instances if str(i.mig_index) == m), None)
+        return (gpu, inst) if inst else None
+    gpu = inv.find_gpu(entry)
+    return (gpu, None) if gpu else None
+
+
+def _gpu_words(gpu: Gpu) -> str:
+    return f"GPU {gpu.index} ({gpu.name})"
+
+
+def _instances_words(gpu: Gpu) -> str:
+    counts: dict[str, int] = {}
+    for i in gpu.instances:
+        counts[i.profile] = counts.get(i.profile, 0) + 1
+    return ", ".join(f"{k} x{v}" for k, v in counts.items()) or "no instances"
+
+
+def _cpu_plan(reason: str, opts: Options) -> Plan:
+    if opts.require_gpu:
+        raise SelectionError(f"--mig-require-gpu is set but there is no usable GPU: {reason}.")
+    t = Target(kind="cpu", profile=CPU, chosen_by="no GPU", notes=[reason])
+    asked = f" (--mig-profile {opts.profile} not applied)" if opts.profile else ""
+    header = [f"no GPU: {reason}; running the workloads on the CPU at small sizes{asked}; "
+              "nothing is compared with GPU baselines"]
+    return Plan([t], None, header)
+
+
+def _green_contexts_supported() -> tuple[bool, str]:
+    try:
+        import torch
+        from torch.cuda import green_contexts
+    except ImportError:
+        return False, "this PyTorch has no torch.cuda.green_contexts (PyTorch >= 2.10 with CUDA 12.8+ is needed)"
+    if not getattr(green_contexts, "SUPPORTED", False):
+        return False, (f"this PyTorch ({torch.__version__}) was built without green-context support "
+                       "(a CUDA 12.8+ build of PyTorch >= 2.10 is needed)")
+    return True, ""
+
+
+def _full_target(gpu: Gpu, chosen_by: str) -> Target:
+    model = lookup_model(gpu.name, gpu.memory_mib)
+    return Target(kind="full", profile=FULL, chosen_by=chosen_by, gpu_name=gpu.name, uuid=gpu.uuid,
+                  gpu_index=gpu.index, sms=model.sms if model else None, memory_bytes=gpu.memory_mib * 2**20,
+                  compute_capability=gpu.compute_capability)
+
+
+def _mig_target(gpu: Gpu, inst: MigInstance, chosen_by: str) -> Target:
+    specs = gpu_profiles(gpu)
+    spec = _find_spec(specs, inst.profile)
+    return Target(kind="mig", profile=inst.profile, chosen_by=chosen_by, gpu_name=gpu.name, uuid=inst.uuid,
+                  gpu_index=gpu.index, sms=inst.sms or (spec.sms if spec else None),
+                  memory_bytes=(inst.memory_mb * 2**20) if inst.memory_mb else (spec.memory_bytes if spec else None),
+                  spec=spec, compute_capability=gpu.compute_capability)
+
+
+def _emulated_target(gpu: Gpu, spec: ProfileSpec, chosen_by: str) -> Target:
+    return Target(kind="emulated", profile=spec.name, chosen_by=chosen_by, gpu_name=gpu.name, uuid=gpu.uuid,
+                  gpu_index=gpu.index, sms=spec.sms, memory_bytes=spec.memory_bytes, spec=spec,
+                  compute_capability=gpu.compute_capability)
+
+
+def plan_run(opts: Options, inv: Inventory, env: Mapping[str, str]) -> Plan:
+    """Choose the Target(s) of a run.  Raises SelectionError for every user mistake."""
+    profile = opts.profile.strip() if opts.profile else None
+    if profile and profile.lower() not in (FULL, ALL):
+        try:
+            parse_profile(profile)
+        except ProfileError as exc:
+            raise SelectionError(str(exc) + ".") from None
+    if profile and profile.lower() == ALL and not opts.emulate:
+        raise SelectionError("--mig-profile all sweeps every profile of the GPU in one process, which only "
+                             "emulation can do: add --mig-emulate (on a MIG GPU, run one job per slice instead).")
+
+    cvd = env.get("CUDA_VISIBLE_DEVICES")
+    if cvd is not None and cvd.strip().lower() in _HIDDEN:
+        return _cpu_plan(f"CUDA_VISIBLE_DEVICES={cvd!r} hides every GPU", opts)
+    if inv.error:
+        return _cpu_plan(inv.error, opts)
+    if not inv.gpus:
+        return _cpu_plan("NVML found no NVIDIA GPU on this machine", opts)
+
+    # The device the scheduler or the user named, if any.
+    named: tuple[Gpu, MigInstance | None] | None = None
+    chosen_by = "plugin"
+    visible = list(iter_visible(cvd))
+    if visible:
+        named = _resolve_visible(visible[0], inv)
+        if named is None:
+            raise SelectionError(f"CUDA_VISIBLE_DEVICES={cvd} names no GPU or MIG instance on this machine "
+                                 f"(NVML sees: {'; '.join(_gpu_words(g) + ': ' + (_instances_words(g) if g.mig_enabled else 'MIG off') for g in inv.gpus)}).")
+        chosen_by = "scheduler (CUDA_VISIBLE_DEVICES)"
+    if opts.device:
+        by_option = _resolve_visible(opts.device.strip(), inv)
+        if by_option is None:
+            known = [i.uuid for i in inv.instances] + [f"{g.index} ({g.uuid})" for g in inv.gpus]
+            raise SelectionError(f"--mig-device {opts.device} is not a GPU or MIG instance on this machine; "
+                                 f"known: {', '.join(known)}.")
+        if named is not None and by_option != named:
+            raise SelectionError(f"--mig-device {opts.device} is not the device this job was given "
+                                 f"(CUDA_VISIBLE_DEVICES={cvd}).")
+        named, chosen_by = by_option, "--mig-device"
+    pin = None if visible else (named[1].uuid if named and named[1] else (named[0].uuid if named else None))
+
+    def finish(targets: list[Target], pin_value: str | None) -> Plan:
+        return Plan(targets, pin_value, [])
+
+    # 1. No profile asked: measure what we were given.
+    if profile is None:
+        if named is not None:
+            gpu, inst = named
+            if inst is not None:
+                return finish([_mig_target(gpu, inst, chosen_by)], pin)
+            if gpu.mig_enabled:
+                free = [i for i in gpu.instances if i.free]
+                if not free:
+                    raise SelectionError(f"{_gpu_words(gpu)} has MIG mode on and no free instance; "
+                                         "pick one with --mig-profile or --mig-device.")
+                return finish([_mig_target(gpu, free[0], "plugin (first free instance)")], free[0].uuid)
+            return finish([_full_target(gpu, chosen_by)], pin)
+        gpu = inv.gpus[0]
+        if gpu.mig_enabled:
+            free = [i for i in gpu.instances if i.free]
+            if not free:
+                raise SelectionError(f"{_gpu_words(gpu)} has MIG mode on and no free instance; "
+                                     "pick one with --mig-profile or --mig-device.")
+            return finish([_mig_target(gpu, free[0], "plugin (first free instance)")], free[0].uuid)
+        return finish([_full_target(gpu, "plugin")], gpu.uuid)
+
+    # 2. A whole GPU.
+    if profile.lower() == FULL:
+        if named is not None:
+            gpu, inst = named
+            if inst is not None:
+                raise SelectionError(f"--mig-profile full asks for a whole GPU, but the device given is {inst.uuid}, "
+                                     f"a {inst.profile} MIG instance.")
+            if gpu.mig_enabled:
+                raise SelectionError(f"--mig-profile full needs a GPU with MIG mode off, but {_gpu_words(gpu)} has "
+                                     f"MIG on ({_instances_words(gpu)}); pick one of its profiles instead.")
+            return finish([_full_target(gpu, chosen_by)], pin)
+        gpu = next((g for g in inv.gpus if not g.mig_enabled), None)
+        if gpu is None:
+            raise SelectionError("--mig-profile full needs a GPU with MIG mode off, but every GPU here has MIG on: "
+                                 + "; ".join(f"{_gpu_words(g)}: {_instances_words(g)}" for g in inv.gpus) + ".")
+        return finish([_full_target(gpu, "plugin")], gpu.uuid)
+
+    # 3. Emulation: one profile or the whole ladder, on a GPU whose MIG is off.
+    if opts.emulate:
+        gpu = named[0] if named is not None else next((g for g in inv.gpus if not g.mig_enabled), inv.gpus[0])
+        if named is not None and named[1] is not None or gpu.mig_enabled:
+            raise SelectionError(f"--mig-emulate approximates a profile on a GPU with MIG mode off, but "
+                                 f"{_gpu_words(gpu)} has MIG on: drop --mig-emulate and run on a real instance.")
+        ok, why = _green_contexts_supported()
+        if not ok:
+            raise SelectionError(f"--mig-emulate needs CUDA green contexts, but {why}.")
+        specs = gpu_profiles(gpu)
+        if profile.lower() == ALL:
+            targets = [_emulated_target(gpu, s, "emulation") for s in ladder(specs)]
+            if not targets:
+                raise SelectionError(f"{_gpu_words(gpu)} has no MIG profiles to emulate.")
+        else:
+            spec = _spec_for_compute_instance(specs, profile)
+            if spec is None:
+                raise SelectionError(f"{_gpu_words(gpu)} has no profile {profile}; its profiles: {_names(specs)}.")
+            targets = [_emulated_target(gpu, spec, "emulation")]
+        return finish(targets, pin if named is not None else gpu.uuid)
+
+    # 4. A real MIG slice of the profile asked.
+    candidates = [named[0]] if named is not None else list(inv.gpus)
+    for gpu in candidates:
+        specs = gpu_profiles(gpu)
+        if _find_spec(specs, parse_profile(profile).gi_name) is None:
+            if len(candidates) == 1:
+                raise SelectionError(f"{_gpu_words(gpu)} has no profile {profile}; its profiles: {_names(specs)}.")
+    mig_gpus = [g for g in candidates if g.mig_enabled]
+    if not mig_gpus:
+        gpu = candidates[0]
+        raise SelectionError(f"{_gpu_words(gpu)} has MIG mode disabled, so there is no {profile} slice to pin; "
+                             f"its profiles are {_names(gpu_profiles(gpu))}. Use --mig-emulate to approximate "
+                             f"{profile} with a green context, or --mig-profile full for the whole GPU.")
+    if named is not None and named[1] is not None:
+        gpu, inst = named
+        if inst.profile.lower() != profile.lower():
+            raise SelectionError(f"{'CUDA_VISIBLE_DEVICES' if visible else '--mig-device'} names {inst.uuid}, a "
+                                 f"{inst.profile} instance, but --mig-profile asks for {profile}.")
+        return finish([_mig_target(gpu, inst, chosen_by)], pin)
+    matching = [(g, i) for g in mig_gpus for i in g.instances if i.profile.lower() == profile.lower()]
+    if not matching:
+        raise SelectionError(f"no {profile} instance exists: "
+                             + "; ".join(f"{_gpu_words(g)} has {_instances_words(g)}" for g in mig_gpus)
+                             + ". An administrator must create one (nvidia-smi mig -cgi).")
+    free = [(g, i) for g, i in matching if i.free]
+    if not free:
+        busy = ", ".join(f"{i.uuid} (pids {', '.join(map(str, i.busy_pids))})" for _, i in matching)
+        raise SelectionError(f"every {profile} instance is busy: {busy}.")
+    gpu, inst = free[0]
+    return finish([_mig_target(gpu, inst, "plugin (free instance)")], inst.uuid)
+
+
+# --------------------------------------------------------------------------- pinning and verifying
+
+
+def cuda_initialized() -> bool:
+    """Whether this process already started CUDA (then CUDA_VISIBLE_DEVICES can no longer pin it)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    try:
+        return bool(torch.cuda.is_initialized())
+    except Exception:
+        return False
+
+
+def pin(plan: Plan, environ: "os._Environ[str] | dict[str, str]") -> None:
+    """Set CUDA_VISIBLE_DEVICES before CUDA starts; refuse if CUDA started already on another device."""
+    if plan.pin is None:
+        return
+    if cuda_initialized() and environ.get("CUDA_VISIBLE_DEVICES") != plan.pin:
+        raise SelectionError(f"CUDA was initialised in this process before pytest-mig could pin {plan.pin}: "
+                             "something (a conftest, a plugin) touched the GPU at import time; move that code "
+                             "into a fixture or set CUDA_VISIBLE_DEVICES yourself.")
+    environ["CUDA_VISIBLE_DEVICES"] = plan.pin
+
+
+@dataclass(frozen=True)
+class CudaProps:
+    """What CUDA reports for device 0 of this process."""
+
+    name: str
+    sms: int
+    total_memory: int
+    capability: tuple[int, int]
+
+
+def cuda_props() -> CudaProps | None:
+    """Start CUDA on the pinned device and read it; None when this torch has no CUDA device."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    p = torch.cuda.get_device_properties(0)
+    return CudaProps(p.name, int(p.multi_processor_count), int(p.total_memory), (int(p.major), int(p.minor)))
+
+
+class VerificationError(SelectionError):
+    """The device CUDA gave is not the one asked for."""
+
+
+def verify(target: Target, props: CudaProps | None) -> Target:
+    """Check SMs and memory as CUDA sees them against the Target; returns the Target with the outcome.
+
+    MIG: SMs must match exactly and memory within 10%.  Whole GPU: SMs match the catalog's count.
+    Emulated: CUDA sees the whole GPU; the SMs really obtained are read back by the emulator.
+    """
+    if target.is_cpu:
+        return replace(target, verified="CPU run: nothing to verify")
+    if props is None:
+        raise VerificationError(f"NVML sees {target.gpu_name} but this PyTorch cannot use CUDA (is it a CPU-only "
+                                "build?): install a CUDA build of torch, or hide the GPU with CUDA_VISIBLE_DEVICES=''.")
+    t = replace(target, compute_capability=props.capability)
+    if target.kind == "emulated":
+        return replace(t, verified=f"CUDA sees the whole GPU ({props.sms} SMs); the green context limits it")
+    problems = []
+    if t.sms and props.sms != t.sms:
+        problems.append(f"{props.sms} SMs where {t.profile} has {t.sms}")
+    if t.memory_bytes and not (0.85 * t.memory_bytes <= props.total_memory <= 1.1 * t.memory_bytes):
+        problems.append(f"{props.total_memory / 2**30:.1f} GiB where {t.profile} has {t.memory_bytes / 2**30:.1f} GiB")
+    if target.kind == "mig" and " MIG " in props.name and target.profile not in props.name:
+        problems.append(f"CUDA names it '{props.name}'")
+    if problems:
+        raise VerificationError(f"the device CUDA gave is not the {t.profile} asked for: {'; '.join(problems)}.")
+    return replace(t, sms_obtained=props.sms, memory_bytes=min(t.memory_bytes or props.total_memory, props.total_memory),
+                   verified=f"ok: CUDA sees {props.sms} SMs and {props.total_memory / 2**30:.1f} GiB")

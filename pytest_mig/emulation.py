@@ -1,0 +1,131 @@
+"""Emulating a MIG profile on a GPU whose MIG mode is off: a green context with the profile's SMs
+and a cap on memory.
+
+Only SMs are partitioned: memory bandwidth, L2 and copy engines stay shared, so bandwidth figures
+under emulation are labelled and kept out of scaling checks.  The driver rounds SM requests (Hopper
+wants multiples of 8), so the SM count really obtained is read back and reported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import replace
+from typing import Any, Iterator
+
+from .target import Target
+
+
+def read_back_sms() -> tuple[int | None, str]:
+    """SMs available to the current CUDA context, and how that was read.
+
+    First the driver's own answer (cuCtxGetDevResource on the current context, through
+    cuda-bindings when installed); then an observation: a Triton kernel that writes each block's
+    %smid, counted over many blocks.
+    """
+    n = _sms_from_driver()
+    if n:
+        return n, "driver (cuCtxGetDevResource)"
+    n = _sms_observed()
+    if n:
+        return n, "observed (%smid of running blocks)"
+    return None, "not read back"
+
+
+def _sms_from_driver() -> int | None:
+    try:
+        from cuda.bindings import driver  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    try:
+        err, ctx = driver.cuCtxGetCurrent()
+        if int(err) != 0 or not ctx:
+            return None
+        err, res = driver.cuCtxGetDevResource(ctx, driver.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM)
+        if int(err) != 0:
+            return None
+        return int(res.sm.smCount)
+    except Exception:
+        return None
+
+
+_SMID_KERNEL: Any = None
+
+
+def _smid_kernel() -> Any:
+    global _SMID_KERNEL
+    if _SMID_KERNEL is None:
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def smid_kernel(out_ptr, spin, BLOCK: tl.constexpr):
+            lanes = tl.arange(0, BLOCK)
+            sm = tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r,r", [lanes], dtype=tl.int32, is_pure=False, pack=1)
+            acc = lanes.to(tl.float32)
+            for _ in range(spin):  # keep blocks resident long enough to spread over every SM
+                acc = acc * 0.999 + 1.0
+            tl.store(out_ptr + tl.program_id(0) * BLOCK + lanes, sm + (acc < -1.0).to(tl.int32))
+
+        _SMID_KERNEL = smid_kernel
+    return _SMID_KERNEL
+
+
+def _sms_observed() -> int | None:
+    try:
+        import torch
+
+        kernel = _smid_kernel()
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        blocks = 16 * int(props.multi_processor_count)
+        out = torch.full((blocks * 32,), -1, dtype=torch.int32, device="cuda")
+        kernel[(blocks,)](out, 20000, BLOCK=32)
+        torch.cuda.synchronize()
+        ids = out.view(blocks, 32)[:, 0]
+        if bool((ids < 0).any()):
+            return None
+        return int(torch.unique(ids).numel())
+    except Exception:
+        return None
+
+
+class Emulator:
+    """Creates one green context per SM count (reused across tests) and activates it around a test."""
+
+    def __init__(self, device_index: int = 0) -> None:
+        self.device_index = device_index
+        self._contexts: dict[int, Any] = {}
+        self._obtained: dict[int, tuple[int | None, str]] = {}
+
+    def _context(self, sms: int) -> Any:
+        if sms not in self._contexts:
+            from torch.cuda.green_contexts import GreenContext
+
+            self._contexts[sms] = GreenContext.create(num_sms=sms, device_id=self.device_index)
+        return self._contexts[sms]
+
+    @contextlib.contextmanager
+    def activate(self, target: Target) -> Iterator[Target]:
+        """Run the block inside the profile's green context with its memory cap; restore afterwards."""
+        import torch
+
+        if not target.sms:
+            raise RuntimeError(f"the SM count of {target.profile} is unknown, so it cannot be emulated")
+        total = torch.cuda.get_device_properties(self.device_index).total_memory
+        fraction = min(1.0, (target.memory_bytes or total) / total)
+        ctx = self._context(target.sms)
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.set_per_process_memory_fraction(fraction, self.device_index)
+        ctx.set_context()
+        try:
+            if target.sms not in self._obtained:
+                self._obtained[target.sms] = read_back_sms()
+            got, how = self._obtained[target.sms]
+            note = (f"green context: {target.sms} SMs asked, {got if got else '?'} obtained ({how}); "
+                    f"memory capped at {fraction * total / 2**30:.1f} GiB")
+            yield replace(target, sms_obtained=got, verified=note)
+        finally:
+            torch.cuda.synchronize()
+            ctx.pop_context()
+            torch.cuda.empty_cache()
+            torch.cuda.set_per_process_memory_fraction(1.0, self.device_index)

@@ -1,0 +1,437 @@
+"""pytest-mig's pytest hooks and fixtures, in the order pytest calls them.
+
+Hooks stay thin: choosing and pinning the device lives in target.py, NVML in nvml.py, emulation in
+emulation.py, timing in measure.py/bench.py, verdicts in baselines.py/verdict.py/scaling.py,
+reports in report.py.  Precedence of settings: marker > command line > environment > ini.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from . import nvml
+from .bench import MigBench
+from .measure import Metric, Telemetry
+from .results import ResultRecord, utc_now, write_results
+from .target import Options, Plan, SelectionError, Target, cuda_props, pin, plan_run, verify
+from .workloads import DoesNotFit
+
+HELP_PROFILE = ("MIG profile to pin the run to: 1g.10gb, 1g.10gb+me, 1c.3g.40gb, ..., 'full' (a whole GPU with MIG "
+                "off) or 'all' (every profile of this GPU, with --mig-emulate). Env: PYTEST_MIG_PROFILE.")
+HELP_DEVICE = "one MIG instance or GPU: MIG-<uuid>, GPU-<uuid>, an NVML GPU index N, or N:M (MIG slot M of GPU N)."
+HELP_EMULATE = ("approximate the profile on a GPU whose MIG mode is off: a green context with the profile's SM count "
+                "and a memory cap; results are labelled 'emulated' and never compared with real slices.")
+HELP_REQUIRE_GPU = "fail (instead of running on the CPU) when no usable GPU is found; for nightly GPU runners."
+HELP_QUICK = "quick mode: fewer sizes and repeats, about a minute per profile."
+HELP_SAVE = "record this run's figures as the baseline of this GPU model and profile (only the tests that ran)."
+HELP_BASELINE_DIR = "folder of baselines/<gpu-model>/<profile>.json (default: baselines)."
+HELP_TOLERANCE = "default tolerance of a regression, as a fraction or percent: 0.05 or 5% (default 5%)."
+HELP_IMPROVEMENT = "fail a test whose figure improved beyond tolerance: a stale baseline hides regressions."
+HELP_REPORT = "write a report of this run's figures and verdicts: .md, .csv or .json by suffix."
+HELP_RESULTS = "where this run's results JSON goes (default: .mig-results/results-<time>.json; 'none' to skip)."
+HELP_SCALING_RESULTS = "results files of other slices' runs (same GPU model) for the scaling checks."
+HELP_SCALING_BASIS = "ideal scaling between profiles: slices (7/3, 3/2, 2/1; default), sms, or memory."
+
+MARKERS = (
+    "mig_profiles(*names): run the test only on these profiles ('full', '1g.10gb', ...); skipped elsewhere",
+    "mig_min_memory(gb): skip the test on a Target with less memory than gb GiB",
+    "mig_min_sms(n): skip the test on a Target with fewer than n SMs",
+    "mig_gpu_only: skip the test on the CPU",
+    "mig_tolerance(fraction): the regression tolerance of this test's metrics (e.g. 0.1 for 10%)",
+    "mig_scaling: a cross-profile scaling check, run after all other tests",
+)
+
+
+@dataclass
+class RunState:
+    """Session state, kept in config.stash."""
+
+    plan: Plan
+    options: Options
+    records: list[ResultRecord] = field(default_factory=list)
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+    board: Any = None  # nvml.BoardReader of the parent GPU
+    emulator: Any = None
+    errors: list[str] = field(default_factory=list)  # make the run fail (a baseline that could not be saved)
+    messages: list[str] = field(default_factory=list)
+    baseline_errors: list[str] = field(default_factory=list)
+
+
+STATE = pytest.StashKey[RunState]()
+ITEM_RECORDS = pytest.StashKey[list[ResultRecord]]()
+
+
+# --------------------------------------------------------------------------- options
+
+
+def _tolerance(text: str) -> float:
+    import argparse
+
+    t = text.strip()
+    try:
+        value = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a tolerance: use a fraction like 0.05 or a percent like 5%")
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"tolerance {text} is out of range: it must be at least 0 and below 100%")
+    return value
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("mig", "pytest-mig: NVIDIA MIG slices and GPUs")
+    g.addoption("--mig-profile", dest="mig_profile", default=None, help=HELP_PROFILE)
+    g.addoption("--mig-device", dest="mig_device", default=None, help=HELP_DEVICE)
+    g.addoption("--mig-emulate", dest="mig_emulate", action="store_true", default=False, help=HELP_EMULATE)
+    g.addoption("--mig-require-gpu", dest="mig_require_gpu", action="store_true", default=None, help=HELP_REQUIRE_GPU)
+    g.addoption("--mig-quick", dest="mig_quick", action="store_true", default=False, help=HELP_QUICK)
+    g.addoption("--mig-save-baseline", dest="mig_save_baseline", action="store_true", default=False, help=HELP_SAVE)
+    g.addoption("--mig-baseline-dir", dest="mig_baseline_dir", default=None, help=HELP_BASELINE_DIR)
+    g.addoption("--mig-tolerance", dest="mig_tolerance", type=_tolerance, default=None, help=HELP_TOLERANCE)
+    g.addoption("--mig-fail-on-improvement", dest="mig_fail_on_improvement", action="store_true", default=False,
+                help=HELP_IMPROVEMENT)
+    g.addoption("--mig-report", dest="mig_report", default=None, help=HELP_REPORT)
+    g.addoption("--mig-results", dest="mig_results", default=None, help=HELP_RESULTS)
+    g.addoption("--mig-scaling-results", dest="mig_scaling_results", nargs="+", default=[], help=HELP_SCALING_RESULTS)
+    g.addoption("--mig-scaling-basis", dest="mig_scaling_basis", choices=("slices", "sms", "memory"),
+                default="slices", help=HELP_SCALING_BASIS)
+    parser.addini("mig_profile", HELP_PROFILE, default=None)
+    parser.addini("mig_require_gpu", HELP_REQUIRE_GPU, type="bool", default=False)
+    parser.addini("mig_baseline_dir", HELP_BASELINE_DIR, default="baselines")
+    parser.addini("mig_tolerance", HELP_TOLERANCE, default="5%")
+
+
+def _options(config: pytest.Config) -> Options:
+    profile = config.getoption("mig_profile") or os.environ.get("PYTEST_MIG_PROFILE") or config.getini("mig_profile")
+    require = config.getoption("mig_require_gpu")
+    if require is None:
+        require = bool(config.getini("mig_require_gpu"))
+    return Options(profile=profile or None, device=config.getoption("mig_device"),
+                   emulate=bool(config.getoption("mig_emulate")), require_gpu=bool(require))
+
+
+def baseline_dir(config: pytest.Config) -> Path:
+    d = config.getoption("mig_baseline_dir") or config.getini("mig_baseline_dir") or "baselines"
+    p = Path(d)
+    return p if p.is_absolute() else Path(config.rootpath) / p
+
+
+def default_tolerance(config: pytest.Config) -> float:
+    cli = config.getoption("mig_tolerance")
+    if cli is not None:
+        return float(cli)
+    try:
+        return _tolerance(str(config.getini("mig_tolerance")))
+    except Exception as exc:
+        raise pytest.UsageError(f"ini option mig_tolerance: {exc}") from None
+
+
+# --------------------------------------------------------------------------- configure, session start, header
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
+    opts = _options(config)
+    try:
+        plan = plan_run(opts, nvml.discover(), os.environ)
+        pin(plan, os.environ)
+    except SelectionError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    config.stash[STATE] = RunState(plan=plan, options=opts)
+    # pytest-benchmark times rounds with our CUDA-event clock unless the user chose a timer.
+    if getattr(config.option, "benchmark_timer", None) in (None, "time.perf_counter"):
+        config.option.benchmark_timer = "pytest_mig.measure.gpu_clock"
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    state = session.config.stash.get(STATE, None)
+    if state is None:
+        return
+    plan = state.plan
+    first = plan.targets[0]
+    state.fingerprint = nvml.fingerprint(first.gpu_index)
+    if first.is_cpu:
+        plan.targets = [replace(t, fingerprint=state.fingerprint, verified="CPU run: nothing to verify")
+                        for t in plan.targets]
+        return
+    try:
+        props = cuda_props()
+        plan.targets = [replace(verify(t, props), fingerprint=state.fingerprint) for t in plan.targets]
+    except SelectionError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if first.gpu_index is not None:
+        board = nvml.BoardReader(first.gpu_index)
+        state.board = board if board.available else None
+    if first.emulated:
+        from .emulation import Emulator
+
+        state.emulator = Emulator(0)
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    state = config.stash.get(STATE, None)
+    if state is None:
+        return []
+    plan, fp = state.plan, state.fingerprint
+    lines = [f"pytest-mig: {h}" for h in plan.header]
+    t = plan.targets[0]
+    if t.is_cpu:
+        lines.append(f"pytest-mig: target CPU; torch {fp.get('torch')}")
+        return lines
+    lines.append(f"pytest-mig: GPU {t.gpu_index}: {t.gpu_name}, driver {fp.get('driver')}, CUDA {fp.get('cuda_driver')}, "
+                 f"VBIOS {fp.get('vbios')}, torch {fp.get('torch')} (CUDA {fp.get('cuda_runtime')})")
+    if plan.sweep:
+        names = ", ".join(f"{x.profile} ({x.sms} SMs)" for x in plan.targets)
+        lines.append(f"pytest-mig: emulated sweep over every profile: {names}; chosen by emulation")
+    else:
+        where = f" {t.uuid}" if t.uuid else ""
+        lines.append(f"pytest-mig: profile {t.profile} ({t.kind}){where}, chosen by {t.chosen_by}")
+    if t.emulated:
+        lines.append("pytest-mig: emulation partitions SMs only (green context) and caps memory; memory bandwidth, L2 "
+                     "and copy engines stay shared, so bandwidth figures are labelled emulated and left out of "
+                     "scaling checks")
+    lines.append(f"pytest-mig: check: {t.verified}")
+    return lines
+
+
+# --------------------------------------------------------------------------- collection
+
+
+def _state(config: pytest.Config) -> RunState:
+    return config.stash[STATE]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    state = metafunc.config.stash.get(STATE, None)
+    if state is None or "mig_device" not in metafunc.fixturenames or not state.plan.sweep:
+        return
+    targets = state.plan.targets
+    metafunc.parametrize("mig_device", list(range(len(targets))), ids=[t.profile for t in targets], indirect=True)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Scaling checks read the figures of every other test: run them last."""
+    last = [i for i in items if i.get_closest_marker("mig_scaling")]
+    if last:
+        items[:] = [i for i in items if not i.get_closest_marker("mig_scaling")] + last
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+def _skip_reason(item: pytest.Item, t: Target) -> str | None:
+    m = item.get_closest_marker("mig_profiles")
+    if m and t.profile not in m.args and t.baseline_profile not in m.args:
+        return f"runs only on profiles {', '.join(m.args)}; this is {t.profile}"
+    m = item.get_closest_marker("mig_gpu_only")
+    if m and t.is_cpu:
+        return "needs a GPU; this run is on the CPU"
+    m = item.get_closest_marker("mig_min_memory")
+    if m and not t.is_cpu:
+        need = float(m.args[0]) * 2**30
+        if (t.memory_bytes or 0) < need:
+            return f"needs {m.args[0]} GiB; {t.profile} has {(t.memory_bytes or 0) / 2**30:.1f} GiB"
+    m = item.get_closest_marker("mig_min_sms")
+    if m and not t.is_cpu:
+        if (t.effective_sms or 0) < int(m.args[0]):
+            return f"needs {m.args[0]} SMs; {t.profile} has {t.effective_sms}"
+    return None
+
+
+@pytest.fixture(scope="session")
+def mig_plan(pytestconfig: pytest.Config) -> Plan:
+    """The run's Plan: its Target(s), how they were chosen and pinned."""
+    return _state(pytestconfig).plan
+
+
+@pytest.fixture
+def mig_device(request: pytest.FixtureRequest) -> Iterator[Target]:
+    """The Target this test runs on; under emulation the test runs inside the profile's green context."""
+    state = _state(request.config)
+    index = getattr(request, "param", 0)
+    target = state.plan.targets[index]
+    reason = _skip_reason(request.node, target)
+    if reason:
+        pytest.skip(reason)
+    if target.emulated and state.emulator is not None:
+        with state.emulator.activate(target) as active:
+            yield active
+    else:
+        yield target
+
+
+def _test_key(item: pytest.Item, target: Target) -> str:
+    """The node id without the profile parameter, so one test has one key across profiles."""
+    key = item.nodeid
+    if _state(item.config).plan.sweep:
+        p = re.escape(target.profile)
+        key = re.sub(rf"\[{p}\]$", "", key)
+        key = re.sub(rf"(?<=[\[-]){p}-|-{p}(?=\])", "", key)
+    return key
+
+
+@pytest.fixture
+def mig_bench(request: pytest.FixtureRequest, benchmark: Any, mig_device: Target) -> MigBench:
+    """pytest-benchmark's ``benchmark`` wrapped for GPU work: a CUDA-event timer and metric records."""
+    state = _state(request.config)
+    item = request.node
+    records = item.stash.setdefault(ITEM_RECORDS, [])
+    telemetry = None
+    if state.board is not None:
+        telemetry = Telemetry(state.board.power_w, state.board.energy_mj, state.board.clocks)
+
+    def sink(metric: Metric) -> None:
+        rec = ResultRecord(test=_test_key(item, mig_device), metric=metric, target=mig_device.to_dict(),
+                           fingerprint=dict(state.fingerprint))
+        records.append(rec)
+        state.records.append(rec)
+
+    return MigBench(benchmark, mig_device, telemetry, sink, quick=bool(request.config.getoption("mig_quick")))
+
+
+@pytest.fixture(scope="session")
+def mig_run_results(pytestconfig: pytest.Config) -> list[ResultRecord]:
+    """This run's records so far, plus those of the files given by --mig-scaling-results."""
+    from .results import ResultsFileError, read_results
+
+    out = list(_state(pytestconfig).records)
+    for f in pytestconfig.getoption("mig_scaling_results"):
+        try:
+            out.extend(read_results(Path(f)))
+        except ResultsFileError as exc:
+            pytest.fail(str(exc), pytrace=False)
+    return out
+
+
+# --------------------------------------------------------------------------- running and judging a test
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    try:
+        result = yield
+    except DoesNotFit as exc:
+        pytest.skip(str(exc))
+    records = item.stash.get(ITEM_RECORDS, [])
+    for rec in records:
+        item.user_properties.append((f"{rec.metric.name} [{rec.metric.unit}]", f"{rec.metric.value:.6g}"))
+    failures = _judge(item, records)
+    if failures:
+        pytest.fail("\n".join(failures), pytrace=False)
+    return result
+
+
+def _judge(item: pytest.Item, records: list[ResultRecord]) -> list[str]:
+    """Compare this test's records with the stored baseline; the lines of every failing verdict."""
+    if not records or item.config.getoption("mig_save_baseline"):
+        return []
+    from .baselines import BaselineError, BaselineStore
+    from .verdict import compare
+
+    config = item.config
+    state = _state(config)
+    store = BaselineStore(baseline_dir(config))
+    marker = item.get_closest_marker("mig_tolerance")
+    tolerance = float(marker.args[0]) if marker else None
+    default = default_tolerance(config)
+    fail_improved = bool(config.getoption("mig_fail_on_improvement"))
+    lines = []
+    for rec in records:
+        try:
+            baseline = store.load(rec.target["gpu_slug"], rec.target["baseline_profile"])
+        except BaselineError as exc:
+            msg = str(exc)
+            if msg not in state.baseline_errors:
+                state.baseline_errors.append(msg)
+            lines.append(f"baseline unusable: {msg}")
+            break
+        v = compare(rec, baseline, tolerance=tolerance, default_tolerance=default,
+                    improvement_fails=fail_improved)
+        rec.verdict = v.to_dict()
+        if v.failed:
+            lines.append(v.message)
+    return lines
+
+
+# --------------------------------------------------------------------------- pytest-benchmark integration
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict[str, Any]) -> None:
+    state = config.stash.get(STATE, None)
+    if state is None:
+        return
+    machine_info["pytest_mig"] = {"target": state.plan.targets[0].to_dict(), "fingerprint": state.fingerprint}
+
+
+# --------------------------------------------------------------------------- end of the run
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Write the results file and the report, save the baseline if asked; the summary prints the outcome."""
+    config = session.config
+    state = config.stash.get(STATE, None)
+    if state is None:
+        return
+    if state.board is not None:
+        state.board.close()
+        state.board = None
+    if not state.records:
+        return
+    t = state.plan.targets[0]
+    results = config.getoption("mig_results")
+    if results != "none":
+        stamp = utc_now().replace(":", "").replace("+0000", "Z")
+        path = Path(results) if results else Path(config.rootpath) / ".mig-results" / f"results-{stamp}.json"
+        write_results(path, state.records, meta={"target": t.to_dict(), "fingerprint": state.fingerprint})
+        state.messages.append(f"results: {path}")
+    report = config.getoption("mig_report")
+    if report:
+        from .report import write_report
+
+        try:
+            write_report(Path(report), state.records)
+            state.messages.append(f"report: {report}")
+        except (OSError, ValueError) as exc:
+            state.errors.append(f"report not written: {exc}")
+    if config.getoption("mig_save_baseline"):
+        _save_baseline(config, state)
+    if state.errors and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _save_baseline(config: pytest.Config, state: RunState) -> None:
+    from .baselines import BaselineError, BaselineStore
+
+    store = BaselineStore(baseline_dir(config))
+    try:
+        paths = store.save(state.records, default_tolerance=default_tolerance(config))
+    except BaselineError as exc:
+        state.errors.append(f"baseline not saved: {exc}")
+        return
+    state.messages.extend(f"baseline saved: {p}" for p in paths)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    state = config.stash.get(STATE, None)
+    if state is None or not state.records:
+        return
+    from .report import summary_table
+
+    tr = terminalreporter
+    tr.section("pytest-mig results")
+    if state.plan.targets[0].is_cpu:
+        tr.write_line("CPU run: real CPU measurements at small sizes; nothing was compared with GPU baselines.")
+    tr.write_line(summary_table(state.records))
+    for msg in state.messages:
+        tr.write_line(msg)
+    for msg in state.baseline_errors + state.errors:
+        tr.write_line(msg, red=True)
