@@ -92,6 +92,10 @@ class Emulator:
     """Creates one green context per SM count (reused across tests) and activates it around a test."""
 
     def __init__(self, device_index: int = 0) -> None:
+        import torch
+
+        # A green context is carved from the device's primary context: start it first.
+        torch.empty(1, device=f"cuda:{device_index}")
         self.device_index = device_index
         self._contexts: dict[int, Any] = {}
         self._obtained: dict[int, tuple[int | None, str]] = {}

@@ -163,7 +163,8 @@ def gpu_profiles(gpu: Gpu) -> list[ProfileSpec]:
 
 
 def _names(specs: list[ProfileSpec]) -> str:
-    return ", ".join(s.name for s in specs) or "none known"
+    ordered = sorted(specs, key=lambda s: (s.slices, s.memory_fraction, s.parsed.media, s.name))
+    return ", ".join(s.name for s in ordered) or "none known"
 
 
 def _find_spec(specs: list[ProfileSpec], name: str) -> ProfileSpec | None:
