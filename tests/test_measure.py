@@ -1,0 +1,89 @@
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from pytest_mig.measure import (
+    GpuClock, Metric, PowerSampler, Stats, Telemetry, Timer, energy_metrics, percentile,
+)
+
+
+def test_stats_are_robust_to_one_outlier() -> None:
+    st = Stats.of([1.0, 1.01, 0.99, 1.0, 10.0])
+    assert st.median == pytest.approx(1.0)
+    assert st.mad == pytest.approx(0.01)
+    assert st.max == 10.0 and st.n == 5
+    assert st.cv > 1.0  # the outlier shows in the CV, not in the median
+
+
+def test_stats_of_one_sample_and_none() -> None:
+    assert Stats.of([2.0]).cv == 0.0
+    with pytest.raises(ValueError):
+        Stats.of([])
+
+
+def test_percentile_interpolates() -> None:
+    assert percentile([1, 2, 3, 4], 50) == pytest.approx(2.5)
+    assert percentile([5, 1, 3], 100) == 5
+
+
+def test_metric_checks_direction_and_kind() -> None:
+    with pytest.raises(ValueError):
+        Metric("x", 1.0, "s", direction="up")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        Metric("x", 1.0, "s", kind="vibes")
+    m = Metric("tflops", 3, "TFLOPS", samples=[1, 2, 3])
+    d = m.to_dict()
+    assert d["value"] == 3.0 and d["stats"]["median"] == 2.0
+
+
+def test_gpu_clock_is_monotonic_on_the_cpu() -> None:
+    clock = GpuClock()
+    values = [clock() for _ in range(50)]
+    assert all(b >= a for a, b in zip(values, values[1:]))
+    t0 = clock()
+    time.sleep(0.01)
+    assert clock() - t0 >= 0.009
+
+
+def test_timer_times_every_repeat_on_the_cpu() -> None:
+    calls = []
+    timing = Timer("cpu")(lambda: calls.append(1), warmup=2, repeats=5)
+    assert len(calls) == 7 and len(timing.samples) == 5
+    assert timing.power is None and timing.clocks == {}
+
+
+def test_power_sampler_prefers_the_energy_counter() -> None:
+    energy = iter([1000.0, 3000.0])  # mJ before and after
+    with PowerSampler(lambda: 100.0, lambda: next(energy), interval=0.01) as s:
+        time.sleep(0.05)
+    assert s.trace is not None
+    assert s.trace.source == "energy-counter" and s.trace.energy_j == pytest.approx(2.0)
+    assert s.trace.watts and all(w == 100.0 for w in s.trace.watts)
+
+
+def test_power_sampler_survives_failing_readers() -> None:
+    def broken() -> float:
+        raise RuntimeError("NVML went away")
+
+    with PowerSampler(broken, broken, interval=0.01) as s:
+        time.sleep(0.03)
+    assert s.trace is not None and s.trace.watts == [] and s.trace.joules is None
+
+
+def test_energy_metrics_per_unit_of_work() -> None:
+    tel = Telemetry(read_power_w=lambda: 200.0, interval=0.005)
+    timing = Timer("cpu", tel)(lambda: time.sleep(0.01), warmup=0, repeats=3)
+    ms = energy_metrics(timing, work_per_call=2.0, unit="TFLOP")
+    names = {m.name: m for m in ms}
+    assert names["power_w"].value == pytest.approx(200.0)
+    per = names["energy_j_per_tflop"]
+    assert per.unit == "J/TFLOP" and per.direction == "lower"
+    # 200 W x ~10 ms per call / 2 TFLOP per call = ~1 J/TFLOP
+    assert 0.5 < per.value < 3.0
+
+
+def test_no_energy_metrics_without_power() -> None:
+    timing = Timer("cpu")(lambda: None, warmup=0, repeats=2)
+    assert energy_metrics(timing, 1.0, "token") == []
