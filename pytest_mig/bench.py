@@ -9,8 +9,9 @@ to ``benchmark.extra_info`` and to pytest-mig's own results.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
+from .cost import WULVER, SUCoefficients, cost_metrics
 from .measure import Metric, Telemetry, Timer, Timing
 from .target import Target
 
@@ -46,10 +47,14 @@ class MigBench:
         telemetry: Telemetry | None = None,
         sink: Callable[[Metric], None] | None = None,
         quick: bool = False,
+        su: SUCoefficients = WULVER,
+        allocation: tuple[float, float] = (1.0, 4.0),
     ) -> None:
         self.benchmark = benchmark
         self.target = target
         self.quick = quick
+        self.su = su
+        self.allocation = allocation  # (CPUs, RAM GB) billed with the GPU slice
         self.timer = BenchTimer(benchmark, target.device, telemetry)
         self.metrics: list[Metric] = []
         self._sink = sink
@@ -66,6 +71,13 @@ class MigBench:
 
     def record_all(self, metrics: Iterable[Metric]) -> list[Metric]:
         return [self.record(m) for m in metrics]
+
+    def cost(self, rate_per_s: float, unit: str, *, rate_samples: Sequence[float] = (),
+             unit_count: float = 1e6) -> list[Metric]:
+        """Record what the work costs in service units (Wulver's formula) at ``rate_per_s`` units/s."""
+        cpus, ram_gb = self.allocation
+        return self.record_all(cost_metrics(self.target, rate_per_s, unit, cpus, ram_gb, coeffs=self.su,
+                                            unit_count=unit_count, rate_samples=rate_samples))
 
     def time(self, fn: Callable[[], Any], *, warmup: int = 3, repeats: int = 10) -> Timing:
         return self.timer(fn, warmup=warmup, repeats=repeats)

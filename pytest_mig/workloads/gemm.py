@@ -1,0 +1,444 @@
+"""GEMM throughput per precision: the TFLOPS a Target's tensor cores (or FP32/FP64 units) give torch.matmul.
+
+Method (reference/measurement.md; mamf-finder and Wulver's sweep): square, tile-aligned sizes that
+fit three matrices in the Target's memory with headroom and are large enough to give every SM
+several tiles; random inputs (never zeros, which run faster); a quick pass over the sizes with CUDA
+events; then the headline at the best size through the timer (the measurement pytest-benchmark
+keeps), median of the repeats.  FLOPs = 2 m n k.
+
+Every product is verified: a random block of output rows and columns against a float64 product
+of the same (already rounded) inputs, with a limit per precision that sits below the error of the
+next cheaper mode (fp32's limit fails a run where TF32 silently took over).
+
+For bf16/fp16 a wider sweep (non-square shapes around the best size) is also timed, so the
+headline can be judged against the best torch.matmul shape of the same run (the issue's
+"within 3% of the best shape" target): ``<dtype>_best_sweep_tflops`` and ``<dtype>_headline_vs_best``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+
+from ..measure import Metric, Timer, Timing, energy_metrics, time_fn
+from ..target import Target
+from . import DoesNotFit, WorkloadError, check_close
+
+#: Share of the Target's memory the three matrices may take; the rest is for cuBLAS's workspace,
+#: the verification, the caching allocator's rounding and whatever earlier tests left cached.
+MEMORY_SHARE = 0.5
+#: Sizes are multiples of this (whole tensor-core tiles, 128-byte rows in every precision).
+ALIGN = 256
+#: Output tile edge assumed when asking that every SM gets several tiles.
+TILE = 128
+#: Tiles per SM a candidate size must give at least (whole waves; tiny sizes leave SMs idle).
+MIN_TILES_PER_SM = 2
+#: Rows and columns of the output block checked against float64.
+CHECK_BLOCK = 64
+
+
+@dataclass(frozen=True)
+class GemmPrecision:
+    """How one precision is run, sized, checked and compared with the datasheet."""
+
+    name: str
+    input_dtype: str  # torch dtype name of A and B
+    output_dtype: str  # torch dtype name of C
+    kind: str  # metric kind: "tensor" (tensor cores) or "compute"
+    peak_keys: tuple[str, ...]  # datasheet keys (GpuModel.peak_tflops), first one known wins
+    rel_limit: float  # relative error of the checked block against float64
+    tf32: bool | None = None  # True/False: set cuBLAS's FP32 mode for the run; None: leave it
+    min_capability: tuple[int, int] | None = None
+    on_cpu: bool = True
+    wide_sweep: bool = False
+    plan_bytes: float = 0.0  # bytes per matrix element planned for A + B + C (+ conversion temporaries)
+
+    @property
+    def torch_input(self) -> torch.dtype:
+        return getattr(torch, self.input_dtype)
+
+    @property
+    def torch_output(self) -> torch.dtype:
+        return getattr(torch, self.output_dtype)
+
+
+PRECISIONS: dict[str, GemmPrecision] = {
+    p.name: p
+    for p in (
+        GemmPrecision("bf16", "bfloat16", "bfloat16", "tensor", ("bf16",), 1e-2, wide_sweep=True, plan_bytes=6),
+        # The CPU has no fast fp16 matmul (a few GFLOPS): fp16 runs on GPUs only.
+        GemmPrecision("fp16", "float16", "float16", "tensor", ("fp16",), 1e-2, on_cpu=False, wide_sweep=True,
+                      plan_bytes=6),
+        # TF32 rounds inputs to 10 mantissa bits: ~3e-4 relative error on random data.
+        GemmPrecision("tf32", "float32", "float32", "tensor", ("tf32",), 2e-3, tf32=True, min_capability=(8, 0),
+                      on_cpu=False, plan_bytes=12),
+        # Well below TF32's error, so a run where TF32 was silently on fails verification.
+        GemmPrecision("fp32", "float32", "float32", "compute", ("fp32",), 5e-5, tf32=False, plan_bytes=12),
+        # cuBLAS DGEMM runs on the FP64 tensor cores where the GPU has them (A100, H100).
+        GemmPrecision("fp64", "float64", "float64", "compute", ("fp64_tensor", "fp64"), 1e-10, plan_bytes=24),
+        # Inputs are quantised to e4m3 before the reference is taken, so only accumulation and the
+        # bf16 output rounding count; the limit is loose all the same.
+        GemmPrecision("fp8", "float8_e4m3fn", "bfloat16", "tensor", ("fp8",), 2e-2, min_capability=(8, 9),
+                      on_cpu=False, wide_sweep=False, plan_bytes=6),
+    )
+}
+PRECISION_NAMES: tuple[str, ...] = tuple(PRECISIONS)
+
+#: Square sizes tried on a GPU (filtered by memory and SM count; Wulver's best fp16 size on 1g.10gb was 12288).
+GPU_SIZES = (2048, 3072, 4096, 6144, 8192, 12288, 16384, 20480)
+GPU_SIZES_QUICK = (4096, 8192)
+CPU_SIZES = (128, 256, 512)
+CPU_SIZES_QUICK = (128, 256)
+
+
+@dataclass(frozen=True)
+class Effort:
+    """Repeats and time limits of one mode (default or quick), on a GPU or the CPU."""
+
+    sweep_warmup: int
+    sweep_repeats: int
+    warmup: int
+    repeats: int
+    max_call_s: float  # a candidate whose one call takes longer ends the sweep upwards
+
+
+EFFORT = {
+    ("gpu", False): Effort(sweep_warmup=2, sweep_repeats=5, warmup=5, repeats=20, max_call_s=0.25),
+    ("gpu", True): Effort(sweep_warmup=1, sweep_repeats=3, warmup=2, repeats=5, max_call_s=0.08),
+    ("cpu", False): Effort(sweep_warmup=1, sweep_repeats=3, warmup=1, repeats=5, max_call_s=0.5),
+    ("cpu", True): Effort(sweep_warmup=1, sweep_repeats=2, warmup=1, repeats=3, max_call_s=0.2),
+}
+
+
+def max_square_size(budget_bytes: int, plan_bytes: float, share: float = MEMORY_SHARE, align: int = ALIGN) -> int:
+    """The largest multiple of ``align`` whose three matrices fit ``share`` of the budget (0 if none)."""
+    if budget_bytes <= 0 or plan_bytes <= 0:
+        return 0
+    n = int(math.isqrt(int(budget_bytes * share / plan_bytes)))
+    return (n // align) * align
+
+
+def min_fill_size(sms: int | None, tile: int = TILE, tiles_per_sm: int = MIN_TILES_PER_SM, align: int = ALIGN) -> int:
+    """The smallest aligned size that gives every SM ``tiles_per_sm`` output tiles."""
+    if not sms:
+        return align
+    n = tile * math.sqrt(tiles_per_sm * sms)
+    return max(align, int(math.ceil(n / align)) * align)
+
+
+def gemm_sizes(
+    budget_bytes: int, plan_bytes: float, sms: int | None, *, quick: bool = False, cpu: bool = False
+) -> list[int]:
+    """Candidate square sizes for a Target: fit the memory budget, fill the SMs, ascending.
+
+    A pure function of the budget and SM count so that a 10 GB slice and a 141 GB GPU can be
+    planned (and tested) without touching either.  Where no listed size fits, the largest aligned
+    size that does is used; where none does at all, the result is empty.
+    """
+    if cpu:
+        candidates = CPU_SIZES_QUICK if quick else CPU_SIZES
+        cap = max_square_size(budget_bytes, plan_bytes, align=64)
+        return [n for n in candidates if n <= cap]
+    cap = max_square_size(budget_bytes, plan_bytes)
+    if cap < ALIGN:
+        return []
+    floor = min(min_fill_size(sms), cap)
+    sizes = [n for n in (GPU_SIZES_QUICK if quick else GPU_SIZES) if floor <= n <= cap]
+    if not sizes:
+        sizes = [cap]
+    return sizes
+
+
+def wide_shapes(best: int, budget_bytes: int, plan_bytes: float, *, quick: bool) -> list[tuple[int, int, int]]:
+    """Non-square (m, n, k) shapes around the best square size that fit the same memory share.
+
+    A deeper k raises arithmetic intensity; a taller or wider output changes the wave count.
+    Together with the squares they are the "wide sweep" the headline is compared with.
+    """
+    half = max(ALIGN, (best // 2) // ALIGN * ALIGN)
+    shapes = [(best, best, 2 * best), (2 * best, best, best), (best, 2 * best, best), (best, best, half),
+              (2 * best, 2 * best, half)]
+    if quick:
+        shapes = shapes[:2]
+    limit = budget_bytes * MEMORY_SHARE
+    per_elem = plan_bytes / 3  # plan_bytes covers three equal matrices
+    return [(m, n, k) for m, n, k in shapes if per_elem * (m * k + k * n + m * n) <= limit]
+
+
+@contextlib.contextmanager
+def fp32_matmul_mode(tf32: bool | None) -> Iterator[None]:
+    """Set cuBLAS's FP32 matmul mode (TF32 or IEEE) for the duration, and restore what was there.
+
+    PyTorch >= 2.9 has ``fp32_precision`` and raises if the legacy ``allow_tf32`` flag is mixed
+    with it, so the new setting is used where it exists.
+    """
+    if tf32 is None:
+        yield
+        return
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):
+        saved = matmul.fp32_precision
+        matmul.fp32_precision = "tf32" if tf32 else "ieee"
+        try:
+            yield
+        finally:
+            matmul.fp32_precision = saved
+    else:  # pragma: no cover - older PyTorch
+        saved_flag = matmul.allow_tf32
+        matmul.allow_tf32 = tf32
+        try:
+            yield
+        finally:
+            matmul.allow_tf32 = saved_flag
+
+
+def _matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """C = A B into a preallocated C (no allocation inside the timed loop)."""
+    return torch.matmul(a, b, out=out)
+
+
+def _scaled_matmul(a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """FP8 product through torch._scaled_mm (B column-major, per-tensor scales of 1)."""
+    return torch._scaled_mm(a, b, scale_a=scale, scale_b=scale, out_dtype=out_dtype)
+
+
+def device_capability(target: Target) -> tuple[int, int] | None:
+    """The Target's compute capability, asked of CUDA where the Target does not carry it."""
+    if target.compute_capability is not None:
+        return tuple(target.compute_capability)  # type: ignore[return-value]
+    if target.is_cpu or not torch.cuda.is_available():
+        return None
+    return tuple(torch.cuda.get_device_capability(0))  # type: ignore[return-value]
+
+
+def check_runnable(target: Target, prec: GemmPrecision) -> None:
+    """Raise DoesNotFit, with the reason, where this precision cannot run on this Target."""
+    if target.is_cpu and not prec.on_cpu:
+        raise DoesNotFit(f"{prec.name} GEMM needs a GPU's tensor cores; this run is on the CPU")
+    if prec.name == "fp8" and not (hasattr(torch, "_scaled_mm") and hasattr(torch, prec.input_dtype)):
+        raise DoesNotFit(f"fp8 GEMM needs torch._scaled_mm and torch.{prec.input_dtype}; torch {torch.__version__} has not")
+    if not target.is_cpu and prec.min_capability is not None:
+        cap = device_capability(target)
+        if cap is not None and cap < prec.min_capability:
+            need = ".".join(map(str, prec.min_capability))
+            raise DoesNotFit(f"{prec.name} GEMM needs compute capability >= {need}; this GPU is {cap[0]}.{cap[1]}")
+
+
+class _Problem:
+    """One GEMM's operands and output, with the callable that computes it."""
+
+    def __init__(self, prec: GemmPrecision, m: int, n: int, k: int, device: str, generator: torch.Generator) -> None:
+        self.prec, self.m, self.n, self.k = prec, m, n, k
+        self.flops = 2.0 * m * n * k
+        if prec.name == "fp8":
+            self.a = torch.randn(m, k, device=device, dtype=torch.float16, generator=generator).to(prec.torch_input)
+            # _scaled_mm wants B column-major: the transpose of a row-major (n, k) matrix.
+            self.b = torch.randn(n, k, device=device, dtype=torch.float16, generator=generator).to(prec.torch_input).t()
+            self.scale = torch.ones((), device=device, dtype=torch.float32)
+            self.c = torch.empty(m, n, device=device, dtype=prec.torch_output)
+        else:
+            self.a = torch.randn(m, k, device=device, dtype=prec.torch_input, generator=generator)
+            self.b = torch.randn(k, n, device=device, dtype=prec.torch_input, generator=generator)
+            self.c = torch.empty(m, n, device=device, dtype=prec.torch_output)
+
+    def __call__(self) -> torch.Tensor:
+        if self.prec.name == "fp8":
+            self.c = _scaled_matmul(self.a, self.b, self.scale, self.prec.torch_output)
+            return self.c
+        return _matmul(self.a, self.b, self.c)
+
+    def verify(self, generator: torch.Generator) -> float:
+        """Relative error of a random output block against float64; raises WorkloadError when wrong."""
+        c = self.c
+        if not bool(torch.isfinite(c).all()):
+            raise WorkloadError(f"{self.prec.name} GEMM {self.m}x{self.n}x{self.k}: result holds NaN or Inf")
+        dev = c.device
+        rows = torch.randperm(self.m, generator=generator, device="cpu")[:CHECK_BLOCK].to(dev)
+        cols = torch.randperm(self.n, generator=generator, device="cpu")[:CHECK_BLOCK].to(dev)
+        a_blk = _as_float64(_take(self.a, 0, rows))
+        b_blk = _as_float64(_take(self.b, 1, cols))
+        ref = a_blk @ b_blk
+        got = c.index_select(0, rows).index_select(1, cols).to(torch.float64)
+        denom = float(torch.linalg.vector_norm(ref))
+        err = float(torch.linalg.vector_norm(got - ref)) / denom if denom > 0 else float("nan")
+        check_close(f"{self.prec.name} GEMM {self.m}x{self.n}x{self.k}", err, self.prec.rel_limit)
+        return err
+
+
+def _take(t: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
+    """index_select that also works on float8 tensors (through a same-size integer view)."""
+    if t.element_size() == 1 and t.is_floating_point():
+        return t.view(torch.uint8).index_select(dim, index).view(t.dtype)
+    return t.index_select(dim, index)
+
+
+def _as_float64(t: torch.Tensor) -> torch.Tensor:
+    """Exact upcast (float8 converts to float64 through float32)."""
+    if t.dtype == torch.float64:
+        return t
+    return t.to(torch.float32).to(torch.float64)
+
+
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def _peak_memory_gb(device: str, problem: _Problem) -> tuple[float, str]:
+    if device.startswith("cuda"):
+        return torch.cuda.max_memory_allocated() / 1e9, "torch.cuda.max_memory_allocated"
+    nbytes = sum(t.numel() * t.element_size() for t in (problem.a, problem.b, problem.c))
+    return nbytes / 1e9, "tensor sizes (CPU)"
+
+
+def _release(device: str) -> None:
+    """Give cached blocks back so the next test on a small slice starts with its memory free."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def _sweep(
+    shapes: list[tuple[int, int, int]],
+    prec: GemmPrecision,
+    device: str,
+    gen: torch.Generator,
+    check_gen: torch.Generator,
+    effort: Effort,
+    stop_when_slow: bool,
+) -> list[tuple[tuple[int, int, int], float, float]]:
+    """(shape, median TFLOPS, seconds per call) for each shape timed; each result verified."""
+    out: list[tuple[tuple[int, int, int], float, float]] = []
+    for m, n, k in shapes:
+        problem = _Problem(prec, m, n, k, device, gen)
+        seconds = time_fn(problem, warmup=effort.sweep_warmup, repeats=effort.sweep_repeats, device=device)
+        problem.verify(check_gen)
+        med = _median(seconds)
+        out.append(((m, n, k), problem.flops / med / 1e12, med))
+        del problem
+        if stop_when_slow and med > effort.max_call_s:
+            break  # larger sizes only cost time: the rate has long stopped growing by then
+    return out
+
+
+def run_gemm(target: Target, timer: Timer, *, dtype: str = "bf16", quick: bool = False) -> list[Metric]:
+    """Peak torch.matmul TFLOPS of ``dtype`` on ``target``, verified, with the size and memory at the peak."""
+    if dtype not in PRECISIONS:
+        raise ValueError(f"unknown GEMM precision '{dtype}': use one of {', '.join(PRECISION_NAMES)}")
+    prec = PRECISIONS[dtype]
+    check_runnable(target, prec)
+    device = target.device
+    cpu = target.is_cpu
+    effort = EFFORT[("cpu" if cpu else "gpu", quick)]
+    budget = target.memory_budget()
+    sizes = gemm_sizes(budget, prec.plan_bytes, target.effective_sms, quick=quick, cpu=cpu)
+    if not sizes:
+        raise DoesNotFit(f"{dtype} GEMM: not even a {ALIGN}x{ALIGN} problem fits {budget / 2**30:.1f} GiB")
+    gen = torch.Generator(device=device)
+    gen.manual_seed(20240611)
+    check_gen = torch.Generator(device="cpu")
+    check_gen.manual_seed(7)
+    try:
+        with fp32_matmul_mode(prec.tf32):
+            squares = _sweep([(n, n, n) for n in sizes], prec, device, gen, check_gen, effort, stop_when_slow=True)
+            (best_n, _, _), _, _ = max(squares, key=lambda r: r[1])
+
+            # The headline: fresh random operands at the best size, through the timer.
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+            problem = _Problem(prec, best_n, best_n, best_n, device, gen)
+            timing = timer(problem, warmup=effort.warmup, repeats=effort.repeats)
+            rel_err = problem.verify(check_gen)
+            peak_gb, peak_source = _peak_memory_gb(device, problem)
+            flops = problem.flops
+            del problem
+
+            wide: list[tuple[tuple[int, int, int], float, float]] = []
+            if prec.wide_sweep:
+                wide = _sweep(wide_shapes(best_n, budget, prec.plan_bytes, quick=quick), prec, device, gen, check_gen, effort,
+                              stop_when_slow=False)
+    finally:
+        _release(device)
+    return _metrics(target, prec, timing, flops, best_n, rel_err, peak_gb, peak_source, squares, wide)
+
+
+def _throttle_info(timing: Timing) -> dict[str, Any]:
+    after = timing.clocks.get("after") or {}
+    info: dict[str, Any] = {}
+    if timing.clocks:
+        info["clocks"] = timing.clocks
+    if "throttled" in after:
+        info["throttled"] = bool(after["throttled"])
+    return info
+
+
+def _metrics(
+    target: Target,
+    prec: GemmPrecision,
+    timing: Timing,
+    flops: float,
+    best_n: int,
+    rel_err: float,
+    peak_gb: float,
+    peak_source: str,
+    squares: list[tuple[tuple[int, int, int], float, float]],
+    wide: list[tuple[tuple[int, int, int], float, float]],
+) -> list[Metric]:
+    p = prec.name
+    samples = [r / 1e12 for r in timing.rate_samples(flops)]
+    tflops = _median(samples)
+    peak_key = next((k for k in prec.peak_keys if target.peak_tflops(k) is not None), None)
+    peak = target.peak_tflops(peak_key) if peak_key else None
+    info: dict[str, Any] = {
+        "dtype": p,
+        "size": best_n,
+        "rel_error": rel_err,
+        "rel_limit": prec.rel_limit,
+        "repeats": len(timing.samples),
+        "sweep": {str(n[0]): round(t, 4) for n, t, _ in squares},
+        "peak_tflops": peak,
+        "peak_key": peak_key,
+        **_throttle_info(timing),
+    }
+    metrics = [
+        Metric(f"{p}_tflops", tflops, "TFLOPS", "higher", samples, kind=prec.kind, info=info),
+        Metric(f"{p}_size_at_peak", best_n, "n", "higher", [], kind="info", compare=False,
+               info={"candidates": [s[0][0] for s in squares]}),
+        Metric(f"{p}_peak_memory_gb", peak_gb, "GB", "lower", [], kind="info", compare=False,
+               info={"source": peak_source, "size": best_n}),
+    ]
+    if peak:
+        metrics.append(Metric(f"{p}_pct_of_peak", 100.0 * tflops / peak, "%", "higher", [], kind="info",
+                              compare=False, info={"peak_tflops": peak, "peak_key": peak_key,
+                                                   "sms": target.effective_sms}))
+    if prec.wide_sweep:
+        everything = squares + wide
+        (shape, best, _) = max(everything, key=lambda r: r[1])
+        metrics.append(Metric(f"{p}_best_sweep_tflops", best, "TFLOPS", "higher", [], kind="info", compare=False,
+                              info={"shape_mnk": list(shape), "shapes": len(everything)}))
+        metrics.append(Metric(f"{p}_headline_vs_best", tflops / best if best > 0 else float("nan"), "ratio",
+                              "higher", [], kind="info", compare=False,
+                              info={"target": "headline within 3% of the best shape (ratio >= 0.97)"}))
+    metrics.extend(energy_metrics(timing, flops / 1e12, "TFLOP", label=p))
+    return metrics
+
+
+__all__ = [
+    "GemmPrecision",
+    "PRECISIONS",
+    "PRECISION_NAMES",
+    "check_runnable",
+    "device_capability",
+    "fp32_matmul_mode",
+    "gemm_sizes",
+    "max_square_size",
+    "min_fill_size",
+    "run_gemm",
+    "wide_shapes",
+]
+

@@ -1,0 +1,410 @@
+"""GEMM, FMA-chain and STREAM workloads on the CPU: record shapes, verification, sizing, error paths.
+
+Nothing here measures speed.  GPU-only paths are exercised through pure functions (sizes planned
+for a 10 GB slice and a 141 GB GPU, percentages from fake timings) and, for the Triton kernel,
+through Triton's interpreter where Triton is installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from pytest_mig.measure import Metric, Timer, Timing
+from pytest_mig.target import Target
+from pytest_mig.workloads import DoesNotFit, WorkloadError, fma, gemm, stream
+
+GIB = 2**30
+
+
+@pytest.fixture
+def cpu() -> Target:
+    return Target(kind="cpu", profile="cpu", chosen_by="test")
+
+
+@pytest.fixture
+def timer() -> Timer:
+    return Timer("cpu")
+
+
+def _slice(memory_gib: float, sms: int, *, kind: str = "mig", profile: str = "1g.10gb",
+           gpu: str = "NVIDIA H100 80GB HBM3", cc: tuple[int, int] = (9, 0), **kw) -> Target:
+    """A GPU Target that is never touched: only its numbers are read."""
+    return Target(kind=kind, profile=profile, chosen_by="test", gpu_name=gpu, sms=sms,
+                  memory_bytes=int(memory_gib * GIB), compute_capability=cc, **kw)
+
+
+H100_1G = dict(memory_gib=9.75, sms=16)  # 1g.10gb on an H100
+H200_FULL = dict(memory_gib=140.0, sms=132, kind="full", profile="full", gpu="NVIDIA H200")
+
+
+def _check_well_formed(metrics: list[Metric], headline: str, kind: str, unit: str) -> dict[str, Metric]:
+    by_name = {m.name: m for m in metrics}
+    assert len(by_name) == len(metrics), "metric names must be unique within a test"
+    head = by_name[headline]
+    assert head.unit == unit and head.direction == "higher" and head.kind == kind and head.compare
+    assert head.samples and all(s > 0 for s in head.samples)
+    assert head.value == pytest.approx(sorted(head.samples)[len(head.samples) // 2], rel=1.0)
+    assert head.value > 0
+    for m in metrics:
+        assert m.direction in ("higher", "lower")
+        m.to_dict()  # serialisable
+        if m.kind == "info":
+            assert not m.compare
+    return by_name
+
+
+# --- GEMM ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32", "fp64"])
+def test_gemm_metrics_on_cpu(cpu, timer, dtype):
+    metrics = gemm.run_gemm(cpu, timer, dtype=dtype, quick=True)
+    prec = gemm.PRECISIONS[dtype]
+    by_name = _check_well_formed(metrics, f"{dtype}_tflops", prec.kind, "TFLOPS")
+    head = by_name[f"{dtype}_tflops"]
+    assert head.info["rel_error"] <= prec.rel_limit
+    assert by_name[f"{dtype}_size_at_peak"].value in gemm.CPU_SIZES_QUICK
+    assert by_name[f"{dtype}_peak_memory_gb"].unit == "GB"
+    assert f"{dtype}_pct_of_peak" not in by_name  # the CPU has no datasheet peak
+    if prec.wide_sweep:
+        best = by_name[f"{dtype}_best_sweep_tflops"]
+        ratio = by_name[f"{dtype}_headline_vs_best"]
+        assert best.value > 0 and ratio.value == pytest.approx(head.value / best.value)
+
+
+@pytest.mark.parametrize("dtype", ["fp8", "tf32", "fp16"])
+def test_gemm_gpu_only_precisions_do_not_fit_the_cpu(cpu, timer, dtype):
+    with pytest.raises(DoesNotFit, match="CPU"):
+        gemm.run_gemm(cpu, timer, dtype=dtype)
+
+
+def test_gemm_fp8_needs_ada_or_hopper():
+    with pytest.raises(DoesNotFit, match=r"compute capability >= 8\.9; this GPU is 8\.0"):
+        gemm.check_runnable(_slice(9.5, 14, cc=(8, 0), gpu="NVIDIA A100-SXM4-80GB"), gemm.PRECISIONS["fp8"])
+    gemm.check_runnable(_slice(**H100_1G), gemm.PRECISIONS["fp8"])  # no error: Hopper, torch has _scaled_mm
+
+
+def test_gemm_unknown_dtype(cpu, timer):
+    with pytest.raises(ValueError, match="unknown GEMM precision 'int4'"):
+        gemm.run_gemm(cpu, timer, dtype="int4")
+
+
+def test_gemm_wrong_product_fails_verification(cpu, timer, monkeypatch):
+    real = gemm._matmul
+
+    def off_by_a_little(a, b, out):
+        real(a, b, out)
+        return out.mul_(1.001)  # 1e-3 relative: far above fp32's limit, far below "obviously broken"
+
+    monkeypatch.setattr(gemm, "_matmul", off_by_a_little)
+    with pytest.raises(WorkloadError, match="fp32 GEMM .* relative error"):
+        gemm.run_gemm(cpu, timer, dtype="fp32", quick=True)
+
+
+def test_gemm_tf32_sized_error_fails_fp32(cpu, timer, monkeypatch):
+    real = gemm._matmul
+
+    def tf32_like(a, b, out):  # round the inputs to 10 mantissa bits, as TF32 does
+        def r(t):
+            return (t.view(torch.int32) & ~0x1FFF).view(torch.float32)
+
+        return real(r(a), r(b), out)
+
+    monkeypatch.setattr(gemm, "_matmul", tf32_like)
+    with pytest.raises(WorkloadError):
+        gemm.run_gemm(cpu, timer, dtype="fp32", quick=True)
+
+
+def test_gemm_nan_fails_verification(cpu, timer, monkeypatch):
+    def nan_in_corner(a, b, out):
+        torch.matmul(a, b, out=out)
+        out[-1, -1] = float("nan")
+        return out
+
+    monkeypatch.setattr(gemm, "_matmul", nan_in_corner)
+    with pytest.raises(WorkloadError, match="NaN"):
+        gemm.run_gemm(cpu, timer, dtype="bf16", quick=True)
+
+
+@pytest.mark.parametrize("target_kw", [H100_1G, H200_FULL], ids=["10GB", "141GB"])
+@pytest.mark.parametrize("dtype", gemm.PRECISION_NAMES)
+@pytest.mark.parametrize("quick", [False, True])
+def test_gemm_sizes_fit_the_budget(target_kw, dtype, quick):
+    target = _slice(**target_kw)
+    prec = gemm.PRECISIONS[dtype]
+    budget = target.memory_budget()
+    sizes = gemm.gemm_sizes(budget, prec.plan_bytes, target.effective_sms, quick=quick)
+    assert sizes and sizes == sorted(sizes)
+    for n in sizes:
+        assert n % gemm.ALIGN == 0
+        assert prec.plan_bytes * n * n <= gemm.MEMORY_SHARE * budget
+        assert (n // gemm.TILE) ** 2 >= gemm.MIN_TILES_PER_SM * target.effective_sms  # fills the SMs
+    for m, n, k in gemm.wide_shapes(sizes[-1], budget, prec.plan_bytes, quick=quick):
+        assert prec.plan_bytes / 3 * (m * k + k * n + m * n) <= gemm.MEMORY_SHARE * budget
+
+
+def test_gemm_sizes_grow_with_memory():
+    small = gemm.gemm_sizes(int(9.75 * GIB), 24, 16)  # fp64 on a 10 GB slice
+    large = gemm.gemm_sizes(140 * GIB, 24, 132)  # fp64 on a whole H200
+    assert max(small) < max(large)
+    assert 16384 not in small and 20480 in large
+    assert min(large) > min(small)  # 132 SMs need bigger problems to fill
+
+
+def test_gemm_sizes_when_no_listed_size_fits():
+    budget = 160 * 2**20  # three fp64 matrices in half of it: at most 1792, below every listed size
+    cap = gemm.max_square_size(budget, 24)
+    assert 0 < cap < min(gemm.GPU_SIZES)
+    assert gemm.gemm_sizes(budget, 24, 16) == [cap]
+    assert gemm.gemm_sizes(2**20, 24, 16) == []
+
+
+def test_gemm_pct_of_peak_uses_the_slices_share_of_the_datasheet():
+    target = _slice(**H100_1G)
+    flops = 2.0 * 8192**3
+    timing = Timing(samples=[flops / 100e12] * 5)  # 100 TFLOPS
+    metrics = gemm._metrics(target, gemm.PRECISIONS["bf16"], timing, flops, 8192, 0.001, 1.2, "test",
+                            [((8192, 8192, 8192), 100.0, 0.01)], [((8192, 8192, 16384), 104.0, 0.02)])
+    by_name = {m.name: m for m in metrics}
+    peak = target.peak_tflops("bf16")
+    assert peak == pytest.approx(989.0 * 16 / 132)
+    assert by_name["bf16_pct_of_peak"].value == pytest.approx(100 * 100.0 / peak)
+    assert by_name["bf16_headline_vs_best"].value == pytest.approx(100.0 / 104.0)
+    assert by_name["bf16_best_sweep_tflops"].info["shape_mnk"] == [8192, 8192, 16384]
+    fp64 = gemm._metrics(target, gemm.PRECISIONS["fp64"], timing, flops, 8192, 0.0, 1.2, "test",
+                         [((8192, 8192, 8192), 100.0, 0.01)], [])
+    assert {m.name: m for m in fp64}["fp64_pct_of_peak"].info["peak_key"] == "fp64_tensor"
+
+
+def test_fp32_matmul_mode_restores_the_setting():
+    matmul = torch.backends.cuda.matmul
+    before = matmul.fp32_precision if hasattr(matmul, "fp32_precision") else matmul.allow_tf32
+    with gemm.fp32_matmul_mode(True):
+        inside = matmul.fp32_precision if hasattr(matmul, "fp32_precision") else matmul.allow_tf32
+        assert inside in ("tf32", True)
+    after = matmul.fp32_precision if hasattr(matmul, "fp32_precision") else matmul.allow_tf32
+    assert after == before
+
+
+# --- FMA chains ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", fma.FMA_PRECISION_NAMES)
+def test_fma_metrics_on_cpu(cpu, timer, dtype):
+    metrics = fma.run_fma(cpu, timer, dtype=dtype, quick=True)
+    by_name = _check_well_formed(metrics, f"{dtype}_fma_tflops", "compute", "TFLOPS")
+    info = by_name[f"{dtype}_fma_tflops"].info
+    assert info["rel_error"] <= fma.FMA_PRECISIONS[dtype].rel_limit
+    assert info["iterations"] == fma.FMA_EFFORT[True].cpu_iters
+    assert f"{dtype}_fma_pct_of_peak" not in by_name
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp64"])
+def test_fma_one_iteration_short_fails_the_exact_check(cpu, timer, monkeypatch, dtype):
+    real = fma._torch_chains
+
+    def one_short(out, a, b_scale, n_iters):
+        return real(out, a, b_scale, n_iters - 1)
+
+    monkeypatch.setattr(fma, "_torch_chains", one_short)
+    with pytest.raises(WorkloadError, match=f"{dtype} FMA chains"):
+        fma.run_fma(cpu, timer, dtype=dtype, quick=True)
+
+
+@pytest.mark.parametrize("dtype", fma.FMA_PRECISION_NAMES)
+def test_fma_unwritten_output_fails(cpu, timer, monkeypatch, dtype):
+    monkeypatch.setattr(fma, "_torch_chains", lambda out, a, b_scale, n_iters: out)
+    with pytest.raises(WorkloadError, match="NaN"):
+        fma.run_fma(cpu, timer, dtype=dtype, quick=True)
+
+
+def test_fma_fp16_wrong_constant_fails(cpu, timer, monkeypatch):
+    real = fma._torch_chains
+    monkeypatch.setattr(fma, "_torch_chains", lambda out, a, b_scale, n_iters: real(out, a, 2 * b_scale, n_iters))
+    with pytest.raises(WorkloadError):
+        fma.run_fma(cpu, timer, dtype="fp16", quick=True)
+
+
+@pytest.mark.parametrize("a, n", [(1.0, 300), (0.5, 40), (0.75, 7)])
+def test_fma_closed_form_matches_the_loop(a, n):
+    idx = torch.arange(64)
+    b_scale = 2.0**-12
+    x, b = fma.initial_values(idx, b_scale)
+    for _ in range(n):
+        x = x * a + b
+    assert torch.allclose(fma.expected_values(idx, n, a, b_scale), x, rtol=1e-13, atol=0)
+
+
+@pytest.mark.parametrize("n_iters", [16, 4096, fma.MAX_ITERS])
+def test_fma_exact_recurrence_stays_representable(n_iters):
+    # |x| < 8 and every value a multiple of 2^-m with m + 3 <= 24: exact in fp32.
+    m = fma.b_shift_for(fma.FMA_PRECISIONS["fp32"], n_iters)
+    assert m >= 10 and m + 3 <= 24
+    assert 0.5 + 8 * n_iters * 2.0**-m < 8
+
+
+def test_fma_pct_of_peak_from_measured_clock_then_max_clock():
+    target = _slice(**H100_1G, fingerprint={"max_sm_clock_mhz": 1980})
+    flops = 1e12
+    measured = Timing(samples=[flops / 5e12] * 3, clocks={"before": {}, "after": {"sm_clock_mhz": 1755,
+                                                                                  "throttled": False}})
+    by_name = {m.name: m for m in fma._metrics(target, fma.FMA_PRECISIONS["fp32"], measured, flops, {})}
+    peak = fma.theoretical_tflops(16, 128, 1755)
+    assert peak == pytest.approx(16 * 128 * 2 * 1755e6 / 1e12)
+    pct = by_name["fp32_fma_pct_of_peak"]
+    assert pct.value == pytest.approx(100 * 5.0 / peak)
+    assert pct.info["clock_source"] == "measured after the run" and not pct.compare
+    assert by_name["fp32_fma_tflops"].info["throttled"] is False
+
+    no_clock = Timing(samples=[flops / 5e12] * 3)
+    by_name = {m.name: m for m in fma._metrics(target, fma.FMA_PRECISIONS["fp64"], no_clock, flops, {})}
+    assert by_name["fp64_fma_pct_of_peak"].info["sm_clock_mhz"] == 1980
+    assert by_name["fp64_fma_pct_of_peak"].value == pytest.approx(100 * 5.0 / fma.theoretical_tflops(16, 64, 1980))
+
+    unknown_cc = _slice(**H100_1G, cc=(7, 0))
+    assert [m.name for m in fma._metrics(unknown_cc, fma.FMA_PRECISIONS["fp32"], no_clock, flops, {})] == [
+        "fp32_fma_tflops"]
+
+
+def _triton_importable() -> bool:
+    if importlib.util.find_spec("triton") is None:
+        return False
+    probe = subprocess.run([sys.executable, "-c", "import triton.language"], capture_output=True, timeout=120)
+    return probe.returncode == 0
+
+
+needs_triton = pytest.mark.skipif(not _triton_importable(),
+                                  reason="Triton is not installed (CI installs only the project's dependencies)")
+
+
+@needs_triton
+def test_fma_triton_kernel_under_the_interpreter():
+    code = textwrap.dedent(
+        """
+        import torch
+        from pytest_mig.workloads import WorkloadError, fma
+        for name, prec in fma.FMA_PRECISIONS.items():
+            n = 4 * fma.UNROLL
+            b_scale = 2.0 ** -fma.b_shift_for(prec, n)
+            out = torch.full((2 * fma.BLOCK,), float("nan"), dtype=prec.torch_dtype)
+            a = torch.full((1,), prec.a, dtype=prec.torch_dtype)
+            fma.launch_triton(out, n, a, b_scale)
+            err = fma.verify_chains(out, n, prec, b_scale)
+            caught = True
+            if prec.exact:
+                try:
+                    fma.verify_chains(out, n + fma.UNROLL, prec, b_scale)
+                    caught = False
+                except WorkloadError:
+                    pass
+            print(name, err, caught)
+        """
+    )
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in proc.stdout.split("\n") if line)
+    assert set(lines) == set(fma.FMA_PRECISION_NAMES)
+    for name, rest in lines.items():
+        err, caught = rest.split()
+        assert float(err) <= fma.FMA_PRECISIONS[name].rel_limit
+        assert caught == "True"
+
+
+# --- STREAM ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp64"])
+def test_stream_metrics_on_cpu(cpu, timer, dtype):
+    metrics = stream.run_stream(cpu, timer, dtype=dtype, quick=True)
+    by_name = _check_well_formed(metrics, f"{dtype}_triad_gbs", "memory", "GB/s")
+    for k in stream.KERNEL_NAMES:
+        m = by_name[f"{dtype}_{k}_gbs"]
+        assert m.kind == "memory" and m.unit == "GB/s" and m.samples
+        assert by_name[f"{dtype}_{k}_pct_of_copy"].kind == "info"
+        assert f"{dtype}_{k}_pct_of_peak" not in by_name  # no datasheet on the CPU
+    ceiling = by_name[f"{dtype}_d2d_copy_gbs"]
+    assert ceiling.kind == "memory" and ceiling.samples
+    assert by_name[f"{dtype}_triad_gbs"].info["elements"] == stream.STREAM_EFFORT[("cpu", True)].max_elements
+
+
+def test_stream_byte_counting():
+    n, b = 1000, 4
+    assert {k: stream.kernel_bytes(k, n, b) for k in stream.KERNEL_NAMES} == {
+        "copy": 2 * n * b, "mul": 2 * n * b, "add": 3 * n * b, "triad": 3 * n * b, "dot": 2 * n * b}
+    with pytest.raises(ValueError, match="unknown STREAM kernel"):
+        stream.kernel_bytes("nstream", n, b)
+
+
+def test_stream_analytic_values():
+    gold = stream.expected_after_one_pass("fp64")
+    assert gold["a"] == pytest.approx(0.096) and gold["b"] == pytest.approx(0.04) and gold["c"] == pytest.approx(0.14)
+    assert gold["dot_per_element"] == pytest.approx(0.096 * 0.04)
+
+
+@pytest.mark.parametrize("broken", ["triad", "mul", "dot"])
+def test_stream_wrong_kernel_fails_verification(cpu, timer, monkeypatch, broken):
+    if broken == "triad":
+        monkeypatch.setattr(stream._Arrays, "triad",
+                            lambda self: torch.add(self.b, self.c, alpha=stream.SCALAR * 1.01, out=self.a))
+    elif broken == "mul":
+        monkeypatch.setattr(stream._Arrays, "mul", lambda self: self.b[: self.b.numel() // 2].mul_(1.0))
+    else:
+        def half_dot(self):
+            self.dot_result = torch.dot(self.a[::2], self.b[::2])
+
+        monkeypatch.setattr(stream._Arrays, "dot", half_dot)
+    with pytest.raises(WorkloadError):
+        stream.run_stream(cpu, timer, dtype="fp32", quick=True)
+
+
+@pytest.mark.parametrize("target_kw, l2", [(H100_1G, 50 * 10**6), (H200_FULL, 60 * 10**6)], ids=["10GB", "141GB"])
+@pytest.mark.parametrize("dtype, element_bytes", [("fp32", 4), ("fp64", 8)])
+@pytest.mark.parametrize("quick", [False, True])
+def test_stream_sizes_fit_the_budget_and_leave_the_l2(target_kw, l2, dtype, element_bytes, quick):
+    target = _slice(**target_kw)
+    budget = target.memory_budget()
+    n = stream.stream_elements(budget, element_bytes, l2, quick=quick)
+    assert n % stream.GRAIN == 0
+    assert 3 * n * element_bytes <= stream.MEMORY_SHARE * budget
+    assert n * element_bytes >= stream.MIN_L2_MULTIPLE * l2
+    assert n <= stream.STREAM_EFFORT[("gpu", quick)].max_elements
+    c = stream.ceiling_bytes(n * element_bytes, budget)
+    assert n * element_bytes <= c and 2 * c <= max(stream.MEMORY_SHARE * budget, 2 * n * element_bytes)
+
+
+def test_stream_sizes_reach_the_cap_on_a_big_gpu_only():
+    assert stream.stream_elements(140 * GIB, 8, 60 * 10**6) == 2**28
+    assert stream.stream_elements(int(9.75 * GIB), 8, 50 * 10**6) < 2**28
+
+
+def test_stream_too_small_for_the_l2():
+    with pytest.raises(DoesNotFit, match="L2"):
+        stream.stream_elements(512 * 2**20, 4, 60 * 10**6)
+
+
+def test_stream_datasheet_share_and_emulation_flag():
+    mig = _slice(**H100_1G)
+    peak, how = stream.datasheet_gbs(mig)
+    assert peak == pytest.approx(3350.0 / 8) and how["memory_fraction"] == "1/8"
+    emulated = _slice(**H100_1G, kind="emulated")
+    peak, how = stream.datasheet_gbs(emulated)
+    assert peak == pytest.approx(3350.0) and how["emulated_bandwidth_not_partitioned"] is True
+
+    n, eb = 2**26, 4
+    timings = {k: Timing(samples=[stream.kernel_bytes(k, n, eb) / 300e9] * 3) for k in stream.KERNEL_NAMES}
+    metrics = stream._metrics(emulated, "fp32", n, eb, 50 * 10**6, timings, [600.0, 600.0], {"a": 0.0})
+    by_name = {m.name: m for m in metrics}
+    assert by_name["fp32_triad_gbs"].value == pytest.approx(300.0)
+    assert by_name["fp32_triad_pct_of_copy"].value == pytest.approx(50.0)
+    assert by_name["fp32_triad_pct_of_peak"].value == pytest.approx(100 * 300 / 3350)
+    assert all(m.info.get("emulated_bandwidth_not_partitioned") for m in metrics if m.name.startswith("fp32_"))
