@@ -36,6 +36,10 @@ HELP_IMPROVEMENT = "fail a test whose figure improved beyond tolerance: a stale 
 HELP_REPORT = "write a report of this run's figures and verdicts: .md, .csv or .json by suffix."
 HELP_RESULTS = "where this run's results JSON goes (default: .mig-results/results-<time>.json; 'none' to skip)."
 HELP_SCALING_RESULTS = "results files of other slices' runs (same GPU model) for the scaling checks."
+HELP_SU = ("service-unit coefficients of the cost figures, 'cpu=1,ram_gb=4,gpu=16,gpu_mem_gb=80' (Wulver's, the "
+           "default): SU/h = max(cpu x CPUs, RAM / ram_gb) + gpu x GPU_mem / gpu_mem_gb.")
+HELP_ALLOCATION = ("CPUs and RAM billed with the GPU, 'cpus=1,ram_gb=4' (default: Slurm's SLURM_CPUS_PER_TASK and "
+                   "SLURM_MEM_PER_NODE when set, else 1 CPU and 4 GB as in Wulver's tables).")
 HELP_SCALING_BASIS = "ideal scaling between profiles: slices (7/3, 3/2, 2/1; default), sms, or memory."
 
 MARKERS = (
@@ -98,12 +102,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--mig-report", dest="mig_report", default=None, help=HELP_REPORT)
     g.addoption("--mig-results", dest="mig_results", default=None, help=HELP_RESULTS)
     g.addoption("--mig-scaling-results", dest="mig_scaling_results", nargs="+", default=[], help=HELP_SCALING_RESULTS)
+    g.addoption("--mig-su-coefficients", dest="mig_su_coefficients", default=None, help=HELP_SU)
+    g.addoption("--mig-su-allocation", dest="mig_su_allocation", default=None, help=HELP_ALLOCATION)
     g.addoption("--mig-scaling-basis", dest="mig_scaling_basis", choices=("slices", "sms", "memory"),
                 default="slices", help=HELP_SCALING_BASIS)
     parser.addini("mig_profile", HELP_PROFILE, default=None)
     parser.addini("mig_require_gpu", HELP_REQUIRE_GPU, type="bool", default=False)
     parser.addini("mig_baseline_dir", HELP_BASELINE_DIR, default="baselines")
     parser.addini("mig_tolerance", HELP_TOLERANCE, default="5%")
+    parser.addini("mig_su_coefficients", HELP_SU, default="")
 
 
 def _options(config: pytest.Config) -> Options:
@@ -131,6 +138,42 @@ def default_tolerance(config: pytest.Config) -> float:
         raise pytest.UsageError(f"ini option mig_tolerance: {exc}") from None
 
 
+def su_coefficients(config: pytest.Config) -> Any:
+    from .cost import WULVER, SUCoefficients
+
+    text = config.getoption("mig_su_coefficients") or config.getini("mig_su_coefficients")
+    if not text:
+        return WULVER
+    try:
+        return SUCoefficients.from_string(str(text))
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def su_allocation(config: pytest.Config, env: Any = os.environ) -> tuple[float, float]:
+    """(CPUs, RAM GB) billed with the GPU: the option, else Slurm's allocation, else 1 CPU and 4 GB."""
+    text = config.getoption("mig_su_allocation")
+    cpus, ram = 1.0, 4.0
+    if not text:
+        try:
+            cpus = float(env.get("SLURM_CPUS_PER_TASK") or 1)
+            ram = float(env["SLURM_MEM_PER_NODE"]) / 1024 if env.get("SLURM_MEM_PER_NODE") else 4.0
+        except ValueError:
+            return 1.0, 4.0
+        return cpus, ram
+    form = "expected 'cpus=N,ram_gb=G'"
+    values = {"cpus": cpus, "ram_gb": ram}
+    for part in (p.strip() for p in str(text).split(",") if p.strip()):
+        key, _, raw = part.partition("=")
+        try:
+            if key.strip() not in values or float(raw) <= 0:
+                raise ValueError
+            values[key.strip()] = float(raw)
+        except ValueError:
+            raise pytest.UsageError(f"--mig-su-allocation '{text}': '{part}' is not understood; {form}") from None
+    return values["cpus"], values["ram_gb"]
+
+
 # --------------------------------------------------------------------------- configure, session start, header
 
 
@@ -145,6 +188,8 @@ def pytest_configure(config: pytest.Config) -> None:
     except SelectionError as exc:
         raise pytest.UsageError(str(exc)) from None
     config.stash[STATE] = RunState(plan=plan, options=opts)
+    su_coefficients(config)  # a malformed value is a usage error now, not in the first benchmark
+    su_allocation(config)
     # pytest-benchmark times rounds with our CUDA-event clock unless the user chose a timer.
     if getattr(config.option, "benchmark_timer", None) in (None, "time.perf_counter"):
         config.option.benchmark_timer = "pytest_mig.measure.gpu_clock"
@@ -293,7 +338,8 @@ def mig_bench(request: pytest.FixtureRequest, benchmark: Any, mig_device: Target
         records.append(rec)
         state.records.append(rec)
 
-    return MigBench(benchmark, mig_device, telemetry, sink, quick=bool(request.config.getoption("mig_quick")))
+    return MigBench(benchmark, mig_device, telemetry, sink, quick=bool(request.config.getoption("mig_quick")),
+                    su=su_coefficients(request.config), allocation=su_allocation(request.config))
 
 
 @pytest.fixture(scope="session")
@@ -333,31 +379,26 @@ def _judge(item: pytest.Item, records: list[ResultRecord]) -> list[str]:
     if not records or item.config.getoption("mig_save_baseline"):
         return []
     from .baselines import BaselineError, BaselineStore
-    from .verdict import compare
+    from .verdict import judge
 
     config = item.config
     state = _state(config)
-    store = BaselineStore(baseline_dir(config))
     marker = item.get_closest_marker("mig_tolerance")
-    tolerance = float(marker.args[0]) if marker else None
-    default = default_tolerance(config)
-    fail_improved = bool(config.getoption("mig_fail_on_improvement"))
-    lines = []
-    for rec in records:
-        try:
-            baseline = store.load(rec.target["gpu_slug"], rec.target["baseline_profile"])
-        except BaselineError as exc:
-            msg = str(exc)
-            if msg not in state.baseline_errors:
-                state.baseline_errors.append(msg)
-            lines.append(f"baseline unusable: {msg}")
-            break
-        v = compare(rec, baseline, tolerance=tolerance, default_tolerance=default,
-                    improvement_fails=fail_improved)
-        rec.verdict = v.to_dict()
-        if v.failed:
-            lines.append(v.message)
-    return lines
+    tolerance = None
+    if marker:
+        tolerance = marker.kwargs.get("tolerance", marker.args[0] if marker.args else None)
+        if isinstance(tolerance, str):
+            tolerance = _tolerance(tolerance)
+    try:
+        verdicts = judge(records, BaselineStore(baseline_dir(config)), tolerance=tolerance,
+                         default_tolerance=default_tolerance(config),
+                         improvement_fails=bool(config.getoption("mig_fail_on_improvement")))
+    except BaselineError as exc:
+        msg = str(exc)
+        if msg not in state.baseline_errors:
+            state.baseline_errors.append(msg)
+        return [f"baseline unusable: {msg}"]
+    return [v.line() for v in verdicts if v.failed]
 
 
 # --------------------------------------------------------------------------- pytest-benchmark integration

@@ -1,0 +1,279 @@
+"""Reports: the terminal summary, markdown/CSV/JSON tables, JUnit properties, outlier nodes, plots.
+
+Everything here takes :class:`~pytest_mig.results.ResultRecord` lists (whose ``verdict`` the
+verdict layer has filled in) and produces text or files; nothing measures or judges.  pandas builds
+the tables (like the seeds' tables), tabulate formats them, matplotlib is imported only to plot
+(the optional ``plot`` extra).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+import pandas as pd
+
+from .results import ResultRecord, atomic_write_text
+from .verdict import OUTCOMES, format_number
+
+if TYPE_CHECKING:
+    from .scaling import ScalingReport
+
+#: Columns of every table, in order.
+COLUMNS: tuple[str, ...] = (
+    "test", "metric", "value", "unit", "baseline", "change_pct", "verdict", "profile", "gpu", "node",
+    "kind", "direction", "emulated", "timestamp",
+)
+
+#: Report file suffixes and the format each one writes.
+REPORT_FORMATS: dict[str, str] = {".md": "markdown", ".markdown": "markdown", ".csv": "csv", ".json": "json"}
+
+#: A node whose figure is this many times worse than the median of the other nodes is an outlier.
+OUTLIER_FACTOR = 1.5
+
+
+class ReportError(ValueError):
+    """A report that cannot be written (unknown suffix, no matplotlib): one sentence."""
+
+
+def _profile(target: dict[str, Any]) -> str:
+    return str(target.get("baseline_profile") or target.get("profile") or "")
+
+
+def _gpu(target: dict[str, Any]) -> str:
+    return str(target.get("gpu_name") or ("CPU" if target.get("kind") == "cpu" else ""))
+
+
+def _row(rec: ResultRecord) -> dict[str, Any]:
+    v = rec.verdict or {}
+    return {
+        "test": rec.test,
+        "metric": rec.metric.name,
+        "value": rec.metric.value,
+        "unit": rec.metric.unit,
+        "baseline": v.get("baseline"),
+        "change_pct": None if v.get("change_pct") is None else round(float(v["change_pct"]), 2),
+        "verdict": str(v.get("outcome") or ""),
+        "profile": _profile(rec.target),
+        "gpu": _gpu(rec.target),
+        "node": rec.node,
+        "kind": rec.metric.kind,
+        "direction": rec.metric.direction,
+        "emulated": bool(rec.target.get("emulated")),
+        "timestamp": rec.timestamp,
+    }
+
+
+def records_frame(records: Iterable[ResultRecord]) -> pd.DataFrame:
+    """One row per record with :data:`COLUMNS`: the table every report is made from."""
+    rows = [_row(r) for r in records]
+    return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+def verdict_counts(records: Iterable[ResultRecord]) -> dict[str, int]:
+    """How many records got each outcome ("not judged" for records without a verdict)."""
+    c = Counter(str((r.verdict or {}).get("outcome") or "not judged") for r in records)
+    return {k: c[k] for k in (*OUTCOMES, "not judged") if c[k]}
+
+
+def _short_test(test: str) -> str:
+    return test.split("::", 1)[-1] if "::" in test else test
+
+
+def summary_table(records: Sequence[ResultRecord], *, tablefmt: str = "simple") -> str:
+    """The terminal summary: test, metric, value, unit, baseline, change, verdict (and profile
+    when the run covered several)."""
+    from tabulate import tabulate
+
+    if not records:
+        return "(no metrics recorded)"
+    several = len({_profile(r.target) for r in records}) > 1
+    headers = ["test", "metric", "value", "unit", "baseline", "change", "verdict"] + (["profile"] if several else [])
+    rows = []
+    for r in records:
+        v = r.verdict or {}
+        outcome = str(v.get("outcome") or "-")
+        if v.get("throttled"):
+            outcome += " (throttled)"
+        change = v.get("change_pct")
+        row = [_short_test(r.test), r.metric.name, format_number(r.metric.value), r.metric.unit,
+               format_number(v.get("baseline")) if v.get("baseline") is not None else "-",
+               f"{change:+.1f}%" if change is not None else "-", outcome]
+        if several:
+            row.append(_profile(r.target))
+        rows.append(row)
+    return tabulate(rows, headers=headers, tablefmt=tablefmt, disable_numparse=True)
+
+
+def summary_lines(records: Sequence[ResultRecord]) -> list[str]:
+    """The lines pytest_terminal_summary prints: the table, then the counts."""
+    counts = verdict_counts(records)
+    tail = ", ".join(f"{n} {k}" for k, n in counts.items()) or "nothing"
+    return [*summary_table(records).splitlines(), f"{len(records)} metric(s): {tail}"]
+
+
+def _frame_of(data: Iterable[ResultRecord] | pd.DataFrame) -> pd.DataFrame:
+    return data if isinstance(data, pd.DataFrame) else records_frame(data)
+
+
+def _json_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    rows = frame.astype(object).to_dict(orient="records")
+    return [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()} for row in rows]
+
+
+def write_report(path: Path | str, data: Iterable[ResultRecord] | pd.DataFrame) -> Path:
+    """Write the table to ``path`` as markdown, CSV or JSON (a list of row objects) by its suffix."""
+    path = Path(path)
+    fmt = REPORT_FORMATS.get(path.suffix.lower())
+    if fmt is None:
+        raise ReportError(f"{path}: cannot tell the report format from '{path.suffix or 'no suffix'}'; "
+                          f"use one of {', '.join(REPORT_FORMATS)}")
+    frame = _frame_of(data)
+    if fmt == "markdown":
+        text = frame.to_markdown(index=False) + "\n"
+    elif fmt == "csv":
+        text = frame.to_csv(index=False)
+    else:
+        text = json.dumps(_json_rows(frame), indent=2, allow_nan=False) + "\n"
+    atomic_write_text(path, text)
+    return path
+
+
+def junit_properties(records: Sequence[ResultRecord]) -> list[tuple[str, Any]]:
+    """(name, value) pairs for ``record_property``: each metric's value, unit, verdict, baseline and
+    change; names get the test in front when the records span several tests."""
+    several = len({r.test for r in records}) > 1
+    out: list[tuple[str, Any]] = []
+    for r in records:
+        name = f"{r.test}::{r.metric.name}" if several else r.metric.name
+        out.append((name, r.metric.value))
+        out.append((f"{name}.unit", r.metric.unit))
+        v = r.verdict or {}
+        if v.get("outcome"):
+            out.append((f"{name}.verdict", v["outcome"]))
+        if v.get("baseline") is not None:
+            out.append((f"{name}.baseline", v["baseline"]))
+        if v.get("change_pct") is not None:
+            out.append((f"{name}.change_pct", round(float(v["change_pct"]), 2)))
+    if records:
+        out.append(("mig.profile", _profile(records[0].target)))
+        out.append(("mig.gpu", _gpu(records[0].target)))
+    return out
+
+
+# -- merged reports across nodes -----------------------------------------------------------------
+
+
+@dataclass
+class Outlier:
+    """A node whose figure is far worse than the same test's on the other nodes."""
+
+    node: str
+    test: str
+    metric: str
+    gpu: str
+    profile: str
+    value: float
+    unit: str
+    others_median: float
+    others: int
+    factor: float  # how many times worse
+
+    def line(self) -> str:
+        return (f"OUTLIER node {self.node}: {self.test} {self.metric} {format_number(self.value)} {self.unit} "
+                f"on {self.gpu} {self.profile} is {self.factor:.1f}x worse than the median "
+                f"{format_number(self.others_median)} {self.unit} of {self.others} other node(s)")
+
+
+def find_outliers(records: Iterable[ResultRecord], factor: float = OUTLIER_FACTOR) -> list[Outlier]:
+    """Nodes at least ``factor`` times worse than the median of the other nodes, for the same test,
+    metric, GPU model and profile (several records of one node are reduced to their median)."""
+    groups: dict[tuple[str, str, str, str], dict[str, list[ResultRecord]]] = {}
+    for r in records:
+        if not r.metric.compare or not math.isfinite(r.metric.value):
+            continue
+        key = (r.test, r.metric.name, _gpu(r.target), _profile(r.target))
+        groups.setdefault(key, {}).setdefault(r.node, []).append(r)
+    out: list[Outlier] = []
+    for (test, metric, gpu, profile), nodes in sorted(groups.items()):
+        if len(nodes) < 2:
+            continue
+        values = {n: statistics.median(x.metric.value for x in rs) for n, rs in nodes.items()}
+        first = next(iter(nodes.values()))[0].metric
+        for node, value in sorted(values.items()):
+            others = [v for n, v in values.items() if n != node]
+            med = statistics.median(others)
+            if value <= 0 or med <= 0:
+                continue
+            worse = med / value if first.direction == "higher" else value / med
+            if worse >= factor:
+                out.append(Outlier(node, test, metric, gpu, profile, value, first.unit, med, len(others), worse))
+    return out
+
+
+def merged_frame(records: Sequence[ResultRecord], outliers: Sequence[Outlier]) -> pd.DataFrame:
+    """The merged table with an ``outlier`` column marking the rows of outlier nodes."""
+    frame = records_frame(records).sort_values(["test", "metric", "gpu", "profile", "node"], kind="stable")
+    marks = {(o.test, o.metric, o.gpu, o.profile, o.node): f"<< {o.factor:.1f}x worse" for o in outliers}
+    frame["outlier"] = [marks.get((t, m, g, p, n), "") for t, m, g, p, n in
+                        zip(frame["test"], frame["metric"], frame["gpu"], frame["profile"], frame["node"])]
+    return frame.reset_index(drop=True)
+
+
+def frame_table(frame: pd.DataFrame, columns: Sequence[str] | None = None) -> str:
+    """A DataFrame as a terminal table (numbers in four significant figures)."""
+    from tabulate import tabulate
+
+    cols = [c for c in (columns or frame.columns) if c in frame.columns]
+    rows = [[format_number(v) if isinstance(v, float) else ("" if v is None else v) for v in row]
+            for row in frame[cols].astype(object).itertuples(index=False)]
+    return tabulate(rows, headers=cols, tablefmt="simple", disable_numparse=True)
+
+
+# -- plots ---------------------------------------------------------------------------------------
+
+
+def plot_scaling(report: "ScalingReport", path: Path | str) -> Path:
+    """Speed-up over the smallest profile against the ideal, one panel per metric (PNG/SVG/PDF).
+
+    Needs matplotlib (``pip install 'pytest-mig[plot]'``); uses its object API and the Agg canvas,
+    so it neither needs a display nor changes the caller's pyplot backend.
+    """
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise ReportError("plotting needs matplotlib, which is not installed: pip install 'pytest-mig[plot]'") from None
+    if not report.groups:
+        raise ReportError("nothing to plot: no metric was measured on two or more profiles of one GPU model")
+    path = Path(path)
+    n = len(report.groups)
+    ncols = min(3, n)
+    nrows = math.ceil(n / ncols)
+    fig = Figure(figsize=(5 * ncols, 3.6 * nrows), layout="constrained")
+    FigureCanvasAgg(fig)
+    ideal_by_pair = {(r.gpu, r.test, r.metric, r.family, r.bigger, r.smaller): r.ideal for r in report.rows}
+    for i, g in enumerate(report.groups):
+        ax = fig.add_subplot(nrows, ncols, i + 1)
+        base = g.rungs[0].value
+        measured = [(r.value / base) if g.direction == "higher" else (base / r.value) for r in g.rungs]
+        ideal = [1.0]
+        for small, big in zip(g.rungs, g.rungs[1:]):
+            step = ideal_by_pair.get((g.gpu, g.test, g.metric, g.family, big.profile, small.profile))
+            ideal.append(ideal[-1] * step if step is not None else float("nan"))
+        xs = list(range(len(g.rungs)))
+        ax.plot(xs, ideal, "--", color="grey", marker="o", label=f"ideal ({g.basis})")
+        ax.plot(xs, measured, "-", color="tab:blue", marker="s", label="measured")
+        ax.set_xticks(xs, [r.profile for r in g.rungs], rotation=30, ha="right")
+        ax.set_ylabel(f"speed-up over {g.rungs[0].profile}")
+        ax.set_title(f"{_short_test(g.test)} {g.metric}\n{g.gpu} ({g.family})", fontsize=9)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    return path
