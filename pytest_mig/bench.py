@@ -9,10 +9,23 @@ to ``benchmark.extra_info`` and to pytest-mig's own results.
 
 from __future__ import annotations
 
+import math
+import statistics
 from typing import Any, Callable, Iterable, Sequence
 
 from .cost import WULVER, SUCoefficients, cost_metrics
-from .measure import Metric, Telemetry, Timer, Timing
+from .measure import Metric, Telemetry, Timer, Timing, time_fn
+
+#: A pytest-benchmark round on a GPU lasts at least this long (several calls when one is short).
+MIN_ROUND_S = 0.01
+MAX_ITERATIONS = 1000
+
+
+def rounds_iterations(seconds_per_call: float, min_round_s: float = MIN_ROUND_S) -> int:
+    """Calls per pytest-benchmark round so that a round lasts at least ``min_round_s``."""
+    if not seconds_per_call > 0:
+        return 1
+    return max(1, min(MAX_ITERATIONS, math.ceil(min_round_s / seconds_per_call)))
 from .target import Target
 
 
@@ -29,7 +42,14 @@ class BenchTimer(Timer):
         if self._used or bm is None or not getattr(bm, "enabled", False):
             return super()._timed(fn, warmup, repeats)
         self._used = True
-        bm.pedantic(fn, rounds=max(1, repeats), warmup_rounds=max(0, warmup), iterations=1)
+        iterations = 1
+        if self.device.startswith("cuda"):
+            # pytest-benchmark synchronises around every round: make a round long enough that the
+            # launch latency and the idle gap before it stay below a percent of what is measured.
+            est = statistics.median(time_fn(fn, warmup=max(0, warmup), repeats=2, device=self.device))
+            iterations = rounds_iterations(est)
+            warmup = 0
+        bm.pedantic(fn, rounds=max(1, repeats), warmup_rounds=max(0, warmup), iterations=iterations)
         stats = getattr(bm, "stats", None)
         data = list(getattr(getattr(stats, "stats", None), "data", []) or [])
         if not data:  # pytest-benchmark kept no samples: time it ourselves rather than report nothing

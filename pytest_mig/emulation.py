@@ -88,6 +88,30 @@ def _sms_observed() -> int | None:
         return None
 
 
+def warm_up_blas(device_index: int = 0) -> None:
+    """Run each matmul precision once in the primary context, before any green context.
+
+    cuBLAS sizes some kernels from the SM count it sees when a kernel family is first used, for the
+    rest of the process: on the H200, a TF32 matmul first run in a 16-SM green context ran at the
+    16-SM speed (57 TFLOPS) in every context afterwards, the 132-SM one and the primary included,
+    while after a first use in the primary context it gave 394 TFLOPS with 132 SMs, 205 with 64 and
+    the same 57 with 16.  Warming up on the whole GPU keeps every profile of a sweep honest.
+    """
+    import torch
+
+    device = f"cuda:{device_index}"
+    keep = torch.backends.cuda.matmul.allow_tf32
+    try:
+        for dtype, tf32 in ((torch.float32, True), (torch.float32, False), (torch.float64, False),
+                            (torch.bfloat16, False), (torch.float16, False)):
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            a = torch.ones(1024, 1024, device=device, dtype=dtype)
+            a @ a
+        torch.cuda.synchronize(device_index)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = keep
+
+
 class Emulator:
     """Creates one green context per SM count (reused across tests) and activates it around a test."""
 
@@ -96,6 +120,7 @@ class Emulator:
 
         # A green context is carved from the device's primary context: start it first.
         torch.empty(1, device=f"cuda:{device_index}")
+        warm_up_blas(device_index)
         self.device_index = device_index
         self._contexts: dict[int, Any] = {}
         self._obtained: dict[int, tuple[int | None, str]] = {}

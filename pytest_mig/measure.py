@@ -249,7 +249,7 @@ class PowerSampler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2)
-        energy = (e1 - self._e0) / 1e3 if (e1 is not None and self._e0 is not None and e1 >= self._e0) else None
+        energy = (e1 - self._e0) / 1e3 if (e1 is not None and self._e0 is not None and e1 > self._e0) else None
         source = "energy-counter" if energy is not None else "power-samples"
         self.trace = PowerTrace(list(self._samples), seconds, energy, source)
 
@@ -261,6 +261,7 @@ class Timing:
     samples: list[float]
     power: PowerTrace | None = None
     clocks: dict[str, Any] = field(default_factory=dict)  # before/after SM clock, throttle reasons
+    energy_calls: int = 0  # calls made while ``power`` was read (the energy window); 0: the timed repeats
 
     @property
     def median(self) -> float:
@@ -287,11 +288,17 @@ class Telemetry:
         read_energy_mj: Callable[[], float | None] | None = None,
         read_clocks: Callable[[], dict[str, Any]] | None = None,
         interval: float = 0.25,
+        window_s: float = 1.0,
     ) -> None:
         self.read_power_w = read_power_w
         self.read_energy_mj = read_energy_mj
         self.read_clocks = read_clocks
         self.interval = interval
+        self.window_s = window_s  # how long the energy window after a timing runs the work
+
+    @property
+    def reads_power(self) -> bool:
+        return self.read_power_w is not None or self.read_energy_mj is not None
 
     def clocks(self) -> dict[str, Any]:
         if self.read_clocks is None:
@@ -318,13 +325,32 @@ class Timer:
 
     def __call__(self, fn: Callable[[], Any], *, warmup: int = 3, repeats: int = 10) -> Timing:
         before = self.telemetry.clocks()
-        sampler = PowerSampler(self.telemetry.read_power_w, self.telemetry.read_energy_mj, self.telemetry.interval)
-        with sampler:
-            samples = self._timed(fn, warmup, repeats)
+        samples = self._timed(fn, warmup, repeats)
+        power, calls = self._energy_window(fn, samples)
         after = self.telemetry.clocks()
         clocks = {"before": before, "after": after} if (before or after) else {}
-        power = sampler.trace if (sampler.trace and (sampler.trace.watts or sampler.trace.energy_j is not None)) else None
-        return Timing(samples=samples, power=power, clocks=clocks)
+        return Timing(samples=samples, power=power, clocks=clocks, energy_calls=calls)
+
+    def _energy_window(self, fn: Callable[[], Any], samples: list[float]) -> tuple[PowerTrace | None, int]:
+        """Run ``fn`` back to back for the telemetry's window while reading board power.
+
+        The timed repeats are often shorter than NVML's power and energy readings refresh (tens of
+        milliseconds to 100 ms), so energy is measured over a window of its own, long enough to hold
+        several readings, and divided by the calls made in it.
+        """
+        t = self.telemetry
+        if not t.reads_power or not samples:
+            return None, 0
+        per_call = statistics.median(samples)
+        calls = max(1, min(1_000_000, math.ceil(t.window_s / per_call))) if per_call > 0 else 1
+        sampler = PowerSampler(t.read_power_w, t.read_energy_mj, t.interval)
+        with sampler:
+            for _ in range(calls):
+                fn()
+        trace = sampler.trace
+        if trace is None or (not trace.watts and trace.energy_j is None):
+            return None, 0
+        return trace, calls
 
 
 def energy_metrics(timing: Timing, work_per_call: float, unit: str, *, label: str | None = None) -> list[Metric]:
@@ -334,13 +360,16 @@ def energy_metrics(timing: Timing, work_per_call: float, unit: str, *, label: st
     """
     if timing.power is None or timing.power.joules is None or not timing.samples:
         return []
-    calls = len(timing.samples)
-    busy = sum(timing.samples)
-    # Energy over the sampled window covers warm-up and gaps too: scale by the busy fraction's power.
-    mean_w = timing.power.mean_w or 0.0
-    joules_per_call = mean_w * busy / calls
+    mean_w = timing.power.mean_w
+    if mean_w is None or not mean_w > 0:
+        return []  # no reading refreshed during the window: no figure rather than a zero
+    if timing.energy_calls:
+        joules_per_call = timing.power.joules / timing.energy_calls
+    else:  # power read during the timed repeats themselves: their busy time at the mean power
+        joules_per_call = mean_w * sum(timing.samples) / len(timing.samples)
     tag = f"{label}_" if label else ""
-    info = {"scope": "board", "source": timing.power.source, "samples": len(timing.power.watts)}
+    info = {"scope": "board", "source": timing.power.source, "samples": len(timing.power.watts),
+            "window_s": round(timing.power.seconds, 3), "calls": timing.energy_calls or len(timing.samples)}
     return [
         Metric(f"{tag}power_w", mean_w, "W", "lower", [], kind="energy", info=info, compare=False),
         Metric(f"{tag}energy_j_per_{unit.lower()}", joules_per_call / work_per_call, f"J/{unit}", "lower",

@@ -73,8 +73,9 @@ def test_power_sampler_survives_failing_readers() -> None:
 
 
 def test_energy_metrics_per_unit_of_work() -> None:
-    tel = Telemetry(read_power_w=lambda: 200.0, interval=0.005)
+    tel = Telemetry(read_power_w=lambda: 200.0, interval=0.005, window_s=0.05)
     timing = Timer("cpu", tel)(lambda: time.sleep(0.01), warmup=0, repeats=3)
+    assert 3 <= timing.energy_calls <= 6  # the energy window ran the work for ~50 ms
     ms = energy_metrics(timing, work_per_call=2.0, unit="TFLOP")
     names = {m.name: m for m in ms}
     assert names["power_w"].value == pytest.approx(200.0)
@@ -87,3 +88,34 @@ def test_energy_metrics_per_unit_of_work() -> None:
 def test_no_energy_metrics_without_power() -> None:
     timing = Timer("cpu")(lambda: None, warmup=0, repeats=2)
     assert energy_metrics(timing, 1.0, "token") == []
+
+
+def test_energy_comes_from_a_window_of_its_own_divided_by_its_calls() -> None:
+    clock = {"mj": 0.0}
+    calls = []
+
+    def work() -> None:
+        calls.append(1)
+        clock["mj"] += 500.0  # every call costs 0.5 J on the (fake) energy counter
+        time.sleep(0.002)
+
+    tel = Telemetry(read_energy_mj=lambda: clock["mj"], window_s=0.02)
+    timing = Timer("cpu", tel)(work, warmup=1, repeats=3)
+    assert timing.energy_calls == len(calls) - 4  # the window's calls, not the warm-up or the repeats
+    per = {m.name: m for m in energy_metrics(timing, 1.0, "call")}["energy_j_per_call"]
+    assert per.value == pytest.approx(0.5)
+
+
+def test_an_energy_counter_that_did_not_move_gives_no_figure_not_zero() -> None:
+    tel = Telemetry(read_energy_mj=lambda: 1234.0, window_s=0.005)
+    timing = Timer("cpu", tel)(lambda: None, warmup=0, repeats=2)
+    assert energy_metrics(timing, 1.0, "call") == []
+
+
+def test_rounds_last_long_enough_for_the_gpu_clock() -> None:
+    from pytest_mig.bench import MAX_ITERATIONS, rounds_iterations
+
+    assert rounds_iterations(0.0005, 0.01) == 20
+    assert rounds_iterations(0.5, 0.01) == 1
+    assert rounds_iterations(1e-9, 0.01) == MAX_ITERATIONS
+    assert rounds_iterations(0.0, 0.01) == 1
