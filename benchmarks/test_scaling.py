@@ -9,11 +9,10 @@ more than its kind's tolerance (pytest_mig.scaling.SCALING_TOLERANCE).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from pytest_mig.baselines import BaselineStore
+from pytest_mig.plugin import baseline_dir
 from pytest_mig.results import ResultRecord
 from pytest_mig.scaling import check_scaling
 
@@ -21,9 +20,8 @@ from pytest_mig.scaling import check_scaling
 @pytest.mark.mig_scaling
 def test_scaling_against_ideal(mig_run_results: list[ResultRecord], request: pytest.FixtureRequest) -> None:
     basis = request.config.getoption("mig_scaling_basis", default="slices") or "slices"
-    baseline_dir = Path(request.config.getoption("mig_baseline_dir", default="baselines") or "baselines")
     slugs = {str(r.target.get("gpu_slug")) for r in mig_run_results if r.target.get("gpu_slug")}
-    store = BaselineStore(baseline_dir)
+    store = BaselineStore(baseline_dir(request.config))  # the option, else the ini, from the rootdir
     stored: list[ResultRecord] = []
     for slug in sorted(slugs):
         records, problems = store.records(slug)

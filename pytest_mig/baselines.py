@@ -27,7 +27,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 from filelock import FileLock, Timeout
 
-from .measure import Metric
+from .measure import METRIC_KINDS, Metric
 from .profiles import CPU, FULL, model_slug
 from .results import ResultRecord, atomic_write_text, utc_now
 
@@ -167,7 +167,11 @@ class Baseline:
         }
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True, allow_nan=False) + "\n"
+        try:
+            return json.dumps(self.to_dict(), indent=2, sort_keys=True, allow_nan=False) + "\n"
+        except ValueError as exc:  # a NaN or infinity somewhere (the fingerprint): JSON cannot hold it
+            where = self.meta.path or f"{self.meta.gpu_slug}/{self.meta.profile}"
+            raise BaselineError(f"{where}: not saved, a value cannot be written as JSON ({exc})") from None
 
 
 @dataclass
@@ -178,9 +182,12 @@ class SaveResult:
     written: int  # metrics written from this run
     kept: int  # entries of tests not in this run, left as they were
     skipped: list[str] = field(default_factory=list)  # "test::metric (why)"
+    unchanged: bool = False  # the file already held exactly this: not rewritten
 
     def __str__(self) -> str:
         line = f"{self.path} ({self.written} metric(s) from this run, {self.kept} kept from earlier runs"
+        if self.unchanged:
+            line += "; unchanged, not rewritten"
         if self.skipped:
             more = "; ..." if len(self.skipped) > 3 else ""
             line += f"; {len(self.skipped)} not saved: {'; '.join(self.skipped[:3])}{more}"
@@ -337,10 +344,9 @@ class BaselineStore:
         results: list[SaveResult] = []
         if not groups:
             return results
-        self.root.mkdir(parents=True, exist_ok=True)
-        lock = FileLock(str(self.root / LOCK_NAME), timeout=LOCK_TIMEOUT_S)
         try:
-            with lock:
+            self.root.mkdir(parents=True, exist_ok=True)
+            with FileLock(str(self.root / LOCK_NAME), timeout=LOCK_TIMEOUT_S):
                 for (slug, profile), recs in sorted(groups.items()):
                     results.append(self._save_group(slug, profile, recs, default_tolerance, skipped.get((slug, profile), [])))
         except Timeout:
@@ -348,6 +354,8 @@ class BaselineStore:
                 f"{self.root / LOCK_NAME}: another run held the baseline lock for {LOCK_TIMEOUT_S:.0f} s; "
                 f"nothing was saved, try again when it has finished"
             ) from None
+        except OSError as exc:  # the folder or its lock cannot be created: a user's setting, not a crash
+            raise BaselineError(f"{self.root}: baselines cannot be written there ({exc.strerror or exc})") from None
         return results
 
     def _save_group(
@@ -380,11 +388,19 @@ class BaselineStore:
             written += 1
         run_keys = {(r.test, r.metric.name) for r in recs}
         kept = sum(1 for k in entries if k not in run_keys)
-        base = Baseline(new_meta, dict(sorted(entries.items())), utc_now())
+        base = Baseline(new_meta, dict(sorted(entries.items())), existing.updated_at if existing else "")
+        if existing is not None and base.to_json() == path.read_text(encoding="utf-8"):
+            # Saving what the file already holds changes nothing, not even its date: no diff to review.
+            return SaveResult(path, written, kept, list(skipped), unchanged=True)
+        base.updated_at = utc_now()
         text = base.to_json()  # serialise fully before touching the file
         mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
-        atomic_write_text(path, text)
-        os.chmod(path, mode)  # the temporary file was created 0600; keep the file readable by the team
+        try:
+            atomic_write_text(path, text)
+            os.chmod(path, mode)  # the temporary file was created 0600; keep the file readable by the team
+        except OSError as exc:  # disk full, read-only folder: the rename never happened, the old file stands
+            raise BaselineError(f"{path}: not saved, the file could not be written ({exc.strerror or exc}); "
+                                f"it is as it was before this save") from None
         return SaveResult(path, written, kept, list(skipped))
 
 
@@ -442,7 +458,7 @@ def load_baseline_file(path: Path) -> Baseline:
                            ("tests", dict, "an object")):
         if not isinstance(doc.get(key), typ):
             raise BaselineError(f"{path}: '{key}' must be {name}, found {json.dumps(doc.get(key))}; {advice}")
-    fingerprint = doc.get("fingerprint") or {}
+    fingerprint = {} if doc.get("fingerprint") is None else doc["fingerprint"]
     if not isinstance(fingerprint, dict):
         raise BaselineError(f"{path}: 'fingerprint' must be an object; {advice}")
     folder = path.parent.name
@@ -477,23 +493,29 @@ def load_baseline_file(path: Path) -> Baseline:
             tol = _number(path, f"{where} tolerance", e.get("tolerance"), allow_none=True)
             if tol is not None and tol < 0:
                 raise BaselineError(f"{path}: {where} tolerance {tol} is negative; use a fraction such as 0.05")
-            samples_raw = e.get("samples") or []
+            samples_raw = [] if e.get("samples") is None else e["samples"]
             if not isinstance(samples_raw, list):
                 raise BaselineError(f"{path}: {where} samples must be a list of numbers; {advice}")
             samples = [_number(path, f"{where} sample", s) for s in samples_raw]
             spread = _read_spread(path, where, e.get("spread"))
-            fp = e.get("fingerprint") or meta.fingerprint
+            fp = meta.fingerprint if e.get("fingerprint") is None else e["fingerprint"]
             if not isinstance(fp, dict):
                 raise BaselineError(f"{path}: {where} fingerprint must be an object; {advice}")
-            throttled = e.get("throttled") or []
+            throttled = [] if e.get("throttled") is None else e["throttled"]
             if not isinstance(throttled, list):
                 raise BaselineError(f"{path}: {where} throttled must be a list of reasons; {advice}")
-            unit = e.get("unit", "")
-            if not isinstance(unit, str):
-                raise BaselineError(f"{path}: {where} unit must be a string; {advice}")
+            if not isinstance(e.get("unit"), str):
+                what = "has no 'unit'" if "unit" not in e else f"has unit {json.dumps(e['unit'])}, not a string"
+                raise BaselineError(f"{path}: {where} {what} (use \"\" for a unitless figure); {advice}")
+            unit = e["unit"]
+            kind = e.get("kind") or "compute"
+            if kind not in METRIC_KINDS:
+                raise BaselineError(
+                    f"{path}: {where} has kind {json.dumps(kind)}; use one of {', '.join(METRIC_KINDS)}"
+                )
             entries[(test, name)] = BaselineEntry(
                 test=test, metric=name, value=float(value or 0.0), unit=unit, direction=e["direction"],
-                kind=str(e.get("kind") or "compute"), tolerance=tol, spread=spread,
+                kind=str(kind), tolerance=tol, spread=spread,
                 samples=[float(s or 0.0) for s in samples], recorded_at=str(e.get("recorded_at") or ""),
                 fingerprint=dict(fp), throttled=[str(t) for t in throttled],
             )

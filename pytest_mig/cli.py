@@ -18,7 +18,16 @@ from pathlib import Path
 from typing import Sequence, TextIO
 
 from .baselines import DEFAULT_TOLERANCE, BaselineError, entry_from_record, meta_from_record
-from .report import OUTLIER_FACTOR, ReportError, find_outliers, frame_table, merged_frame, records_frame, write_report
+from .report import (
+    OUTLIER_FACTOR,
+    ReportError,
+    find_outliers,
+    frame_table,
+    merged_frame,
+    records_frame,
+    report_format,
+    write_report,
+)
 from .results import ResultRecord, ResultsFileError, read_results
 from .verdict import Verdict, compare, format_number, parse_tolerance
 
@@ -107,6 +116,8 @@ def _read_all(files: Sequence[Path]) -> list[ResultRecord]:
 
 
 def cmd_report(files: Sequence[Path], out_path: Path | None, factor: float, fail_on_outlier: bool, out: TextIO) -> int:
+    if out_path is not None:
+        report_format(out_path)  # a wrong suffix is said before anything is read or printed
     records = _read_all(files)
     if not records:
         print(f"no metrics in {len(files)} file(s)", file=out)

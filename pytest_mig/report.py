@@ -126,16 +126,25 @@ def _json_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
     return [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()} for row in rows]
 
 
-def write_report(path: Path | str, data: Iterable[ResultRecord] | pd.DataFrame) -> Path:
-    """Write the table to ``path`` as markdown, CSV or JSON (a list of row objects) by its suffix."""
+def report_format(path: Path | str) -> str:
+    """The format a report path asks for by its suffix ("markdown", "csv" or "json"); a ReportError
+    otherwise, so that callers can check an option before the run rather than after it."""
     path = Path(path)
     fmt = REPORT_FORMATS.get(path.suffix.lower())
     if fmt is None:
         raise ReportError(f"{path}: cannot tell the report format from '{path.suffix or 'no suffix'}'; "
                           f"use one of {', '.join(REPORT_FORMATS)}")
+    return fmt
+
+
+def write_report(path: Path | str, data: Iterable[ResultRecord] | pd.DataFrame) -> Path:
+    """Write the table to ``path`` as markdown, CSV or JSON (a list of row objects) by its suffix."""
+    path = Path(path)
+    fmt = report_format(path)
     frame = _frame_of(data)
     if fmt == "markdown":
-        text = frame.to_markdown(index=False) + "\n"
+        shown = frame.astype(object).where(frame.notna(), None)  # a missing baseline is "-", not "nan"
+        text = shown.to_markdown(index=False, missingval="-") + "\n"
     elif fmt == "csv":
         text = frame.to_csv(index=False)
     else:
@@ -225,13 +234,18 @@ def merged_frame(records: Sequence[ResultRecord], outliers: Sequence[Outlier]) -
     return frame.reset_index(drop=True)
 
 
+def _cell(v: Any) -> Any:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"  # no baseline, no change: as the summary table shows it
+    return format_number(v) if isinstance(v, float) else v
+
+
 def frame_table(frame: pd.DataFrame, columns: Sequence[str] | None = None) -> str:
     """A DataFrame as a terminal table (numbers in four significant figures)."""
     from tabulate import tabulate
 
     cols = [c for c in (columns or frame.columns) if c in frame.columns]
-    rows = [[format_number(v) if isinstance(v, float) else ("" if v is None else v) for v in row]
-            for row in frame[cols].astype(object).itertuples(index=False)]
+    rows = [[_cell(v) for v in row] for row in frame[cols].astype(object).itertuples(index=False)]
     return tabulate(rows, headers=cols, tablefmt="simple", disable_numparse=True)
 
 

@@ -83,13 +83,18 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
-def write_results(path: Path, records: Iterable[ResultRecord], meta: dict[str, Any] | None = None) -> None:
-    doc = {"schema": RESULTS_SCHEMA, "meta": meta or {}, "records": [r.to_dict() for r in records]}
-    atomic_write_text(Path(path), json.dumps(doc, indent=2, sort_keys=True) + "\n")
-
-
 class ResultsFileError(Exception):
-    """A results file that cannot be read: one sentence naming the file and the problem."""
+    """A results file that cannot be read or written: one sentence naming the file and the problem."""
+
+
+def write_results(path: Path, records: Iterable[ResultRecord], meta: dict[str, Any] | None = None) -> None:
+    """Write the records atomically; a path that cannot be written is a ResultsFileError."""
+    doc = {"schema": RESULTS_SCHEMA, "meta": meta or {}, "records": [r.to_dict() for r in records]}
+    text = json.dumps(doc, indent=2, sort_keys=True) + "\n"
+    try:
+        atomic_write_text(Path(path), text)
+    except OSError as exc:
+        raise ResultsFileError(f"{path}: results not written ({exc.strerror or exc})") from None
 
 
 def read_results(path: Path) -> list[ResultRecord]:

@@ -135,7 +135,11 @@ def format_number(x: float | None) -> str:
 
 
 def _pct(fraction: float) -> str:
-    return f"{fraction * 100:.2g}%"
+    """0.05 -> '5%', 0.0063 -> '0.63%', 0.125 -> '12.5%', 1.0 -> '100%' (never an exponent)."""
+    pct = fraction * 100
+    if abs(pct) >= 10:
+        return f"{pct:.1f}".rstrip("0").rstrip(".") + "%"
+    return f"{pct:.2g}%"
 
 
 def mann_whitney_p(a: Sequence[float], b: Sequence[float]) -> float:

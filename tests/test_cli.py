@@ -1,0 +1,271 @@
+"""The ``pytest-mig`` command, called in-process: devices (fake pynvml), report (results files of
+several nodes merged, a slow node flagged), compare (verdicts, exit status), and bad input."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import fake_pynvml
+import pytest
+import topologies
+
+from pytest_mig import cli
+from pytest_mig.measure import Metric
+from pytest_mig.results import ResultRecord, write_results
+
+GEMM = "benchmarks/test_gemm.py::test_gemm[fp16]"
+STREAM = "benchmarks/test_bandwidth.py::test_stream"
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def rec(value: float, *, node: str = "gpu01", test: str = GEMM, name: str = "fp16_tflops", unit: str = "TFLOPS",
+        direction: str = "higher", kind: str = "tensor", profile: str = "3g.71gb", gpu: str = "NVIDIA H200",
+        samples: list[float] | None = None, fingerprint: dict[str, Any] | None = None) -> ResultRecord:
+    target = {"kind": "mig", "profile": profile, "baseline_profile": profile, "gpu_name": gpu,
+              "gpu_slug": gpu.lower().replace(" ", "-"), "emulated": False}
+    xs = [value * (1 + 0.002 * (i % 5 - 2)) for i in range(10)] if samples is None else samples
+    metric = Metric(name, value, unit, direction, xs, kind)  # type: ignore[arg-type]
+    return ResultRecord(test, metric, target, dict(fingerprint or {"driver": "580.159.04"}),
+                        "2025-01-01T00:00:00+00:00", node)
+
+
+def results(path: Path, *records: ResultRecord) -> str:
+    write_results(path, records)
+    return str(path)
+
+
+# --------------------------------------------------------------------------- devices
+
+
+def test_devices_lists_gpus_instances_and_profiles(capsys: pytest.CaptureFixture[str],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_pynvml.install(monkeypatch, "a100-40gb-mixed")
+    code, out, err = run(capsys, "devices")
+    assert code == 0 and err == ""
+    lines = out.splitlines()
+    assert lines[0] == "driver 535.183.01, CUDA driver 12.2"
+    assert lines[1].startswith("GPU 0: NVIDIA A100-SXM4-40GB, 40960 MiB, MIG on, GPU-")
+    instances = [line.split() for line in lines if line.strip().startswith("MIG ")]
+    assert [i[1] for i in instances] == ["3g.20gb", "2g.10gb", "1g.5gb", "1g.5gb"]
+    busy = next(line for line in lines if topologies.A100_40_1G_BUSY in line)
+    assert f"busy (pids {topologies.A100_40_BUSY_PID})" in busy and "14 SMs" in busy
+    assert any(line.startswith("GPU 1: NVIDIA A100-SXM4-40GB") and "MIG off" in line for line in lines)
+    profiles = next(line for line in lines if line.strip().startswith("profiles:"))
+    for name in ("1g.5gb (14 SMs, x7)", "2g.10gb (28 SMs, x3)", "3g.20gb (42 SMs, x2)", "7g.40gb (98 SMs, x1)"):
+        assert name in profiles
+
+
+def test_devices_on_a_gpu_with_mig_off(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_pynvml.install(monkeypatch, "h200-mig-off")
+    code, out, _ = run(capsys, "devices")
+    assert code == 0
+    assert "GPU 0: NVIDIA H200, 143771 MiB, MIG off" in out
+    assert "  MIG " not in out  # no instances with MIG off
+    assert "3g.71gb (60 SMs, x2)" in out and "7g.141gb (132 SMs, x1)" in out
+
+
+@pytest.mark.parametrize(("topology", "phrase"), [
+    ("no-gpu", "No GPU: NVML found no NVIDIA GPU on this machine."),
+    ("no-nvml", "No GPU: NVML could not start: the NVML library (libnvidia-ml.so) was not found"),
+    (fake_pynvml.NO_PYNVML, "No GPU: the pynvml module (package nvidia-ml-py) is not installed."),
+])
+def test_devices_without_a_gpu_says_so_and_succeeds(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                                                    topology: str, phrase: str) -> None:
+    fake_pynvml.install(monkeypatch, topology)
+    code, out, err = run(capsys, "devices")
+    assert code == 0 and err == ""
+    assert out.startswith(phrase)
+    assert len(out.splitlines()) == 1
+
+
+# --------------------------------------------------------------------------- report
+
+
+@pytest.fixture
+def night(tmp_path: Path) -> list[str]:
+    """One results file per node; gpu03 is three times slower on the GEMM."""
+    values = {"gpu01": 151.7, "gpu02": 149.9, "gpu03": 50.2, "gpu04": 152.3}
+    return [results(tmp_path / f"{node}.json", rec(v, node=node),
+                    rec(4.1, node=node, test=STREAM, name="copy_tbs", unit="TB/s", kind="memory"))
+            for node, v in values.items()]
+
+
+def test_report_merges_nodes_into_one_table_and_flags_the_slow_one(capsys: pytest.CaptureFixture[str],
+                                                                   night: list[str]) -> None:
+    code, out, err = run(capsys, "report", *night)
+    assert code == 0 and err == ""
+    lines = out.splitlines()
+    assert lines[0].split() == ["test", "metric", "gpu", "profile", "node", "value", "unit", "verdict", "outlier"]
+    rows = [line for line in lines if line.startswith(("benchmarks/", GEMM))]
+    assert len(rows) == 8
+    gemm = [line for line in rows if "fp16_tflops" in line]
+    assert [line.split()[5] for line in gemm] == ["gpu01", "gpu02", "gpu03", "gpu04"]
+    assert gemm[2].rstrip().endswith("<< 3.0x worse")
+    assert not any("<<" in line for line in rows if "gpu03" not in line)
+    assert "8 metric(s) from 4 file(s), 4 node(s): gpu01, gpu02, gpu03, gpu04" in out
+    outlier = [line for line in lines if line.startswith("OUTLIER")]
+    assert outlier == [f"OUTLIER node gpu03: {GEMM} fp16_tflops 50.20 TFLOPS on NVIDIA H200 3g.71gb is 3.0x worse "
+                       f"than the median 151.7 TFLOPS of 3 other node(s)"]
+
+
+def test_report_fail_on_outlier_and_factor(capsys: pytest.CaptureFixture[str], night: list[str]) -> None:
+    assert run(capsys, "report", "--fail-on-outlier", *night)[0] == 1
+    code, out, _ = run(capsys, "report", "--fail-on-outlier", "--outlier-factor", "3.5", *night)
+    assert code == 0 and "OUTLIER" not in out and "outlier" not in out.splitlines()[0]
+
+
+def test_report_without_outliers_and_written_to_a_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    files = [results(tmp_path / f"n{i}.json", rec(v, node=f"n{i}")) for i, v in enumerate((100.0, 96.0, 104.0))]
+    out_path = tmp_path / "merged.csv"
+    code, out, _ = run(capsys, "report", "--fail-on-outlier", "--out", str(out_path), *files)
+    assert code == 0 and "OUTLIER" not in out
+    assert f"report written to {out_path}" in out
+    header, *rows = out_path.read_text().splitlines()
+    assert header.split(",")[-1] == "outlier" and len(rows) == 3
+
+
+def test_report_of_empty_results(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, _ = run(capsys, "report", results(tmp_path / "empty.json"))
+    assert code == 0 and out == "no metrics in 1 file(s)\n"
+
+
+# --------------------------------------------------------------------------- compare
+
+
+def test_compare_prints_verdicts_and_fails_on_a_regression(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    old = results(tmp_path / "old.json", rec(151.7), rec(4.1, test=STREAM, name="copy_tbs", unit="TB/s", kind="memory"))
+    new = results(tmp_path / "new.json", rec(138.2, fingerprint={"driver": "590.10"}),
+                  rec(4.11, test=STREAM, name="copy_tbs", unit="TB/s", kind="memory"),
+                  rec(7.0, test=STREAM, name="triad_tbs", unit="TB/s", kind="memory"))
+    code, out, err = run(capsys, "compare", old, new)
+    assert code == 1 and err == ""
+    lines = out.splitlines()
+    assert lines[0].split() == ["test", "metric", "profile", "value", "unit", "baseline", "change_pct", "verdict"]
+    assert (f"REGRESSED {GEMM} fp16_tflops 138.2 TFLOPS, baseline 151.7 TFLOPS (-8.9%, tolerance 5%, noise"
+            in out)
+    assert "since the baseline: driver 580.159.04 -> 590.10" in out
+    copy_row = next(line.split() for line in lines if "copy_tbs" in line)
+    assert copy_row[-1] == "pass" and copy_row[-2] == "0.24"
+    triad_row = next(line.split() for line in lines if "triad_tbs" in line)
+    assert triad_row[-3:] == ["-", "-", "no-baseline"]
+    assert lines[-1] == "3 metric(s): 1 no-baseline, 1 pass, 1 regressed"
+
+
+def test_compare_without_regression_exits_zero_and_improvement_can_fail(capsys: pytest.CaptureFixture[str],
+                                                                         tmp_path: Path) -> None:
+    old = results(tmp_path / "old.json", rec(100.0))
+    same = results(tmp_path / "same.json", rec(100.2))
+    faster = results(tmp_path / "faster.json", rec(120.0))
+    assert run(capsys, "compare", old, same)[0] == 0
+    code, out, _ = run(capsys, "compare", old, faster)
+    assert code == 0 and f"IMPROVED {GEMM} fp16_tflops 120.0 TFLOPS" in out
+    assert run(capsys, "compare", "--fail-on-improvement", old, faster)[0] == 1
+    assert run(capsys, "compare", "--tolerance", "25%", "--fail-on-improvement", old, faster)[0] == 0
+
+
+def test_compare_never_judges_another_profile_or_gpu(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    old = results(tmp_path / "old.json", rec(151.7, profile="3g.71gb"))
+    new = results(tmp_path / "new.json", rec(30.0, profile="1g.18gb"),
+                  rec(20.0, gpu="NVIDIA H100 80GB HBM3", profile="1g.10gb"))
+    code, out, _ = run(capsys, "compare", old, new)
+    assert code == 0
+    assert f"INCOMPARABLE {GEMM} fp16_tflops 30.00 TFLOPS not compared: measured on profile 1g.18gb" in out
+    assert "measured on NVIDIA H100 80GB HBM3 but the baseline is for NVIDIA H200" in out
+    assert out.splitlines()[-1] == "2 metric(s): 2 incomparable"
+
+
+def test_compare_picks_the_old_record_of_the_same_profile(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    old = results(tmp_path / "old.json", rec(30.0, profile="1g.18gb"), rec(151.7, profile="3g.71gb"))
+    new = results(tmp_path / "new.json", rec(151.0, profile="3g.71gb"), rec(30.1, profile="1g.18gb"))
+    code, out, _ = run(capsys, "compare", old, new)
+    assert code == 0 and out.splitlines()[-1] == "2 metric(s): 2 pass"
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def _one_error_line(err: str) -> str:
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("pytest-mig: error: ")
+    return lines[0]
+
+
+def test_missing_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    missing = tmp_path / "nope.json"
+    for argv in (["report", str(missing)], ["compare", str(missing), str(missing)]):
+        code, out, err = run(capsys, *argv)
+        assert code == 2 and out == ""
+        assert _one_error_line(err) == f"pytest-mig: error: {missing}: no such results file"
+
+
+@pytest.mark.parametrize(("content", "phrase"), [
+    ("{not json", "not a readable JSON results file"),
+    ("", "not a readable JSON results file"),
+    ('{"schema": "pytest-mig/baseline/1", "tests": {}}', "not a pytest-mig results file"),
+    ('{"schema": "pytest-mig/results/1", "records": [{"test": "t"}]}', "a record is malformed"),
+    ('{"schema": "pytest-mig/results/1", "records": [{"test": "t", "metric": {"name": "x", "value": 1, '
+     '"unit": "s", "direction": "up"}}]}', "a record is malformed"),
+    ('{"schema": "pytest-mig/results/1", "records": [[1, 2]]}', "a record is malformed"),
+])
+def test_corrupt_results_file(capsys: pytest.CaptureFixture[str], tmp_path: Path, content: str, phrase: str) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    good = results(tmp_path / "good.json", rec(1.0))
+    for argv in (["report", good, str(bad)], ["compare", good, str(bad)], ["compare", str(bad), good]):
+        code, out, err = run(capsys, *argv)
+        assert code == 2 and out == ""
+        line = _one_error_line(err)
+        assert line.startswith(f"pytest-mig: error: {bad}: {phrase}")
+
+
+def test_a_folder_or_unreadable_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, _, err = run(capsys, "report", str(tmp_path))
+    assert code == 2 and str(tmp_path) in _one_error_line(err)
+
+
+def test_unknown_report_suffix_is_said_before_reading(capsys: pytest.CaptureFixture[str], night: list[str],
+                                                      tmp_path: Path) -> None:
+    code, out, err = run(capsys, "report", "--out", str(tmp_path / "merged.xlsx"), *night)
+    assert code == 2 and out == ""
+    assert "cannot tell the report format from '.xlsx'; use one of .md" in _one_error_line(err)
+
+
+def test_a_report_that_cannot_be_written(capsys: pytest.CaptureFixture[str], night: list[str], tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    code, _, err = run(capsys, "report", "--out", str(tmp_path / "a-file" / "merged.csv"), *night)
+    assert code == 2
+    assert str(tmp_path / "a-file") in _one_error_line(err)
+
+
+@pytest.mark.parametrize("argv", [["compare", "a.json"], ["report"], ["frobnicate"], [],
+                                  ["compare", "--tolerance", "5", "a", "b"],
+                                  ["report", "--outlier-factor", "0.5", "a"]])
+def test_usage_errors_exit_two_without_a_traceback(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert re.search(r"^pytest-mig( \w+)?: error: ", err, re.MULTILINE), err
+
+
+def test_the_console_script_entry_point(tmp_path: Path) -> None:
+    """`python -m pytest_mig.cli` as the installed `pytest-mig` runs it: exit status and stderr."""
+    missing = tmp_path / "missing.json"
+    proc = subprocess.run([sys.executable, "-m", "pytest_mig.cli", "compare", str(missing), str(missing)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == f"pytest-mig: error: {missing}: no such results file\n"
+    assert json.loads(Path(results(tmp_path / "r.json", rec(1.0))).read_text())["schema"] == "pytest-mig/results/1"
