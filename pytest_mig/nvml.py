@@ -90,6 +90,7 @@ class Inventory:
     driver: str | None = None
     cuda_driver: int | None = None
     error: str | None = None  # why there is no inventory: no NVML library, driver not loaded, ...
+    problems: tuple[str, ...] = ()  # GPUs NVML listed but could not read ("GPU 1: NVMLError_GpuIsLost: ...")
 
     @property
     def instances(self) -> list[MigInstance]:
@@ -193,7 +194,8 @@ def _instances(nv: Any, gpu_index: int, handle: Any) -> tuple[MigInstance, ...]:
     for slot in range(int(count)):
         try:
             mh = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
-        except Exception:  # NotFound: an empty slot
+            uuid = _text(nv.nvmlDeviceGetUUID(mh))
+        except Exception:  # NotFound: an empty slot (and a device without a UUID cannot be pinned)
             continue
         name = _text(_try(nv.nvmlDeviceGetName, mh, default=""))
         attrs = _try(nv.nvmlDeviceGetAttributes, mh)
@@ -201,7 +203,7 @@ def _instances(nv: Any, gpu_index: int, handle: Any) -> tuple[MigInstance, ...]:
         procs = _try(nv.nvmlDeviceGetComputeRunningProcesses, mh, default=[]) or []
         out.append(
             MigInstance(
-                uuid=_text(nv.nvmlDeviceGetUUID(mh)),
+                uuid=uuid,
                 gpu_index=gpu_index,
                 mig_index=slot,
                 name=name,
@@ -256,30 +258,46 @@ def discover() -> Inventory:
             count = int(nv.nvmlDeviceGetCount())
         except Exception as exc:
             return Inventory(error=f"NVML could not count GPUs: {_nvml_reason(nv, exc)}")
+        problems = []
         for i in range(count):
             try:
                 h = nv.nvmlDeviceGetHandleByIndex(i)
-            except Exception:
+                uuid, name = _text(nv.nvmlDeviceGetUUID(h)), _text(nv.nvmlDeviceGetName(h))
+                mode = _mig_mode(nv, h)
+            except Exception as exc:  # a GPU that is lost, or needs a reset: leave it out and say why
+                problems.append(f"GPU {i}: {_nvml_reason(nv, exc)}")
                 continue
-            mode = _try(nv.nvmlDeviceGetMigMode, h)
             mig_enabled = None if mode is None else bool(int(mode[0]) == int(getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1)))
             mem = _try(nv.nvmlDeviceGetMemoryInfo, h)
             cc = _try(nv.nvmlDeviceGetCudaComputeCapability, h)
             gpus.append(Gpu(
                 index=i,
-                uuid=_text(nv.nvmlDeviceGetUUID(h)),
-                name=_text(nv.nvmlDeviceGetName(h)),
+                uuid=uuid,
+                name=name,
                 memory_mib=int(mem.total) // 2**20 if mem is not None else 0,
                 mig_enabled=mig_enabled,
                 instances=_instances(nv, i, h) if mig_enabled else (),
                 profiles=_profile_table(nv, h) if mig_enabled is not None else (),
                 compute_capability=(int(cc[0]), int(cc[1])) if cc else None,
             ))
+        if problems and not gpus:
+            return Inventory(error="NVML could not read any GPU: " + "; ".join(problems))
         return Inventory(
             gpus=tuple(gpus),
             driver=_try(lambda: _text(nv.nvmlSystemGetDriverVersion())),
             cuda_driver=_try(lambda: int(nv.nvmlSystemGetCudaDriverVersion_v2())),
+            problems=tuple(problems),
         )
+
+
+def _mig_mode(nv: Any, handle: Any) -> Any:
+    """[current, pending], or None for a GPU without MIG; any other NVML error is the GPU's problem."""
+    try:
+        return nv.nvmlDeviceGetMigMode(handle)
+    except Exception as exc:
+        if type(exc).__name__ in ("NVMLError_NotSupported", "NVMLError_FunctionNotFound"):
+            return None
+        raise
 
 
 def _cuda_version_text(v: int | None) -> str | None:
@@ -390,6 +408,7 @@ def describe_inventory(inv: Inventory) -> list[str]:
                          f"{inst.memory_mb or '?'} MB, {state}")
         if g.profiles:
             lines.append("  profiles: " + ", ".join(f"{p.name} ({p.sms} SMs, x{p.instance_count})" for p in g.profiles))
+    lines.extend(f"NVML could not read {problem}; left out" for problem in inv.problems)
     return lines
 
 

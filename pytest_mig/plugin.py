@@ -16,10 +16,11 @@ from typing import Any, Iterator
 import pytest
 
 from . import nvml
+from . import target as _target
 from .bench import MigBench
 from .measure import Metric, Telemetry
-from .results import ResultRecord, utc_now, write_results
-from .target import Options, Plan, SelectionError, Target, cuda_props, pin, plan_run, verify
+from .results import ResultRecord, ResultsFileError, utc_now, write_results
+from .target import Options, Plan, SelectionError, Target, pin, plan_run, verify
 from .workloads import DoesNotFit
 
 HELP_PROFILE = ("MIG profile to pin the run to: 1g.10gb, 1g.10gb+me, 1c.3g.40gb, ..., 'full' (a whole GPU with MIG "
@@ -96,7 +97,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--mig-quick", dest="mig_quick", action="store_true", default=False, help=HELP_QUICK)
     g.addoption("--mig-save-baseline", dest="mig_save_baseline", action="store_true", default=False, help=HELP_SAVE)
     g.addoption("--mig-baseline-dir", dest="mig_baseline_dir", default=None, help=HELP_BASELINE_DIR)
-    g.addoption("--mig-tolerance", dest="mig_tolerance", type=_tolerance, default=None, help=HELP_TOLERANCE)
+    g.addoption("--mig-tolerance", dest="mig_tolerance", type=_tolerance, default=None,
+                help=HELP_TOLERANCE.replace("%", "%%"))  # argparse %-formats option help (not ini help)
     g.addoption("--mig-fail-on-improvement", dest="mig_fail_on_improvement", action="store_true", default=False,
                 help=HELP_IMPROVEMENT)
     g.addoption("--mig-report", dest="mig_report", default=None, help=HELP_REPORT)
@@ -117,7 +119,10 @@ def _options(config: pytest.Config) -> Options:
     profile = config.getoption("mig_profile") or os.environ.get("PYTEST_MIG_PROFILE") or config.getini("mig_profile")
     require = config.getoption("mig_require_gpu")
     if require is None:
-        require = bool(config.getini("mig_require_gpu"))
+        try:
+            require = bool(config.getini("mig_require_gpu"))
+        except ValueError as exc:
+            raise pytest.UsageError(f"ini option mig_require_gpu: {exc}; use true or false.") from None
     return Options(profile=profile or None, device=config.getoption("mig_device"),
                    emulate=bool(config.getoption("mig_emulate")), require_gpu=bool(require))
 
@@ -190,6 +195,14 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[STATE] = RunState(plan=plan, options=opts)
     su_coefficients(config)  # a malformed value is a usage error now, not in the first benchmark
     su_allocation(config)
+    report = config.getoption("mig_report")
+    if report:  # a report path pytest-mig cannot write is said now, not after an hour of benchmarks
+        from .report import ReportError, report_format
+
+        try:
+            report_format(report)
+        except ReportError as exc:
+            raise pytest.UsageError(f"--mig-report {exc}") from None
     # pytest-benchmark times rounds with our CUDA-event clock unless the user chose a timer.
     if getattr(config.option, "benchmark_timer", None) in (None, "time.perf_counter"):
         config.option.benchmark_timer = "pytest_mig.measure.gpu_clock"
@@ -207,7 +220,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
                         for t in plan.targets]
         return
     try:
-        props = cuda_props()
+        props = _target.cuda_props()  # looked up on the module, so that tests can stand in for CUDA
         plan.targets = [replace(verify(t, props), fingerprint=state.fingerprint) for t in plan.targets]
     except SelectionError as exc:
         raise pytest.UsageError(str(exc)) from None
@@ -262,7 +275,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Scaling checks read the figures of every other test: run them last."""
+    """Skip what does not fit its Target (every test, with or without mig_device); scaling checks last."""
+    state = config.stash.get(STATE, None)
+    if state is not None:
+        for item in items:
+            reason = _skip_reason(item, _item_target(item, state.plan))
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=reason))
     last = [i for i in items if i.get_closest_marker("mig_scaling")]
     if last:
         items[:] = [i for i in items if not i.get_closest_marker("mig_scaling")] + last
@@ -271,22 +290,44 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # --------------------------------------------------------------------------- fixtures
 
 
+def _item_target(item: pytest.Item, plan: Plan) -> Target:
+    """The Target an item runs on: its profile's under a sweep, else the run's."""
+    callspec = getattr(item, "callspec", None)
+    index = callspec.params.get("mig_device", 0) if callspec is not None else 0
+    return plan.targets[index] if isinstance(index, int) and 0 <= index < len(plan.targets) else plan.targets[0]
+
+
+def _marker_number(item: pytest.Item, name: str, unit: str, example: str) -> float | None:
+    """The one positive number a mig_min_* marker carries; a malformed marker is a usage error."""
+    m = item.get_closest_marker(name)
+    if m is None:
+        return None
+    values = list(m.args) + list(m.kwargs.values())
+    try:
+        if len(values) != 1 or isinstance(values[0], bool) or float(values[0]) <= 0:
+            raise ValueError
+        return float(values[0])
+    except (TypeError, ValueError):
+        raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.{name} needs one positive number of {unit}, e.g. "
+                                f"@pytest.mark.{name}({example}); got {m.args or m.kwargs or '()'}.") from None
+
+
 def _skip_reason(item: pytest.Item, t: Target) -> str | None:
+    need_gib = _marker_number(item, "mig_min_memory", "GiB", "20")
+    need_sms = _marker_number(item, "mig_min_sms", "SMs", "32")
     m = item.get_closest_marker("mig_profiles")
+    if m and not m.args:
+        raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.mig_profiles needs the profiles the test runs on, "
+                                "e.g. @pytest.mark.mig_profiles('1g.10gb', 'full').")
     if m and t.profile not in m.args and t.baseline_profile not in m.args:
-        return f"runs only on profiles {', '.join(m.args)}; this is {t.profile}"
+        return f"runs only on profiles {', '.join(map(str, m.args))}; this is {t.profile}"
     m = item.get_closest_marker("mig_gpu_only")
     if m and t.is_cpu:
         return "needs a GPU; this run is on the CPU"
-    m = item.get_closest_marker("mig_min_memory")
-    if m and not t.is_cpu:
-        need = float(m.args[0]) * 2**30
-        if (t.memory_bytes or 0) < need:
-            return f"needs {m.args[0]} GiB; {t.profile} has {(t.memory_bytes or 0) / 2**30:.1f} GiB"
-    m = item.get_closest_marker("mig_min_sms")
-    if m and not t.is_cpu:
-        if (t.effective_sms or 0) < int(m.args[0]):
-            return f"needs {m.args[0]} SMs; {t.profile} has {t.effective_sms}"
+    if need_gib is not None and not t.is_cpu and (t.memory_bytes or 0) < need_gib * 2**30:
+        return f"needs {need_gib:g} GiB; {t.profile} has {(t.memory_bytes or 0) / 2**30:.1f} GiB"
+    if need_sms is not None and not t.is_cpu and (t.effective_sms or 0) < need_sms:
+        return f"needs {need_sms:g} SMs; {t.profile} has {t.effective_sms}"
     return None
 
 
@@ -301,10 +342,7 @@ def mig_device(request: pytest.FixtureRequest) -> Iterator[Target]:
     """The Target this test runs on; under emulation the test runs inside the profile's green context."""
     state = _state(request.config)
     index = getattr(request, "param", 0)
-    target = state.plan.targets[index]
-    reason = _skip_reason(request.node, target)
-    if reason:
-        pytest.skip(reason)
+    target = state.plan.targets[index]  # markers that do not fit it skipped the test at collection
     if target.emulated and state.emulator is not None:
         with state.emulator.activate(target) as active:
             yield active
@@ -330,7 +368,9 @@ def mig_bench(request: pytest.FixtureRequest, benchmark: Any, mig_device: Target
     records = item.stash.setdefault(ITEM_RECORDS, [])
     telemetry = None
     if state.board is not None:
-        telemetry = Telemetry(state.board.power_w, state.board.energy_mj, state.board.clocks)
+        quick = bool(request.config.getoption("mig_quick"))
+        telemetry = Telemetry(state.board.power_w, state.board.energy_mj, state.board.clocks,
+                              window_s=0.3 if quick else 1.0)
 
     def sink(metric: Metric) -> None:
         rec = ResultRecord(test=_test_key(item, mig_device), metric=metric, target=mig_device.to_dict(),
@@ -432,8 +472,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if results != "none":
         stamp = utc_now().replace(":", "").replace("+0000", "Z")
         path = Path(results) if results else Path(config.rootpath) / ".mig-results" / f"results-{stamp}.json"
-        write_results(path, state.records, meta={"target": t.to_dict(), "fingerprint": state.fingerprint})
-        state.messages.append(f"results: {path}")
+        try:
+            write_results(path, state.records, meta={"target": t.to_dict(), "fingerprint": state.fingerprint})
+            state.messages.append(f"results: {path}")
+        except ResultsFileError as exc:  # the report and the baseline are still written
+            state.errors.append(str(exc))
     report = config.getoption("mig_report")
     if report:
         from .report import write_report

@@ -167,6 +167,24 @@ def _names(specs: list[ProfileSpec]) -> str:
     return ", ".join(s.name for s in ordered) or "none known"
 
 
+def _machine_profiles(gpus: tuple[Gpu, ...] | list[Gpu]) -> str:
+    """'GPU 0 (NVIDIA H200): 1g.18gb, ...' for every GPU (GPUs with the same table grouped)."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for g in gpus:
+        names = _names(gpu_profiles(g)) if g.mig_enabled is not None else "no MIG"
+        groups.setdefault((g.name, names), []).append(g.index)
+    return "; ".join(f"{'GPU' if len(idx) == 1 else 'GPUs'} {', '.join(map(str, idx))} ({name}): {names}"
+                     for (name, names), idx in groups.items())
+
+
+def _no_such_profile(gpu: Gpu, profile: str, specs: list[ProfileSpec]) -> SelectionError:
+    if not specs:
+        what = "nothing to sweep" if profile.lower() == ALL else f"no {profile} to pin or emulate"
+        return SelectionError(f"{_gpu_words(gpu)} has no MIG profiles, so there is {what}: "
+                              "measure the whole GPU with --mig-profile full (or without --mig-profile).")
+    return SelectionError(f"{_gpu_words(gpu)} has no profile {profile}; its profiles: {_names(specs)}.")
+
+
 def _find_spec(specs: list[ProfileSpec], name: str) -> ProfileSpec | None:
     for s in specs:
         if s.name.lower() == name.lower():
@@ -190,7 +208,10 @@ def _spec_for_compute_instance(specs: list[ProfileSpec], name: str) -> ProfileSp
 def _resolve_visible(entry: str, inv: Inventory) -> tuple[Gpu, MigInstance | None] | None:
     """A CUDA_VISIBLE_DEVICES / --mig-device entry: N, N:M, GPU-uuid, MIG-uuid or MIG-GPU-uuid/gi/ci."""
     if entry.startswith("MIG-GPU-") and "/" in entry:  # pre-R470 form
-        gpu_uuid, gi, ci = entry[4:].split("/")[:3]
+        parts = entry[4:].split("/")
+        if len(parts) != 3:
+            return None
+        gpu_uuid, gi, ci = parts
         gpu = inv.find_gpu(gpu_uuid)
         if gpu is None:
             return None
@@ -274,7 +295,8 @@ def plan_run(opts: Options, inv: Inventory, env: Mapping[str, str]) -> Plan:
         try:
             parse_profile(profile)
         except ProfileError as exc:
-            raise SelectionError(str(exc) + ".") from None
+            here = f"; the profiles here: {_machine_profiles(inv.gpus)}" if inv.gpus else ""
+            raise SelectionError(f"{exc}{here}.") from None
     if profile and profile.lower() == ALL and not opts.emulate:
         raise SelectionError("--mig-profile all sweeps every profile of the GPU in one process, which only "
                              "emulation can do: add --mig-emulate (on a MIG GPU, run one job per slice instead).")
@@ -303,17 +325,28 @@ def plan_run(opts: Options, inv: Inventory, env: Mapping[str, str]) -> Plan:
             known = [i.uuid for i in inv.instances] + [f"{g.index} ({g.uuid})" for g in inv.gpus]
             raise SelectionError(f"--mig-device {opts.device} is not a GPU or MIG instance on this machine; "
                                  f"known: {', '.join(known)}.")
-        if named is not None and by_option != named:
+        narrows = named is not None and named[1] is None and by_option[1] is not None and by_option[0] == named[0]
+        if named is not None and by_option != named and not narrows:
             raise SelectionError(f"--mig-device {opts.device} is not the device this job was given "
                                  f"(CUDA_VISIBLE_DEVICES={cvd}).")
         named, chosen_by = by_option, "--mig-device"
+        if narrows:  # the job has the whole GPU; pin the instance of it the user named
+            visible = []
     pin = None if visible else (named[1].uuid if named and named[1] else (named[0].uuid if named else None))
+    header = [f"NVML could not read {problem}; that GPU is left out" for problem in inv.problems]
+    if named is not None and named[1] is not None and named[1].busy_pids:
+        header.append(f"{named[1].uuid} is in use by pid {', '.join(map(str, named[1].busy_pids))}: "
+                      "its figures may be disturbed")
 
     def finish(targets: list[Target], pin_value: str | None) -> Plan:
-        return Plan(targets, pin_value, [])
+        return Plan(targets, pin_value, header)
 
     # 1. No profile asked: measure what we were given.
     if profile is None:
+        if opts.emulate:
+            gpus = [named[0]] if named is not None else list(inv.gpus)
+            raise SelectionError("--mig-emulate needs the profile to emulate: add --mig-profile P or --mig-profile "
+                                 f"all (the profiles here: {_machine_profiles(gpus)}).")
         if named is not None:
             gpu, inst = named
             if inst is not None:
@@ -325,14 +358,15 @@ def plan_run(opts: Options, inv: Inventory, env: Mapping[str, str]) -> Plan:
                                          "pick one with --mig-profile or --mig-device.")
                 return finish([_mig_target(gpu, free[0], "plugin (first free instance)")], free[0].uuid)
             return finish([_full_target(gpu, chosen_by)], pin)
-        gpu = inv.gpus[0]
-        if gpu.mig_enabled:
+        for gpu in inv.gpus:  # the first GPU with MIG off, or the first free slice
+            if not gpu.mig_enabled:
+                return finish([_full_target(gpu, "plugin")], gpu.uuid)
             free = [i for i in gpu.instances if i.free]
-            if not free:
-                raise SelectionError(f"{_gpu_words(gpu)} has MIG mode on and no free instance; "
-                                     "pick one with --mig-profile or --mig-device.")
-            return finish([_mig_target(gpu, free[0], "plugin (first free instance)")], free[0].uuid)
-        return finish([_full_target(gpu, "plugin")], gpu.uuid)
+            if free:
+                return finish([_mig_target(gpu, free[0], "plugin (first free instance)")], free[0].uuid)
+        raise SelectionError("every GPU here has MIG mode on and no free instance ("
+                             + "; ".join(f"{_gpu_words(g)}: {_instances_words(g)}" for g in inv.gpus)
+                             + "); pick one with --mig-device to share it, or wait for a free one.")
 
     # 2. A whole GPU.
     if profile.lower() == FULL:
@@ -364,24 +398,29 @@ def plan_run(opts: Options, inv: Inventory, env: Mapping[str, str]) -> Plan:
         if profile.lower() == ALL:
             targets = [_emulated_target(gpu, s, "emulation") for s in ladder(specs)]
             if not targets:
-                raise SelectionError(f"{_gpu_words(gpu)} has no MIG profiles to emulate.")
+                raise _no_such_profile(gpu, ALL, specs)
         else:
             spec = _spec_for_compute_instance(specs, profile)
             if spec is None:
-                raise SelectionError(f"{_gpu_words(gpu)} has no profile {profile}; its profiles: {_names(specs)}.")
+                raise _no_such_profile(gpu, profile, specs)
             targets = [_emulated_target(gpu, spec, "emulation")]
+            asked = parse_profile(profile)
+            if asked.is_compute_instance:
+                header.append(f"{spec.name} is emulated with the SMs of a {asked.compute_slices}-slice profile "
+                              f"({spec.sms}) and the memory of {asked.gi_name}: an approximation of a compute instance")
         return finish(targets, pin if named is not None else gpu.uuid)
 
     # 4. A real MIG slice of the profile asked.
     candidates = [named[0]] if named is not None else list(inv.gpus)
-    for gpu in candidates:
-        specs = gpu_profiles(gpu)
-        if _find_spec(specs, parse_profile(profile).gi_name) is None:
-            if len(candidates) == 1:
-                raise SelectionError(f"{_gpu_words(gpu)} has no profile {profile}; its profiles: {_names(specs)}.")
-    mig_gpus = [g for g in candidates if g.mig_enabled]
+    gi_name = parse_profile(profile).gi_name
+    having = [g for g in candidates if _find_spec(gpu_profiles(g), gi_name) is not None]
+    if not having:
+        if len(candidates) == 1:
+            raise _no_such_profile(candidates[0], profile, gpu_profiles(candidates[0]))
+        raise SelectionError(f"no GPU here has profile {profile}; the profiles here: {_machine_profiles(candidates)}.")
+    mig_gpus = [g for g in having if g.mig_enabled]
     if not mig_gpus:
-        gpu = candidates[0]
+        gpu = having[0]
         raise SelectionError(f"{_gpu_words(gpu)} has MIG mode disabled, so there is no {profile} slice to pin; "
                              f"its profiles are {_names(gpu_profiles(gpu))}. Use --mig-emulate to approximate "
                              f"{profile} with a green context, or --mig-profile full for the whole GPU.")
@@ -399,7 +438,8 @@ def plan_run(opts: Options, inv: Inventory, env: Mapping[str, str]) -> Plan:
     free = [(g, i) for g, i in matching if i.free]
     if not free:
         busy = ", ".join(f"{i.uuid} (pids {', '.join(map(str, i.busy_pids))})" for _, i in matching)
-        raise SelectionError(f"every {profile} instance is busy: {busy}.")
+        raise SelectionError(f"every {profile} instance is busy: {busy}; wait for one to be free, or name one "
+                             "with --mig-device to share it.")
     gpu, inst = free[0]
     return finish([_mig_target(gpu, inst, "plugin (free instance)")], inst.uuid)
 
@@ -474,8 +514,10 @@ def verify(target: Target, props: CudaProps | None) -> Target:
         problems.append(f"{props.sms} SMs where {t.profile} has {t.sms}")
     if t.memory_bytes and not (0.85 * t.memory_bytes <= props.total_memory <= 1.1 * t.memory_bytes):
         problems.append(f"{props.total_memory / 2**30:.1f} GiB where {t.profile} has {t.memory_bytes / 2**30:.1f} GiB")
-    if target.kind == "mig" and " MIG " in props.name and target.profile not in props.name:
-        problems.append(f"CUDA names it '{props.name}'")
+    if target.kind == "mig" and " MIG " in props.name:
+        cuda_profile = props.name.rsplit(" MIG ", 1)[1].strip()
+        if cuda_profile.lower() != target.profile.lower():
+            problems.append(f"CUDA names it '{props.name}'")
     if problems:
         raise VerificationError(f"the device CUDA gave is not the {t.profile} asked for: {'; '.join(problems)}.")
     return replace(t, sms_obtained=props.sms, memory_bytes=min(t.memory_bytes or props.total_memory, props.total_memory),

@@ -1,0 +1,122 @@
+"""Fixtures shared by the plugin's selection tests (test_target.py, test_plugin.py).
+
+They stand in for what a CPU-only machine lacks, one seam each: NVML (the fake pynvml loaded with a
+real GPU's topology), CUDA (``pytest_mig.target.cuda_props``), green-context support
+(``torch.cuda.green_contexts.SUPPORTED``) and the emulator (``pytest_mig.emulation.Emulator``).
+Everything they change is undone after the test, ``os.environ`` included (``pin`` writes to it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from dataclasses import replace
+from typing import Any, Callable, Iterator
+
+import pytest
+
+import fake_pynvml
+import topologies as topo
+from pytest_mig import emulation, nvml, target
+from pytest_mig.profiles import lookup_model
+from pytest_mig.target import CudaProps, Target
+
+#: What the plugin reads from the environment; a test starts without any of them.
+MIG_ENV = ("CUDA_VISIBLE_DEVICES", "PYTEST_MIG_PROFILE")
+
+
+@pytest.fixture
+def mig_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No scheduler pin and no profile in the environment; whatever pin() writes is undone afterwards.
+
+    Setting each variable before deleting it makes monkeypatch remember that it was unset, so a value
+    written later by pin() is removed at teardown too (a bare delenv of an unset variable records nothing).
+    """
+    for name in MIG_ENV:
+        monkeypatch.setenv(name, "set-by-mig_env")
+        monkeypatch.delenv(name)
+    return monkeypatch
+
+
+@pytest.fixture
+def discover(monkeypatch: pytest.MonkeyPatch) -> Callable[[Any], nvml.Inventory]:
+    """discover(topology) -> the Inventory pytest_mig.nvml reads through the fake pynvml."""
+
+    def read(topology: Any) -> nvml.Inventory:
+        with monkeypatch.context() as m:
+            fake_pynvml.install(m, topology)
+            return nvml.discover()
+
+    return read
+
+
+def _cuda_props_of(topology: str | topo.Topology, uuid: str | None = None) -> CudaProps:
+    t = topo.get_topology(topology) if isinstance(topology, str) else topology
+    if uuid is not None and uuid.startswith("MIG-"):
+        gpu_index, inst = topo.find_instance(t, uuid)
+        gpu = t.gpus[gpu_index]
+        return CudaProps(f"{gpu.name} MIG {inst.profile}", inst.sms, inst.memory_mb * topo.MIB, gpu.compute_capability)
+    gpu = t.gpus[topo.find_gpu(t, uuid) if uuid else 0]
+    model = lookup_model(gpu.name, gpu.memory_mib)
+    sms = model.sms if model else 128
+    return CudaProps(gpu.name, sms, gpu.memory_mib * topo.MIB, gpu.compute_capability)
+
+
+@pytest.fixture
+def cuda_props_of() -> Callable[..., CudaProps]:
+    """cuda_props_of(topology, uuid=None): what CUDA would report for a MIG instance (by UUID) or a whole
+    GPU (by UUID; default GPU 0) of that topology."""
+    return _cuda_props_of
+
+
+@pytest.fixture
+def stand_in_cuda(monkeypatch: pytest.MonkeyPatch) -> Callable[[CudaProps | None], None]:
+    """stand_in_cuda(props): what pytest_mig.target.cuda_props answers (None: a torch without CUDA)."""
+
+    def answer(props: CudaProps | None) -> None:
+        monkeypatch.setattr(target, "cuda_props", lambda: props)
+
+    return answer
+
+
+@pytest.fixture
+def green_contexts(monkeypatch: pytest.MonkeyPatch) -> Callable[[bool], None]:
+    """green_contexts(supported): set torch.cuda.green_contexts.SUPPORTED, which target checks."""
+    import torch.cuda
+
+    module = getattr(torch.cuda, "green_contexts", None)
+    if module is None:  # a torch older than 2.10: give it the module the check imports
+        module = types.ModuleType("torch.cuda.green_contexts")
+        monkeypatch.setattr(torch.cuda, "green_contexts", module, raising=False)
+        monkeypatch.setitem(__import__("sys").modules, "torch.cuda.green_contexts", module)
+
+    def supported(value: bool) -> None:
+        monkeypatch.setattr(module, "SUPPORTED", value, raising=False)
+
+    return supported
+
+
+class StandInEmulator:
+    """pytest_mig.emulation.Emulator without a GPU: "obtains" the SMs rounded up to a multiple of 8, as
+    Hopper's driver does (at most the H200's 132), and records which profiles it activated."""
+
+    activated: list[str] = []
+    device_sms = 132
+
+    def __init__(self, device_index: int = 0) -> None:
+        self.device_index = device_index
+
+    @contextlib.contextmanager
+    def activate(self, t: Target) -> Iterator[Target]:
+        type(self).activated.append(t.profile)
+        obtained = min(-(-(t.sms or 0) // 8) * 8, self.device_sms)
+        note = f"stand-in green context: {t.sms} SMs asked, {obtained} obtained"
+        yield replace(t, sms_obtained=obtained, verified=note)
+
+
+@pytest.fixture
+def stand_in_emulator(monkeypatch: pytest.MonkeyPatch) -> type[StandInEmulator]:
+    """Replace the emulator the plugin starts for an emulated run; returns the class (see .activated)."""
+    monkeypatch.setattr(StandInEmulator, "activated", [])
+    monkeypatch.setattr(emulation, "Emulator", StandInEmulator)
+    return StandInEmulator
