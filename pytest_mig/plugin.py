@@ -406,9 +406,11 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     except DoesNotFit as exc:
         pytest.skip(str(exc))
     records = item.stash.get(ITEM_RECORDS, [])
-    for rec in records:
-        item.user_properties.append((f"{rec.metric.name} [{rec.metric.unit}]", f"{rec.metric.value:.6g}"))
     failures = _judge(item, records)
+    if records:  # metrics, units and verdicts as JUnit XML properties for CI dashboards
+        from .report import junit_properties
+
+        item.user_properties.extend(junit_properties(records))
     if failures:
         pytest.fail("\n".join(failures), pytrace=False)
     return result
