@@ -1,0 +1,63 @@
+"""Transformer training throughput (Wulver's LLM fine-tuning table, Columbia/IBM's MIG training study).
+
+A GPT-style decoder written in pytest-mig trains on a synthetic task under bf16 autocast: a
+GPT-2-small-class and a Qwen2.5-1.5B-class model, full fine-tune, LoRA and QLoRA (bitsandbytes,
+when installed), at a small fixed batch (the same on every profile) and at the largest batch the
+slice holds (found by trying real steps).  Each test records tokens/s, step time p50/p95, MFU,
+batch size, peak allocated and reserved memory, energy per token and service units per 1M tokens;
+a model whose loss does not fall fails, a case that cannot fit the slice is skipped with the reason.
+
+The ``-compiled`` case runs its measured steps through torch.compile (about 20 s of compilation on
+a whole H200); it has its own test id, so compiled figures never meet an eager baseline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from pytest_mig.bench import MigBench
+from pytest_mig.workloads.training import run_training
+
+
+@dataclass(frozen=True)
+class Case:
+    config: str
+    mode: str
+    batch: str
+    compiled: bool = False
+    in_quick: bool = True  # --mig-quick runs GPT-2-small's lighter cases only
+
+    @property
+    def id(self) -> str:
+        return f"{self.config}-{self.mode}-{self.batch}" + ("-compiled" if self.compiled else "")
+
+
+CASES = (
+    Case("gpt2-small", "full", "fixed"),
+    Case("gpt2-small", "full", "maxbatch"),
+    Case("gpt2-small", "lora", "fixed"),
+    Case("qwen1.5b", "full", "fixed", in_quick=False),  # ~16 bytes per parameter: skipped on small slices
+    Case("qwen1.5b", "lora", "fixed", in_quick=False),
+    Case("qwen1.5b", "lora", "maxbatch", in_quick=False),
+    Case("qwen1.5b", "qlora", "fixed", in_quick=False),  # Wulver's setup; skipped without bitsandbytes
+    Case("gpt2-small", "full", "maxbatch", compiled=True, in_quick=False),
+)
+
+
+def _param(case: Case) -> object:
+    marks = [pytest.mark.mig_gpu_only] if case.compiled else []
+    return pytest.param(case, id=case.id, marks=marks)
+
+
+@pytest.mark.parametrize("case", [_param(c) for c in CASES])
+def test_training(mig_bench: MigBench, case: Case) -> None:
+    if mig_bench.quick and not case.in_quick:
+        pytest.skip(f"{case.id} is not run in quick mode (--mig-quick trains GPT-2-small's lighter cases only)")
+    metrics = mig_bench.record_all(run_training(mig_bench.target, mig_bench.timer, config=case.config, mode=case.mode,
+                                                batch=case.batch, quick=mig_bench.quick,
+                                                compile_model=case.compiled))
+    tokens = next(m for m in metrics if m.name == "tokens_per_s")
+    assert tokens.value > 0 and tokens.samples
+    mig_bench.cost(tokens.value, "token", rate_samples=tokens.samples, unit_count=1e6)

@@ -1,0 +1,981 @@
+"""Transformer training throughput: a GPT-style decoder, full fine-tune, LoRA and QLoRA, under bf16 autocast.
+
+What is measured (reference/measurement.md, "Training"; the Wulver and Columbia/IBM seeds):
+
+- A decoder written here (no downloads): pre-norm blocks, fused QKV projection, causal attention
+  through ``F.scaled_dot_product_attention`` (fused flash kernels on a GPU), and either the GPT-2 layout
+  (LayerNorm, GELU MLP, learned positions, biases) or the Qwen2.5 layout (RMSNorm, SwiGLU, RoPE,
+  grouped-query attention, bias on QKV only).  :data:`CONFIGS` holds a GPT-2-small-class model
+  (124M) and a Qwen2.5-1.5B-class model (1.54B, Wulver's fine-tuning workload) with their real
+  vocabularies, so the LM head and the loss cost what they cost in the real models.
+- bf16 autocast with fp32 master weights and fused AdamW for a full fine-tune; for LoRA a frozen
+  bf16 base with fp32 rank-r adapters on every projection of every block (a fused projection
+  such as QKV gets one adapter); QLoRA stores the frozen projections in bitsandbytes NF4.
+- Batch policies: ``fixed`` (a small constant batch, the same on every profile so profiles compare
+  at equal work per step; Columbia/IBM found small constant batches are where MIG gains most) and
+  ``maxbatch`` (Columbia/IBM's method: the largest batch that fits the slice, found by trying real
+  steps and catching out-of-memory errors: :func:`max_batch_search`).
+- Figures: tokens/s and step time p50 (kind ``training``; per-step samples), step time p95, MFU,
+  batch size, peak allocated and peak reserved memory (Wulver: allocated is the honest figure,
+  reserved grows with the slice), energy per token where power is read.
+
+MFU (the PaLM / nanoGPT convention, :func:`model_flops_per_token`): per token, 2 FLOPs per weight
+of every matmul (blocks and LM head; embedding look-ups are not matmuls) forward and 4 backward, so
+``6 N`` for a full fine-tune; a frozen weight needs no weight gradient, so LoRA/QLoRA count ``4 N``
+plus ``6`` per adapter weight; attention scores and values add ``12 L d_attn T`` (forward and
+backward, the full T x T square as nanoGPT counts it, although the causal kernels skip half).
+Divided by the Target's bf16 dense datasheet peak, already scaled to its SMs
+(:meth:`Target.peak_tflops`).  Recomputation is not counted: nothing is recomputed here.
+
+Correctness: the tokens follow a hidden cycle over a subset of the vocabulary (each token is
+followed by its successor), a task with a loss floor of zero that a working model learns at once.
+The first loss must sit near chance (ln vocab), and the loss must fall over the measured steps by
+:data:`MIN_LOSS_DROP`; otherwise :class:`WorkloadError` (a fast wrong answer is a failure).
+
+A case that cannot fit the Target raises :class:`DoesNotFit` before anything is allocated, from
+:func:`estimate_memory` (weights, gradients, optimizer state, activations, logits) against
+:meth:`Target.memory_budget`; an out-of-memory error at run time is reported the same way.
+On the CPU every config runs as a tiny model of the same layout in fp32.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import math
+import statistics
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..measure import Metric, Timer, Timing, energy_metrics, percentile
+from ..target import Target
+from . import DoesNotFit, WorkloadError
+
+MODES: tuple[str, ...] = ("full", "lora", "qlora")
+BATCH_POLICIES: tuple[str, ...] = ("fixed", "maxbatch")
+
+# --------------------------------------------------------------------------- configurations
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """One decoder: its shape, its layout and the batch it trains with by default."""
+
+    name: str
+    vocab: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_ff: int
+    seq_len: int
+    fixed_batch: int  # sequences per step of the ``fixed`` policy
+    layout: Literal["gpt2", "qwen2"] = "gpt2"
+    rope_theta: float = 1e6
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.head_dim
+
+    @property
+    def qkv_dim(self) -> int:
+        return self.d_model + 2 * self.kv_dim
+
+    def projections(self) -> list[tuple[int, int]]:
+        """(in, out) of every projection in one block, in order: QKV, attention out, MLP in, MLP out."""
+        mlp_in = 2 * self.d_ff if self.layout == "qwen2" else self.d_ff
+        return [(self.d_model, self.qkv_dim), (self.d_model, self.d_model), (self.d_model, mlp_in),
+                (self.d_ff, self.d_model)]
+
+    def matmul_params(self) -> int:
+        """Weights that take part in a matmul per token: every block projection plus the LM head."""
+        per_block = sum(i * o for i, o in self.projections())
+        return self.n_layers * per_block + self.vocab * self.d_model
+
+    def param_count(self) -> int:
+        """Every parameter (the LM head is tied to the token embedding, so counted once)."""
+        d = self.d_model
+        per_block = sum(i * o for i, o in self.projections())
+        if self.layout == "gpt2":
+            per_block += sum(o for _, o in self.projections()) + 4 * d  # biases, two LayerNorms
+            extra = self.seq_len * d + 2 * d  # learned positions, final LayerNorm
+        else:
+            per_block += self.qkv_dim + 2 * d  # QKV bias, two RMSNorms
+            extra = d
+        return self.n_layers * per_block + self.vocab * d + extra
+
+    def tiny(self) -> ModelConfig:
+        """The same layout at CPU size: 2 layers, d=64, sequences of 32, a 256-token vocabulary."""
+        heads, kv = 4, (2 if self.n_kv_heads < self.n_heads else 4)
+        d_ff = 172 if self.layout == "qwen2" else 256
+        return replace(self, name=f"{self.name} (CPU-sized)", vocab=256, d_model=64, n_layers=2, n_heads=heads,
+                       n_kv_heads=kv, d_ff=d_ff, seq_len=32, fixed_batch=4, init_std=TINY_INIT_STD)
+
+
+#: Initial weight scale of the CPU-sized models: with 0.02 a frozen 64-wide embedding cannot give
+#: logits far from zero, so LoRA, which cannot change it, could hardly lower the loss.
+TINY_INIT_STD = 0.1
+
+#: GPT-2 small (124M; vocabulary padded from 50257 to a multiple of 64, as nanoGPT does, for whole
+#: tensor-core tiles in the LM head) and Qwen2.5-1.5B (1.54B; 12 query and 2 key/value heads of 128).
+#: Fixed batches are small, so that a case fits a 10 GB slice wherever its weights and optimizer state do.
+CONFIGS: dict[str, ModelConfig] = {
+    c.name: c
+    for c in (
+        ModelConfig("gpt2-small", vocab=50304, d_model=768, n_layers=12, n_heads=12, n_kv_heads=12, d_ff=3072,
+                    seq_len=1024, fixed_batch=4, layout="gpt2"),
+        ModelConfig("qwen1.5b", vocab=151936, d_model=1536, n_layers=28, n_heads=12, n_kv_heads=2, d_ff=8960,
+                    seq_len=512, fixed_batch=2, layout="qwen2", rope_theta=1e6, norm_eps=1e-6),
+    )
+}
+CONFIG_NAMES: tuple[str, ...] = tuple(CONFIGS)
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """Rank and scaling of the adapters (PEFT's usual rank 16, alpha 32)."""
+
+    rank: int = 16
+    alpha: float = 32.0
+
+
+LORA = LoraConfig()
+
+
+@dataclass(frozen=True)
+class Effort:
+    """Steps of one run: warm-up, measured steps, and the batch search's limits."""
+
+    warmup: int
+    repeats: int
+    max_batch: int  # upper end of the max-batch search (sequences)
+    search_resolution: float  # stop bisecting when the gap is at most this share of the batch
+
+
+EFFORT: dict[tuple[str, bool, str], Effort] = {
+    ("gpu", False, "fixed"): Effort(warmup=3, repeats=20, max_batch=256, search_resolution=0.125),
+    ("gpu", False, "maxbatch"): Effort(warmup=2, repeats=10, max_batch=256, search_resolution=0.125),
+    ("gpu", True, "fixed"): Effort(warmup=2, repeats=8, max_batch=256, search_resolution=0.25),
+    ("gpu", True, "maxbatch"): Effort(warmup=2, repeats=6, max_batch=128, search_resolution=0.25),
+    ("cpu", False, "fixed"): Effort(warmup=1, repeats=8, max_batch=8, search_resolution=0.25),
+    ("cpu", False, "maxbatch"): Effort(warmup=1, repeats=6, max_batch=8, search_resolution=0.25),
+    ("cpu", True, "fixed"): Effort(warmup=1, repeats=6, max_batch=8, search_resolution=0.25),
+    ("cpu", True, "maxbatch"): Effort(warmup=1, repeats=6, max_batch=8, search_resolution=0.25),
+}
+
+#: Learning rates (constant, no schedule: the run is tens of steps).  On a GPU they keep the loss
+#: falling through the first few tens of steps for both configs (higher rates reach the
+#: next-token-frequency plateau within the warm-up, or diverge); the CPU-sized models learn at higher rates.
+LR = {"full": 3e-4, "lora": 5e-4, "qlora": 5e-4}
+LR_CPU = {"full": 3e-3, "lora": 3e-3, "qlora": 3e-3}
+WEIGHT_DECAY = 0.1
+BETAS = (0.9, 0.95)
+#: The loss must fall by this share between the first and the last third of the measured steps.
+MIN_LOSS_DROP = 0.05
+#: The first loss must lie within this share of ln(vocab): the model starts at chance.
+INITIAL_LOSS_TOLERANCE = 0.2
+#: Tokens of the hidden cycle the data follows (at most half the vocabulary).
+ALPHABET = 64
+#: Distinct batches cycled through the timed steps (made before timing: no data loading is timed).
+DATA_POOL = 4
+SEED = 20240611
+
+_OOM_ERROR: type[BaseException] = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+#: scaled_dot_product_attention takes grouped key/value heads itself from PyTorch 2.5 on.
+_SDPA_GQA = tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 5)
+
+# --------------------------------------------------------------------------- memory planning
+
+#: Share of the Target's memory a case may plan to use, and what the CUDA context, cuBLAS
+#: workspaces and the allocator's rounding take besides (outside torch's own accounting).
+MEMORY_SHARE = 0.92
+OVERHEAD_BYTES = 768 * 2**20
+#: Bytes per token per vocabulary entry at the loss: under autocast the bf16 logits are cast to
+#: fp32 for the cross-entropy, whose log-probabilities are kept for backward, and backward makes
+#: an fp32 and a bf16 gradient; not all of them are live at once.
+LOGIT_BYTES = 12
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes a training case needs, by part; what is checked against the budget before allocating."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float
+    logits: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer + self.activations + self.logits
+
+    def to_dict(self) -> dict[str, float]:
+        parts = {"weights": self.weights, "gradients": self.gradients, "optimizer": self.optimizer,
+                 "activations": self.activations, "logits": self.logits, "total": self.total}
+        return {k: round(v / 1e9, 3) for k, v in parts.items()}
+
+
+def lora_params(cfg: ModelConfig, lora: LoraConfig = LORA) -> int:
+    """Adapter weights: rank x (in + out) for every projection of every block."""
+    return cfg.n_layers * sum(lora.rank * (i + o) for i, o in cfg.projections())
+
+
+def activation_bytes_per_token(cfg: ModelConfig, mode: str, *, cpu: bool = False) -> float:
+    """Bytes one token's activations keep for backward, over all layers.
+
+    Per layer, the tensors autograd saves: the two norm inputs (the residual stream, fp32 under
+    autocast with fp32 weights), the bf16 inputs of the QKV and MLP-in projections, the QKV output
+    (v is a view of it) and, with RoPE, the rotated q and k, the attention output and its
+    re-laid-out copy that the output projection saves, and the MLP's hidden activations (GELU: its
+    input and output; SwiGLU: the gate/up output, the activated gate and their product).  With LoRA
+    the adapters keep their own bf16 copies of the QKV and MLP-in inputs, while the residual stream
+    of the bf16 base is half as wide: the sum is the same.  On the CPU everything is fp32.
+    """
+    d, ff = cfg.d_model, cfg.d_ff
+    a = 4 if cpu else 2  # bytes per activation element
+    per_layer = 2 * 4 * d + 2 * a * d  # norm inputs; QKV and MLP-in projection inputs
+    per_layer += a * cfg.qkv_dim + (a * (d + cfg.kv_dim) if cfg.layout == "qwen2" else 0)
+    per_layer += 2 * a * d  # attention output and the output projection's input
+    per_layer += a * (2 * ff if cfg.layout == "gpt2" else 4 * ff)  # MLP
+    if mode in ("lora", "qlora"):  # each adapter keeps its rank-r intermediate
+        per_layer += a * LORA.rank * len(cfg.projections())
+    return float(cfg.n_layers * per_layer)
+
+
+def estimate_memory(cfg: ModelConfig, mode: str, batch: int, *, cpu: bool = False) -> MemoryEstimate:
+    """What a step of ``batch`` sequences needs at its peak (weights resident, optimizer state built)."""
+    n_all = cfg.param_count()
+    n_proj = cfg.matmul_params() - cfg.vocab * cfg.d_model  # block projections
+    tokens = batch * cfg.seq_len
+    if mode == "full":
+        # fp32 master weights, fp32 gradients, AdamW's two moments, and autocast's bf16 weight copies.
+        weights = 4.0 * n_all + (0 if cpu else 2.0 * cfg.matmul_params())
+        grads, optim = 4.0 * n_all, 8.0 * n_all
+    else:
+        n_lora = lora_params(cfg)
+        base_bytes = 4.0 if cpu else 2.0
+        if mode == "qlora":  # NF4 projections: half a byte per weight plus block scales, and one dequantised weight
+            largest = max(i * o for i, o in cfg.projections())
+            base = (n_all - n_proj) * base_bytes + n_proj * (0.5 + 4 / 64) + 2.0 * largest
+        else:
+            base = n_all * base_bytes
+        weights = base + 4.0 * n_lora
+        grads, optim = 4.0 * n_lora, 8.0 * n_lora
+    acts = tokens * activation_bytes_per_token(cfg, mode, cpu=cpu)
+    logits = float(tokens * cfg.vocab * LOGIT_BYTES)
+    return MemoryEstimate(weights, grads, optim, acts, logits)
+
+
+def usable_bytes(budget: int) -> float:
+    """What a case may plan to use of a Target's memory budget."""
+    return MEMORY_SHARE * budget - OVERHEAD_BYTES
+
+
+def check_fits(cfg: ModelConfig, mode: str, batch: int, budget: int, *, cpu: bool = False) -> MemoryEstimate:
+    """Raise DoesNotFit, with the estimate and the budget, where ``batch`` sequences cannot fit."""
+    est = estimate_memory(cfg, mode, batch, cpu=cpu)
+    room = usable_bytes(budget)
+    if est.total > room:
+        parts = ", ".join(f"{k} {v:.1f}" for k, v in est.to_dict().items() if k != "total")
+        raise DoesNotFit(f"{cfg.name} {mode} fine-tune at batch {batch} x {cfg.seq_len} needs about "
+                         f"{est.total / 1e9:.1f} GB ({parts} GB) but this Target has {budget / 2**30:.1f} GiB "
+                         f"(about {max(room, 0) / 1e9:.1f} GB usable)")
+    return est
+
+
+# --------------------------------------------------------------------------- FLOPs and MFU
+
+
+def model_flops_per_token(cfg: ModelConfig, mode: str, *, lora: LoraConfig = LORA) -> float:
+    """Model FLOPs of one training token (forward and backward), the numerator of MFU.
+
+    Full: ``6 N + 12 L d T`` with N the matmul weights (blocks and LM head).  LoRA/QLoRA: frozen
+    weights need no weight gradient, so ``4 N + 6 N_lora + 12 L d T``.
+    """
+    n = cfg.matmul_params()
+    attention = 12.0 * cfg.n_layers * cfg.d_model * cfg.seq_len
+    if mode == "full":
+        return 6.0 * n + attention
+    return 4.0 * n + 6.0 * lora_params(cfg, lora) + attention
+
+
+MFU_FORMULA = "6 N + 12 L d T FLOPs per token (LoRA: 4 N + 6 N_lora + 12 L d T); N = matmul weights incl. LM head"
+
+
+def mfu_percent(tokens_per_s: float, flops_per_token: float, peak_tflops: float) -> float:
+    """Model FLOPs utilisation in percent of the peak."""
+    return 100.0 * tokens_per_s * flops_per_token / (peak_tflops * 1e12)
+
+
+# --------------------------------------------------------------------------- the model
+
+
+class _Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.cfg = cfg
+        bias = True  # GPT-2 has biases everywhere, Qwen2 on QKV only
+        self.qkv = nn.Linear(cfg.d_model, cfg.qkv_dim, bias=bias, dtype=dtype)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.layout == "gpt2", dtype=dtype)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        cfg = self.cfg
+        b, t, _ = x.shape
+        hd = cfg.head_dim
+        q, k, v = self.qkv(x).split((cfg.d_model, cfg.kv_dim, cfg.kv_dim), dim=-1)
+        q = q.view(b, t, cfg.n_heads, hd).transpose(1, 2)
+        k = k.view(b, t, cfg.n_kv_heads, hd).transpose(1, 2)
+        v = v.view(b, t, cfg.n_kv_heads, hd).transpose(1, 2)
+        if rope is not None:
+            q, k = _apply_rope(q, *rope), _apply_rope(k, *rope)
+        if cfg.n_kv_heads == cfg.n_heads:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        elif _SDPA_GQA:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:  # pragma: no cover - PyTorch < 2.5
+            rep = cfg.n_heads // cfg.n_kv_heads
+            y = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, t, cfg.d_model))
+
+
+def _rope_tables(cfg: ModelConfig, device: torch.device | str | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of rotary embeddings, (T, head_dim), rotate-half layout as in Llama/Qwen."""
+    hd = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float32, device=device) / hd))
+    ang = torch.outer(torch.arange(cfg.seq_len, dtype=torch.float32, device=device), inv)
+    ang = torch.cat((ang, ang), dim=-1)
+    return ang.cos(), ang.sin()
+
+
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    t = x.shape[-2]
+    return x * cos[:t].to(x.dtype) + rotated * sin[:t].to(x.dtype)
+
+
+class _Mlp(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.swiglu = cfg.layout == "qwen2"
+        bias = cfg.layout == "gpt2"
+        width = 2 * cfg.d_ff if self.swiglu else cfg.d_ff
+        self.fc = nn.Linear(cfg.d_model, width, bias=bias, dtype=dtype)
+        self.proj = nn.Linear(cfg.d_ff, cfg.d_model, bias=bias, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        if self.swiglu:
+            gate, up = h.chunk(2, dim=-1)
+            return self.proj(F.silu(gate) * up)
+        return self.proj(F.gelu(h, approximate="tanh"))
+
+
+def _norm(cfg: ModelConfig, dtype: torch.dtype) -> nn.Module:
+    if cfg.layout == "gpt2":
+        return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, dtype=dtype)
+    return nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps, dtype=dtype)
+
+
+class _Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.norm1, self.attn = _norm(cfg, dtype), _Attention(cfg, dtype)
+        self.norm2, self.mlp = _norm(cfg, dtype), _Mlp(cfg, dtype)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), rope)
+        return x + self.mlp(self.norm2(x))
+
+
+class Decoder(nn.Module):
+    """A GPT-style decoder-only language model; ``forward(idx, targets)`` returns the mean loss."""
+
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab, cfg.d_model, dtype=dtype)
+        self.pos = nn.Embedding(cfg.seq_len, cfg.d_model, dtype=dtype) if cfg.layout == "gpt2" else None
+        self.blocks = nn.ModuleList(_Block(cfg, dtype) for _ in range(cfg.n_layers))
+        self.norm = _norm(cfg, dtype)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab, bias=False, dtype=dtype)
+        self.head.weight = self.embed.weight  # tied, as in GPT-2 and Qwen2.5-1.5B
+        self.rope: tuple[torch.Tensor, torch.Tensor] | None = None
+        if cfg.layout == "qwen2":
+            self.rope = _rope_tables(cfg, self.embed.weight.device)
+        self._init_weights()
+
+    @torch.no_grad()
+    def _init_weights(self) -> None:
+        """GPT-2's initialisation: N(0, 0.02), output projections scaled by 1/sqrt(2 L), zero biases."""
+        std = self.cfg.init_std
+        for name, p in self.named_parameters():
+            if p.dim() >= 2:
+                scale = 1.0 / math.sqrt(2 * self.cfg.n_layers) if name.endswith("proj.weight") else 1.0
+                p.normal_(0.0, std * scale)
+            elif name.endswith("bias"):
+                p.zero_()
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        x = self.embed(idx)
+        if self.pos is not None:
+            x = x + self.pos.weight[: idx.shape[1]]
+        for block in self.blocks:
+            x = block(x, self.rope)
+        logits = self.head(self.norm(x))
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+class LoRALinear(nn.Module):
+    """A frozen projection plus a trainable low-rank update: ``base(x) + (alpha / r) B A x``.
+
+    A is initialised as nn.Linear's weights are and B to zero (as PEFT does), so training starts
+    from the base model exactly.
+    """
+
+    def __init__(self, base: nn.Module, in_features: int, out_features: int, lora: LoraConfig = LORA) -> None:
+        super().__init__()
+        self.base = base
+        device = next(base.parameters()).device
+        self.lora_a = nn.Parameter(torch.empty(lora.rank, in_features, device=device))
+        self.lora_b = nn.Parameter(torch.zeros(out_features, lora.rank, device=device))
+        nn.init.kaiming_uniform_(self.lora_a, a=math.sqrt(5))
+        self.scaling = lora.alpha / lora.rank
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + F.linear(F.linear(x, self.lora_a), self.lora_b) * self.scaling
+
+
+def _projection_slots(model: Decoder) -> list[tuple[nn.Module, str, nn.Linear]]:
+    """(parent, attribute, Linear) of every projection of every block."""
+    out = []
+    for block in model.blocks:
+        for parent in (block.attn, block.mlp):
+            for attr in ("qkv", "fc", "proj"):
+                lin = getattr(parent, attr, None)
+                if isinstance(lin, nn.Linear):
+                    out.append((parent, attr, lin))
+    return out
+
+
+def add_lora(model: Decoder, lora: LoraConfig = LORA, *, quantize: Callable[[nn.Linear], nn.Module] | None = None) -> int:
+    """Freeze ``model`` and wrap every block projection in a LoRALinear; returns the trainable count.
+
+    ``quantize`` replaces each frozen projection first (QLoRA: an NF4 Linear4bit).
+    """
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for parent, attr, lin in _projection_slots(model):
+        base: nn.Module = quantize(lin) if quantize is not None else lin
+        setattr(parent, attr, LoRALinear(base, lin.in_features, lin.out_features, lora))
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def bitsandbytes_available() -> bool:
+    return importlib.util.find_spec("bitsandbytes") is not None
+
+
+def _nf4(device: str) -> Callable[[nn.Linear], nn.Module]:
+    """A function that turns a frozen Linear into bitsandbytes' NF4 Linear4bit on ``device``."""
+    import bitsandbytes as bnb  # type: ignore[import-not-found]
+
+    def quantize(lin: nn.Linear) -> nn.Module:
+        q = bnb.nn.Linear4bit(lin.in_features, lin.out_features, bias=lin.bias is not None,
+                              compute_dtype=torch.bfloat16, compress_statistics=True, quant_type="nf4")
+        q.load_state_dict({k: v.detach().to("cpu") for k, v in lin.state_dict().items()})
+        q = q.to(device)  # bitsandbytes quantises on the move to the GPU
+        for p in q.parameters():
+            p.requires_grad_(False)
+        return q
+
+    return quantize
+
+
+# --------------------------------------------------------------------------- data
+
+
+class CycleTask:
+    """Sequences that walk a hidden cycle over ``alphabet`` tokens of the vocabulary.
+
+    Every token is followed by its successor on the cycle, so the next token is a function of the
+    current one: chance loss is ln(vocab), the floor is zero, and a model that trains at all
+    learns it within a few steps.  Batches start at random points of the cycle.
+    """
+
+    def __init__(self, vocab: int, seq_len: int, device: str, *, alphabet: int | None = None, seed: int = SEED) -> None:
+        self.gen = torch.Generator(device="cpu")
+        self.gen.manual_seed(seed)
+        self.alphabet = max(2, min(ALPHABET if alphabet is None else alphabet, vocab // 2))
+        self.cycle = torch.randperm(vocab, generator=self.gen)[: self.alphabet].to(device)
+        self.seq_len = seq_len
+        self.device = device
+
+    def batch(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and targets, (n, T) each, as int64 on the device."""
+        starts = torch.randint(self.alphabet, (n, 1), generator=self.gen).to(self.device)
+        pos = (starts + torch.arange(self.seq_len + 1, device=self.device)) % self.alphabet
+        tokens = self.cycle[pos]
+        return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+# --------------------------------------------------------------------------- max-batch search
+
+
+def is_oom(exc: BaseException) -> bool:
+    """Whether an exception is the device running out of memory (torch's or cuBLAS's way of saying it)."""
+    if isinstance(exc, _OOM_ERROR):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("out of memory" in text.lower() or "CUBLAS_STATUS_ALLOC_FAILED" in text)
+
+
+@dataclass
+class BatchSearch:
+    """Outcome of :func:`max_batch_search`: the batch, every size tried and whether it fitted."""
+
+    batch: int
+    tried: list[tuple[int, bool]] = field(default_factory=list)
+    capped: bool = False  # the search reached its upper limit without running out of memory
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"batch": self.batch, "tried": [[b, ok] for b, ok in self.tried], "capped": self.capped}
+
+
+def max_batch_search(
+    try_batch: Callable[[int], object],
+    *,
+    start: int = 1,
+    limit: int,
+    resolution: float = 0.125,
+    after_oom: Callable[[], None] | None = None,
+) -> BatchSearch:
+    """The largest batch in [1, limit] for which ``try_batch`` does not run out of memory.
+
+    Doubles from ``start`` until a size fails or ``limit`` is reached, then bisects between the last
+    size that fitted and the first that did not, until the gap is at most ``resolution`` of the
+    fitting size (1 at least).  A start that fails is halved until one fits.  Any exception other
+    than running out of memory (:func:`is_oom`) propagates; ``after_oom`` runs after each failure,
+    outside the ``except`` block so the failed step's tensors are already unreachable.  Raises
+    DoesNotFit when not even one sequence fits.
+    """
+    if limit < 1:
+        raise ValueError(f"the batch limit must be at least 1, not {limit}")
+    tried: list[tuple[int, bool]] = []
+
+    def fits(b: int) -> bool:
+        failed = False
+        try:
+            try_batch(b)
+        except Exception as exc:
+            if not is_oom(exc):
+                raise
+            failed = True
+        if failed and after_oom is not None:
+            after_oom()
+        tried.append((b, not failed))
+        return not failed
+
+    b = max(1, min(start, limit))
+    while not fits(b):
+        if b == 1:
+            raise DoesNotFit("not even one sequence per step fits this Target's memory")
+        b //= 2
+    lo, hi = b, None
+    while hi is None and lo < limit:
+        nxt = min(2 * lo, limit)
+        if fits(nxt):
+            lo = nxt
+        else:
+            hi = nxt
+    if hi is None:
+        return BatchSearch(lo, tried, capped=True)
+    while hi - lo > max(1, int(lo * resolution)):
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return BatchSearch(lo, tried, capped=False)
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def check_loss(losses: list[float], *, min_drop: float = MIN_LOSS_DROP) -> float:
+    """Relative drop of the loss from the first third of the measured steps to the last third.
+
+    Raises WorkloadError where a loss is not finite or the drop is below ``min_drop``.
+    """
+    if len(losses) < 3:
+        raise ValueError(f"need at least 3 measured losses to judge training, got {len(losses)}")
+    if not all(math.isfinite(x) for x in losses):
+        raise WorkloadError(f"training produced a non-finite loss: {[round(x, 4) for x in losses]}")
+    third = max(1, len(losses) // 3)
+    first, last = statistics.fmean(losses[:third]), statistics.fmean(losses[-third:])
+    drop = (first - last) / first if first > 0 else float("nan")
+    if not (drop >= min_drop):
+        raise WorkloadError(f"the loss did not fall over the {len(losses)} measured steps "
+                            f"({first:.4f} -> {last:.4f}, {100 * drop:.1f}% where at least {100 * min_drop:.0f}% "
+                            f"is expected): the model or the optimizer is not training")
+    return drop
+
+
+def check_initial_loss(loss: float, vocab: int, *, tolerance: float = INITIAL_LOSS_TOLERANCE) -> None:
+    """The untrained model must predict at chance: its loss near ln(vocab)."""
+    chance = math.log(vocab)
+    if not (abs(loss - chance) <= tolerance * chance):
+        raise WorkloadError(f"the loss of the untrained model is {loss:.4f} where chance is ln({vocab}) = {chance:.4f}: "
+                            "the loss or the forward pass is wrong")
+
+
+class _Trainer:
+    """A model, its optimizer, the task, and one training step."""
+
+    def __init__(self, cfg: ModelConfig, mode: str, device: str) -> None:
+        self.cfg, self.mode, self.device = cfg, mode, device
+        cuda = device.startswith("cuda")
+        self.amp = cuda  # bf16 autocast on a GPU; fp32 on the CPU
+        torch.manual_seed(SEED)
+        base_dtype = torch.bfloat16 if (cuda and mode != "full") else torch.float32
+        with torch.device(device):
+            model = Decoder(cfg, dtype=base_dtype)
+        if mode == "full":
+            self.trainable = sum(p.numel() for p in model.parameters())
+        else:
+            self.trainable = add_lora(model, quantize=_nf4(device) if mode == "qlora" else None)
+            if mode == "qlora":
+                gc.collect()
+                torch.cuda.empty_cache()
+        self.model = model
+        self.step_model: Callable[..., torch.Tensor] = model
+        params = [p for p in model.parameters() if p.requires_grad]
+        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": WEIGHT_DECAY},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+        self.lr = (LR if cuda else LR_CPU)[mode]
+        self.opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=self.lr, betas=BETAS,
+                                     **({"fused": True} if cuda else {}))
+        self.task = CycleTask(cfg.vocab, cfg.seq_len, device)
+        self.losses: list[torch.Tensor] = []
+        self.first_loss: float | None = None
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        self.opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.amp):
+            loss = self.step_model(x, y)
+        loss.backward()
+        self.opt.step()
+        loss = loss.detach()
+        if self.first_loss is None:
+            self.first_loss = float(loss)
+        return loss
+
+    def compile(self) -> None:
+        """Run the model through torch.compile from the next step on (compiled at that step's shapes)."""
+        self.step_model = torch.compile(self.model)  # type: ignore[assignment]
+
+    def set_lr(self, lr: float) -> None:
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+
+    def probe(self, batch: int, limit_bytes: float | None = None) -> None:
+        """One step at ``batch`` with the learning rate at zero: memory as in training, weights unchanged.
+
+        On a GPU a step whose peak reserved memory exceeds ``limit_bytes`` counts as out of memory:
+        a batch that fills the device to the last byte fails later, on a fragmented cache.
+        """
+        cuda = self.device.startswith("cuda")
+        if cuda:
+            _release(self.device)
+            torch.cuda.reset_peak_memory_stats()
+        x, y = self.task.batch(batch)
+        self.set_lr(0.0)
+        try:
+            self.step(x, y)
+            if cuda:
+                torch.cuda.synchronize()
+        finally:
+            self.set_lr(self.lr)
+            self.opt.zero_grad(set_to_none=True)
+        if cuda and limit_bytes is not None:
+            reserved = torch.cuda.max_memory_reserved()
+            if reserved > limit_bytes:
+                raise _OOM_ERROR(f"batch {batch} reserved {reserved / 1e9:.1f} GB, over the "
+                                 f"{limit_bytes / 1e9:.1f} GB a step may fill")
+
+    def timed_step_fn(self, batch: int) -> Callable[[], None]:
+        pool = [self.task.batch(batch) for _ in range(DATA_POOL)]
+        counter = [0]
+
+        def step() -> None:
+            x, y = pool[counter[0] % len(pool)]
+            counter[0] += 1
+            self.losses.append(self.step(x, y))  # no host sync inside the timed step
+
+        return step
+
+    def close(self) -> None:
+        self.opt.zero_grad(set_to_none=True)
+        del self.opt, self.model, self.step_model, self.losses
+
+
+def _release(device: str) -> None:
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def resolve_config(config: str, target: Target) -> ModelConfig:
+    if config not in CONFIGS:
+        raise ValueError(f"unknown training config '{config}': use one of {', '.join(CONFIG_NAMES)}")
+    cfg = CONFIGS[config]
+    return cfg.tiny() if target.is_cpu else cfg
+
+
+def check_runnable(target: Target, mode: str, *, compile_model: bool = False) -> None:
+    """Raise DoesNotFit, with the reason, where ``mode`` cannot run on this Target at all."""
+    if mode == "qlora":
+        if target.is_cpu:
+            raise DoesNotFit("QLoRA needs bitsandbytes' 4-bit CUDA kernels; this run is on the CPU")
+        if not bitsandbytes_available():
+            raise DoesNotFit("QLoRA needs bitsandbytes, which is not installed (pip install 'pytest-mig[qlora]')")
+    if compile_model:
+        if target.is_cpu:
+            raise DoesNotFit("the torch.compile case runs on GPUs only (on the CPU it would measure the C++ compiler)")
+        if importlib.util.find_spec("triton") is None:
+            raise DoesNotFit("torch.compile on a GPU needs Triton, which is not installed")
+    if not target.is_cpu and torch.cuda.is_available() and not torch.cuda.is_bf16_supported():
+        raise DoesNotFit("bf16 autocast training needs a GPU with bf16 support (Ampere or newer)")
+
+
+@dataclass
+class _Run:
+    """What one measured run produced, for the metrics."""
+
+    batch: int
+    timing: Timing
+    losses: list[float]  # of the measured steps
+    peak_allocated: float
+    peak_reserved: float
+    memory_source: str
+    estimate: MemoryEstimate
+    search: BatchSearch | None
+
+
+def run_training(
+    target: Target,
+    timer: Timer,
+    *,
+    config: str = "gpt2-small",
+    mode: str = "full",
+    batch: str = "fixed",
+    quick: bool = False,
+    compile_model: bool = False,
+) -> list[Metric]:
+    """Train ``config`` on ``target`` (``mode``: full, lora, qlora; ``batch``: fixed, maxbatch) and report its speed.
+
+    Raises DoesNotFit where the case cannot fit or run on the Target and WorkloadError where the
+    model does not train.  ``compile_model`` runs the measured steps through torch.compile (the
+    batch search, if any, runs eagerly first, so only one shape is compiled); compiling takes
+    longer than the measurement, so it is off by default.
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown training mode '{mode}': use one of {', '.join(MODES)}")
+    if batch not in BATCH_POLICIES:
+        raise ValueError(f"unknown batch policy '{batch}': use one of {', '.join(BATCH_POLICIES)}")
+    cfg = resolve_config(config, target)
+    check_runnable(target, mode, compile_model=compile_model)
+    device = target.device
+    effort = EFFORT[("cpu" if target.is_cpu else "gpu", quick, batch)]
+    budget = target.memory_budget()
+    # Before anything is allocated: does the smallest batch this policy runs fit at all?
+    estimate = check_fits(cfg, mode, cfg.fixed_batch if batch == "fixed" else 1, budget, cpu=target.is_cpu)
+
+    trainer: _Trainer | None = None
+    out_of_memory: str | None = None
+    try:
+        try:
+            trainer = _Trainer(cfg, mode, device)
+            run = _train(trainer, target, timer, batch, effort, compile_model)
+        except Exception as exc:
+            if not is_oom(exc):
+                raise
+            out_of_memory = str(exc).split("\n")[0][:300]
+        if out_of_memory is not None:  # raised here, where the failed step's tensors are gone
+            raise DoesNotFit(f"{cfg.name} {mode} fine-tune ran out of memory on this Target ({budget / 2**30:.1f} GiB; "
+                             f"{estimate.total / 1e9:.1f} GB estimated for the smallest batch; if this case ran here "
+                             f"before, its memory use grew): {out_of_memory}")
+        assert trainer is not None and trainer.first_loss is not None
+        check_initial_loss(trainer.first_loss, cfg.vocab)
+        measured = run.losses
+        drop = check_loss(measured)
+        info: dict[str, Any] = {
+            "config": cfg.name, "mode": mode, "batch_policy": batch, "batch": run.batch, "seq_len": cfg.seq_len,
+            "tokens_per_step": run.batch * cfg.seq_len, "layers": cfg.n_layers, "d_model": cfg.d_model,
+            "vocab": cfg.vocab, "params": cfg.param_count(), "trainable_params": trainer.trainable,
+            "precision": "fp32" if target.is_cpu else "bf16 autocast", "compiled": compile_model,
+            "initial_loss": round(trainer.first_loss, 4), "loss_first": round(measured[0], 4),
+            "loss_last": round(measured[-1], 4), "loss_drop": round(drop, 4), "steps": len(measured),
+            "warmup": effort.warmup, "lr": trainer.lr,
+        }
+        if mode != "full":
+            info["lora_rank"] = LORA.rank
+        trainable = trainer.trainable
+    finally:
+        if trainer is not None:
+            trainer.close()
+        del trainer
+        _release(device)
+    return _metrics(target, cfg, mode, run, info, trainable)
+
+
+def _train(trainer: _Trainer, target: Target, timer: Timer, batch: str, effort: Effort, compile_model: bool) -> _Run:
+    """Find the batch (maxbatch), then time warm-up and measured steps through the timer."""
+    cfg, mode, device = trainer.cfg, trainer.mode, trainer.device
+    cuda = device.startswith("cuda")
+    search: BatchSearch | None = None
+    if batch == "maxbatch":
+        trainer.probe(1)  # builds the optimizer state, which every later probe must fit beside
+        search = _search(trainer, cfg, mode, target.memory_budget(), target.is_cpu, effort)
+        trainer.opt.state.clear()  # the measured run starts with fresh moments, as the fixed one does
+        _release(device)
+        n_batch = search.batch
+    else:
+        n_batch = cfg.fixed_batch
+    if compile_model:
+        trainer.compile()
+    estimate = estimate_memory(cfg, mode, n_batch, cpu=target.is_cpu)
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    start = len(trainer.losses)
+    timing = timer(trainer.timed_step_fn(n_batch), warmup=effort.warmup, repeats=effort.repeats)
+    alloc, reserved, source = _peak_memory(cuda, estimate)
+    losses = [float(x) for x in torch.stack(trainer.losses[start:]).tolist()]
+    return _Run(n_batch, timing, measured_losses(losses, len(timing.samples), timing.energy_calls), alloc, reserved,
+                source, estimate, search)
+
+
+def measured_losses(losses: list[float], repeats: int, energy_calls: int) -> list[float]:
+    """The losses of the measured steps among every step a timer call made.
+
+    A timer runs warm-up calls (and, under pytest-benchmark, a short estimate and perhaps several
+    calls per round), then the measured repeats, then the energy window's ``energy_calls``: the
+    ``repeats`` calls just before the energy window were all measured.
+    """
+    end = len(losses) - energy_calls
+    if repeats < 1 or end < repeats:
+        raise ValueError(f"{len(losses)} steps cannot hold {repeats} measured and {energy_calls} energy-window steps")
+    return losses[end - repeats:end]
+
+
+def _search(trainer: _Trainer, cfg: ModelConfig, mode: str, budget: int, cpu: bool, effort: Effort) -> BatchSearch:
+    """Columbia/IBM's largest batch: real steps on a GPU; the memory estimate on the CPU (which never runs out)."""
+    if cpu:
+        room = usable_bytes(budget)
+
+        def try_batch(b: int) -> None:
+            if estimate_memory(cfg, mode, b, cpu=True).total > room:
+                raise _OOM_ERROR(f"estimated out of memory at batch {b}")
+            trainer.probe(b)
+
+        return max_batch_search(try_batch, start=cfg.fixed_batch, limit=effort.max_batch,
+                                resolution=effort.search_resolution)
+
+    def after_oom() -> None:
+        trainer.opt.zero_grad(set_to_none=True)
+        _release(trainer.device)
+
+    start = min(cfg.fixed_batch, effort.max_batch)
+    room = usable_bytes(budget)
+    return max_batch_search(lambda b: trainer.probe(b, room), start=start, limit=effort.max_batch, resolution=effort.search_resolution,
+                            after_oom=after_oom)
+
+
+def _peak_memory(cuda: bool, estimate: MemoryEstimate) -> tuple[float, float, str]:
+    """Peak allocated and reserved bytes of the measured run (the estimate on the CPU)."""
+    if cuda:
+        return float(torch.cuda.max_memory_allocated()), float(torch.cuda.max_memory_reserved()), \
+            "torch.cuda.max_memory_allocated / max_memory_reserved"
+    return estimate.total, estimate.total, "estimate (the CPU keeps no allocator statistics)"
+
+
+def _throttle_info(timing: Timing) -> dict[str, Any]:
+    after = timing.clocks.get("after") or {}
+    info: dict[str, Any] = {}
+    if timing.clocks:
+        info["clocks"] = timing.clocks
+    if "throttled" in after:
+        info["throttled"] = bool(after["throttled"])
+    return info
+
+
+def _metrics(target: Target, cfg: ModelConfig, mode: str, run: _Run, info: dict[str, Any], trainable: int) -> list[Metric]:
+    tokens = run.batch * cfg.seq_len
+    rates = run.timing.rate_samples(tokens)
+    tok_s = statistics.median(rates)
+    steps = list(run.timing.samples)
+    info = {**info, **_throttle_info(run.timing)}
+    metrics = [
+        Metric("tokens_per_s", tok_s, "tokens/s", "higher", rates, kind="training", info=info),
+        Metric("step_time_s", statistics.median(steps), "s", "lower", steps, kind="training",
+               info={"statistic": "p50", "batch": run.batch, "tokens_per_step": tokens}),
+        Metric("step_time_p95_s", percentile(steps, 95), "s", "lower", [], kind="info", compare=False,
+               info={"statistic": "p95", "steps": len(steps)}),
+        Metric("batch_size", run.batch, "sequences", "higher", [], kind="info", compare=False,
+               info={"policy": info["batch_policy"], "seq_len": cfg.seq_len,
+                     **({"search": run.search.to_dict()} if run.search else {})}),
+        Metric("peak_allocated_gb", run.peak_allocated / 1e9, "GB", "lower", [], kind="info", compare=False,
+               info={"source": run.memory_source, "estimate_gb": run.estimate.to_dict()}),
+        Metric("peak_reserved_gb", run.peak_reserved / 1e9, "GB", "lower", [], kind="info", compare=False,
+               info={"source": run.memory_source}),
+        Metric("trainable_params", trainable, "params", "higher", [], kind="info", compare=False,
+               info={"mode": mode, "total_params": cfg.param_count()}),
+    ]
+    peak = target.peak_tflops("bf16")
+    if peak:
+        fpt = model_flops_per_token(cfg, mode)
+        metrics.append(Metric("mfu_pct", mfu_percent(tok_s, fpt, peak), "%", "higher", [], kind="info", compare=False,
+                              info={"flops_per_token": fpt, "peak_tflops": peak, "peak_key": "bf16",
+                                    "sms": target.effective_sms, "formula": MFU_FORMULA}))
+    metrics.extend(energy_metrics(run.timing, tokens, "token"))
+    return metrics
+
+
+__all__ = [
+    "BATCH_POLICIES",
+    "CONFIGS",
+    "CONFIG_NAMES",
+    "MODES",
+    "BatchSearch",
+    "CycleTask",
+    "Decoder",
+    "LoRALinear",
+    "LoraConfig",
+    "MemoryEstimate",
+    "ModelConfig",
+    "add_lora",
+    "bitsandbytes_available",
+    "check_fits",
+    "check_initial_loss",
+    "check_loss",
+    "estimate_memory",
+    "is_oom",
+    "lora_params",
+    "max_batch_search",
+    "measured_losses",
+    "mfu_percent",
+    "model_flops_per_token",
+    "run_training",
+]

@@ -1,0 +1,418 @@
+"""The training workload on the CPU: record shape, the loss checks, MFU arithmetic, memory planning,
+the max-batch search and LoRA.
+
+Nothing here measures speed.  The CPU runs the CPU-sized models (2 layers, d=64) in fp32; GPU-only
+paths are exercised through pure functions (memory estimates against 10 GB and 141 GB Targets, MFU
+on a 16-SM slice from a fake timing, the batch search against a fake out-of-memory predicate).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from pytest_mig.measure import Metric, Telemetry, Timer, Timing
+from pytest_mig.target import Target
+from pytest_mig.workloads import DoesNotFit, WorkloadError
+from pytest_mig.workloads import training as tr
+
+GIB = 2**30
+
+
+@pytest.fixture
+def cpu() -> Target:
+    return Target(kind="cpu", profile="cpu", chosen_by="test")
+
+
+@pytest.fixture
+def timer() -> Timer:
+    return Timer("cpu")
+
+
+def _slice(memory_gib: float, sms: int, *, kind: str = "mig", profile: str = "1g.10gb",
+           gpu: str = "NVIDIA H100 80GB HBM3") -> Target:
+    """A GPU Target that is never touched: only its numbers are read."""
+    return Target(kind=kind, profile=profile, chosen_by="test", gpu_name=gpu, sms=sms,
+                  memory_bytes=int(memory_gib * GIB), compute_capability=(9, 0))
+
+
+H100_1G = dict(memory_gib=9.75, sms=16)
+A100_1G5 = dict(memory_gib=4.75, sms=14, profile="1g.5gb", gpu="NVIDIA A100-SXM4-40GB")
+H200_1G = dict(memory_gib=16.0, sms=16, profile="1g.18gb", gpu="NVIDIA H200")
+H200_FULL = dict(memory_gib=139.8, sms=132, kind="full", profile="full", gpu="NVIDIA H200")
+
+
+# --- record shape --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("config, mode, batch", [("gpt2-small", "full", "fixed"), ("gpt2-small", "lora", "fixed"),
+                                                 ("qwen1.5b", "lora", "maxbatch")])
+def test_training_record_on_cpu(cpu, timer, config, mode, batch):
+    metrics = tr.run_training(cpu, timer, config=config, mode=mode, batch=batch, quick=True)
+    by_name = {m.name: m for m in metrics}
+    assert len(by_name) == len(metrics), "metric names must be unique within a test"
+    assert set(by_name) == {"tokens_per_s", "step_time_s", "step_time_p95_s", "batch_size", "peak_allocated_gb",
+                            "peak_reserved_gb", "trainable_params"}  # no MFU: the CPU has no datasheet peak
+    effort = tr.EFFORT[("cpu", True, batch)]
+    cfg = tr.CONFIGS[config].tiny()
+
+    tok, step = by_name["tokens_per_s"], by_name["step_time_s"]
+    assert (tok.unit, tok.direction, tok.kind, tok.compare) == ("tokens/s", "higher", "training", True)
+    assert (step.unit, step.direction, step.kind, step.compare) == ("s", "lower", "training", True)
+    assert len(step.samples) == len(tok.samples) == effort.repeats
+    n_batch = int(by_name["batch_size"].value)
+    tokens = n_batch * cfg.seq_len
+    assert tok.samples == pytest.approx([tokens / s for s in step.samples])
+    assert step.value == pytest.approx(sorted(step.samples)[len(step.samples) // 2], rel=0.5)
+    assert by_name["step_time_p95_s"].value >= step.value
+    for m in metrics:
+        m.to_dict()  # serialisable
+        if m.kind == "info":
+            assert not m.compare
+    assert by_name["peak_allocated_gb"].unit == by_name["peak_reserved_gb"].unit == "GB"
+    assert "estimate" in by_name["peak_allocated_gb"].info["source"]
+
+    info = tok.info
+    assert info["config"] == cfg.name and info["mode"] == mode and info["batch"] == n_batch
+    assert info["precision"] == "fp32" and info["steps"] == effort.repeats
+    assert info["loss_drop"] >= tr.MIN_LOSS_DROP and info["loss_last"] < info["loss_first"]
+    assert abs(info["initial_loss"] - math.log(cfg.vocab)) <= tr.INITIAL_LOSS_TOLERANCE * math.log(cfg.vocab)
+    if batch == "maxbatch":
+        search = by_name["batch_size"].info["search"]
+        assert search["batch"] == n_batch and search["tried"][-1] == [n_batch, True]
+        assert n_batch == effort.max_batch and search["capped"]  # the 2 GiB CPU budget holds far more
+    else:
+        assert n_batch == cfg.fixed_batch
+
+
+def test_energy_per_token_from_board_power(cpu):
+    timer = Timer("cpu", Telemetry(read_power_w=lambda: 100.0, interval=0.005, window_s=0.05))
+    metrics = tr.run_training(cpu, timer, config="gpt2-small", mode="full", quick=True)
+    by_name = {m.name: m for m in metrics}
+    tokens = by_name["step_time_s"].info["tokens_per_step"]
+    energy = by_name["energy_j_per_token"]
+    assert energy.unit == "J/token" and energy.direction == "lower" and energy.kind == "energy"
+    window = energy.info
+    assert window["calls"] >= 1
+    assert energy.value == pytest.approx(100.0 * window["window_s"] / window["calls"] / tokens, rel=0.05)
+    assert by_name["power_w"].value == pytest.approx(100.0) and not by_name["power_w"].compare
+
+
+def test_measured_losses_are_the_repeats_before_the_energy_window():
+    # 3 warm-up, 2 more calls (pytest-benchmark's estimate), 4 measured, 5 in the energy window
+    losses = [10.0, 9.0, 8.0, 7.0, 6.0, 5.0, 4.0, 3.0, 2.0, 1.5, 1.4, 1.3, 1.2, 1.1]
+    assert tr.measured_losses(losses, 4, 5) == [5.0, 4.0, 3.0, 2.0]
+    assert tr.measured_losses(losses, 4, 0) == [1.4, 1.3, 1.2, 1.1]
+    with pytest.raises(ValueError, match="cannot hold"):
+        tr.measured_losses(losses[:6], 4, 5)
+
+
+# --- a model that does not train fails -----------------------------------------------------------
+
+
+def test_zero_learning_rate_fails_the_loss_check(cpu, timer, monkeypatch):
+    monkeypatch.setitem(tr.LR_CPU, "full", 0.0)
+    with pytest.raises(WorkloadError, match="did not fall"):
+        tr.run_training(cpu, timer, config="gpt2-small", mode="full", quick=True)
+
+
+def test_an_optimizer_step_that_does_nothing_fails(cpu, timer, monkeypatch):
+    monkeypatch.setattr(torch.optim.AdamW, "step", lambda self, closure=None: None)
+    with pytest.raises(WorkloadError, match="did not fall"):
+        tr.run_training(cpu, timer, config="qwen1.5b", mode="lora", quick=True)
+
+
+def test_adapters_whose_update_never_reaches_the_output_fail(cpu, timer, monkeypatch):
+    def muted(self, x):
+        return self.base(x) + 0.0 * torch.nn.functional.linear(torch.nn.functional.linear(x, self.lora_a), self.lora_b)
+
+    monkeypatch.setattr(tr.LoRALinear, "forward", muted)
+    with pytest.raises(WorkloadError, match="did not fall"):
+        tr.run_training(cpu, timer, config="gpt2-small", mode="lora", quick=True)
+
+
+def test_a_wrong_loss_fails_the_chance_check(cpu, timer, monkeypatch):
+    real = tr.Decoder.forward
+    monkeypatch.setattr(tr.Decoder, "forward", lambda self, idx, targets: 3.0 * real(self, idx, targets))
+    with pytest.raises(WorkloadError, match="untrained model"):
+        tr.run_training(cpu, timer, config="gpt2-small", mode="full", quick=True)
+
+
+def test_check_loss():
+    assert tr.check_loss([6.0, 5.9, 5.0, 4.0, 3.1, 3.0]) == pytest.approx((5.95 - 3.05) / 5.95)
+    with pytest.raises(WorkloadError, match="did not fall"):
+        tr.check_loss([5.0, 5.01, 4.99, 5.0, 4.98, 4.97])  # under 5%: noise, not training
+    with pytest.raises(WorkloadError, match="did not fall"):
+        tr.check_loss([3.0, 3.5, 4.0, 4.5, 5.0, 5.5])  # diverging
+    with pytest.raises(WorkloadError, match="non-finite"):
+        tr.check_loss([5.0, 4.0, float("nan"), 2.0, 1.0, 0.5])
+    with pytest.raises(ValueError, match="at least 3"):
+        tr.check_loss([5.0, 4.0])
+
+
+def test_check_initial_loss():
+    tr.check_initial_loss(math.log(50304) * 1.05, 50304)
+    with pytest.raises(WorkloadError, match="chance is ln"):
+        tr.check_initial_loss(0.5, 50304)
+
+
+# --- MFU -------------------------------------------------------------------------------------------
+
+
+def test_flops_per_token_by_hand():
+    cfg = tr.CONFIGS["gpt2-small"]
+    per_block = 768 * 2304 + 768 * 768 + 768 * 3072 + 3072 * 768
+    n = 12 * per_block + 50304 * 768
+    assert cfg.matmul_params() == n == 123_568_128
+    attention = 12 * 12 * 768 * 1024
+    assert tr.model_flops_per_token(cfg, "full") == 6 * n + attention
+    n_lora = 12 * 16 * ((768 + 2304) + (768 + 768) + (768 + 3072) + (3072 + 768))
+    assert tr.lora_params(cfg) == n_lora == 2_359_296
+    assert tr.model_flops_per_token(cfg, "lora") == 4 * n + 6 * n_lora + attention
+
+    qwen = tr.CONFIGS["qwen1.5b"]  # 12 query heads of 128, 2 key/value heads: QKV is 1536 -> 2048
+    q_block = 1536 * 2048 + 1536 * 1536 + 1536 * 2 * 8960 + 8960 * 1536
+    assert qwen.matmul_params() == 28 * q_block + 151936 * 1536
+
+
+def test_mfu_on_a_slice_uses_its_share_of_the_datasheet():
+    target = _slice(**H100_1G)
+    cfg = tr.CONFIGS["gpt2-small"]
+    tokens = 4 * 1024
+    run = tr._Run(batch=4, timing=Timing(samples=[tokens / 50_000.0] * 5), losses=[], peak_allocated=5e9,
+                  peak_reserved=6e9, memory_source="test", estimate=tr.estimate_memory(cfg, "full", 4), search=None)
+    info = {"batch_policy": "fixed"}
+    by_name = {m.name: m for m in tr._metrics(target, cfg, "full", run, info, 124_000_000)}
+    assert by_name["tokens_per_s"].value == pytest.approx(50_000.0)
+    peak = 989.0 * 16 / 132  # H100 SXM bf16 dense, 16 of 132 SMs
+    flops = 6 * 123_568_128 + 12 * 12 * 768 * 1024
+    mfu = by_name["mfu_pct"]
+    assert mfu.value == pytest.approx(100 * 50_000.0 * flops / (peak * 1e12))
+    assert mfu.unit == "%" and mfu.kind == "info" and not mfu.compare
+    assert mfu.info["peak_tflops"] == pytest.approx(peak)
+    assert by_name["peak_reserved_gb"].value == pytest.approx(6.0)
+    assert tr.mfu_percent(1e6, 1e9, 1000.0) == pytest.approx(100.0)
+
+
+# --- memory planning -------------------------------------------------------------------------------
+
+
+def test_full_fine_tune_memory_by_hand():
+    cfg = tr.CONFIGS["gpt2-small"].tiny()
+    est = tr.estimate_memory(cfg, "full", 4, cpu=True)
+    n = cfg.param_count()
+    assert est.weights == 4 * n and est.gradients == 4 * n and est.optimizer == 8 * n
+    assert est.logits == 4 * cfg.seq_len * cfg.vocab * tr.LOGIT_BYTES
+    assert est.activations == pytest.approx(4 * cfg.seq_len * tr.activation_bytes_per_token(cfg, "full", cpu=True))
+    gpu = tr.estimate_memory(cfg, "full", 4)
+    assert gpu.weights == 4 * n + 2 * cfg.matmul_params()  # autocast's bf16 copies
+    lora = tr.estimate_memory(cfg, "lora", 4)
+    assert lora.gradients == 4 * tr.lora_params(cfg) and lora.optimizer == 8 * tr.lora_params(cfg)
+    assert lora.weights < gpu.weights
+
+
+@pytest.mark.parametrize("config, mode, target_kw, fits", [
+    ("qwen1.5b", "full", H200_1G, False),  # ~16 bytes per parameter: 25 GB before any activation
+    ("qwen1.5b", "full", H200_FULL, True),
+    ("qwen1.5b", "lora", A100_1G5, False),
+    ("qwen1.5b", "lora", H200_1G, True),
+    ("qwen1.5b", "qlora", H100_1G, True),
+    ("qwen1.5b", "qlora", A100_1G5, False),
+    ("gpt2-small", "full", H100_1G, True),  # the fixed GPT-2 cases run on every slice
+    ("gpt2-small", "lora", H100_1G, True),
+])
+def test_fixed_batches_fit_where_they_should(config, mode, target_kw, fits):
+    cfg = tr.CONFIGS[config]
+    budget = _slice(**target_kw).memory_budget()
+    if fits:
+        est = tr.check_fits(cfg, mode, cfg.fixed_batch, budget)
+        assert est.total <= tr.usable_bytes(budget)
+    else:
+        with pytest.raises(DoesNotFit, match=rf"{config} {mode} fine-tune at batch {cfg.fixed_batch} x "):
+            tr.check_fits(cfg, mode, cfg.fixed_batch, budget)
+
+
+def test_does_not_fit_is_raised_before_anything_is_allocated(timer, monkeypatch):
+    def no_allocation(*args, **kwargs):
+        raise AssertionError("the model was built although the estimate says it cannot fit")
+
+    monkeypatch.setattr(tr._Trainer, "__init__", no_allocation)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(DoesNotFit, match=r"needs about .* GB .* but this Target has 9\.8 GiB"):
+        tr.run_training(_slice(**H100_1G), timer, config="qwen1.5b", mode="full")
+    with pytest.raises(DoesNotFit, match="at batch 1 x 512"):  # maxbatch: not even one sequence
+        tr.run_training(_slice(memory_gib=4.0, sms=16), timer, config="qwen1.5b", mode="lora", batch="maxbatch")
+
+
+def test_out_of_memory_at_run_time_is_a_skip_with_the_reason(cpu, timer, monkeypatch):
+    def oom(self, x, y):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 30.70 GiB")
+
+    monkeypatch.setattr(tr._Trainer, "step", oom)
+    with pytest.raises(DoesNotFit, match="ran out of memory .* Tried to allocate 30.70 GiB"):
+        tr.run_training(cpu, timer, config="gpt2-small", mode="full", quick=True)
+
+
+# --- max-batch search ------------------------------------------------------------------------------
+
+
+def _fits_up_to(threshold: int, error: type[BaseException] = torch.OutOfMemoryError):
+    calls: list[int] = []
+
+    def try_batch(b: int) -> None:
+        calls.append(b)
+        if b > threshold:
+            raise error(f"CUDA out of memory at batch {b}")
+
+    return try_batch, calls
+
+
+@pytest.mark.parametrize("threshold", [1, 3, 7, 100, 129, 255])
+@pytest.mark.parametrize("resolution", [0.0, 0.125])
+def test_max_batch_search_finds_the_threshold(threshold, resolution):
+    try_batch, calls = _fits_up_to(threshold)
+    oom_cleanups = []
+    found = tr.max_batch_search(try_batch, start=4, limit=256, resolution=resolution,
+                                after_oom=lambda: oom_cleanups.append(1))
+    assert found.batch <= threshold < found.batch + max(1, int(found.batch * resolution))
+    if resolution == 0.0:
+        assert found.batch == threshold
+    assert not found.capped
+    assert [b for b, _ in found.tried] == calls
+    assert all(ok == (b <= threshold) for b, ok in found.tried)
+    assert len(oom_cleanups) == sum(not ok for _, ok in found.tried)
+    assert len(calls) <= 2 * math.log2(256) + 2  # doubling then bisection, not a linear scan
+
+
+def test_max_batch_search_stops_at_the_limit():
+    try_batch, calls = _fits_up_to(10_000)
+    found = tr.max_batch_search(try_batch, start=3, limit=40)
+    assert found.batch == 40 and found.capped and calls == [3, 6, 12, 24, 40]
+
+
+def test_max_batch_search_counts_cublas_and_runtime_oom_messages():
+    for message in ("CUDA error: out of memory", "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate"):
+        def try_batch(b: int, message: str = message) -> None:
+            if b > 5:
+                raise RuntimeError(message)
+
+        assert tr.max_batch_search(try_batch, limit=64, resolution=0.0).batch == 5
+
+
+def test_max_batch_search_lets_other_errors_through():
+    def broken(b: int) -> None:
+        if b > 2:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        tr.max_batch_search(broken, limit=64)
+
+
+def test_max_batch_search_when_nothing_fits():
+    try_batch, calls = _fits_up_to(0)
+    with pytest.raises(DoesNotFit, match="not even one sequence"):
+        tr.max_batch_search(try_batch, start=8, limit=64)
+    assert calls == [8, 4, 2, 1]
+
+
+def test_is_oom():
+    assert tr.is_oom(torch.OutOfMemoryError("x"))
+    assert tr.is_oom(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert not tr.is_oom(RuntimeError("shape mismatch"))
+    assert not tr.is_oom(ValueError("out of memory"))  # not a runtime error: a bug, not the device
+
+
+# --- LoRA ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("config, expected", [("gpt2-small", 2 * 16 * ((64 + 192) + (64 + 64) + (64 + 256) + (256 + 64))),
+                                              ("qwen1.5b", 2 * 16 * ((64 + 128) + (64 + 64) + (64 + 344) + (172 + 64)))])
+def test_lora_trains_only_the_adapters(config, expected):
+    cfg = tr.CONFIGS[config].tiny()
+    torch.manual_seed(0)
+    model = tr.Decoder(cfg)
+    x, y = tr.CycleTask(cfg.vocab, cfg.seq_len, "cpu").batch(2)
+    with torch.no_grad():
+        before = model(x, y)
+    base = {name: p.detach().clone() for name, p in model.named_parameters()}
+
+    trainable = tr.add_lora(model)
+    assert trainable == expected == tr.lora_params(cfg)
+    with torch.no_grad():
+        assert model(x, y) == pytest.approx(float(before))  # B = 0: training starts from the base model
+    model(x, y).backward()
+    with_grad = {name for name, p in model.named_parameters() if p.grad is not None}
+    assert with_grad == {name for name, p in model.named_parameters() if "lora_" in name}
+    assert len(with_grad) == 2 * 4 * cfg.n_layers  # A and B of four projections per block
+    assert all(not p.requires_grad for name, p in model.named_parameters() if "lora_" not in name)
+    assert all(float(p.grad.abs().sum()) > 0 for name, p in model.named_parameters() if name.endswith("lora_b"))
+    frozen = {name.replace(".base", ""): p for name, p in model.named_parameters() if "lora_" not in name}
+    assert set(frozen) == set(base)
+
+
+def test_lora_run_reports_the_adapter_count(cpu, timer):
+    metrics = tr.run_training(cpu, timer, config="gpt2-small", mode="lora", quick=True)
+    by_name = {m.name: m for m in metrics}
+    cfg = tr.CONFIGS["gpt2-small"].tiny()
+    assert by_name["trainable_params"].value == tr.lora_params(cfg)
+    assert by_name["tokens_per_s"].info["lora_rank"] == tr.LORA.rank
+
+
+# --- the model and the task ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("config", tr.CONFIG_NAMES)
+def test_parameter_counts(config):
+    cfg = tr.CONFIGS[config]
+    with torch.device("meta"):  # the real sizes, without the memory
+        model = tr.Decoder(cfg)
+    assert sum(p.numel() for p in model.parameters()) == cfg.param_count()
+    tiny = tr.Decoder(cfg.tiny())
+    assert sum(p.numel() for p in tiny.parameters()) == cfg.tiny().param_count()
+    assert tiny.head.weight is tiny.embed.weight
+
+
+def test_published_model_sizes():
+    assert 124e6 < tr.CONFIGS["gpt2-small"].param_count() < 125e6  # GPT-2 small: 124M (vocabulary padded)
+    assert 1.5e9 < tr.CONFIGS["qwen1.5b"].param_count() < 1.6e9  # Qwen2.5-1.5B: 1.54B
+
+
+def test_cycle_task_is_a_function_of_the_current_token():
+    task = tr.CycleTask(vocab=1000, seq_len=50, device="cpu", alphabet=37)
+    x, y = task.batch(16)
+    assert x.shape == y.shape == (16, 50)
+    assert torch.equal(x[:, 1:], y[:, :-1])  # targets are the inputs shifted by one
+    successor = {}
+    for a, b in zip(x.flatten().tolist(), y.flatten().tolist()):
+        assert successor.setdefault(a, b) == b
+    assert set(successor) <= set(task.cycle.tolist()) and len(task.cycle) == 37
+    assert len(set(x[:, 0].tolist())) > 1  # sequences start at different points
+
+
+# --- what cannot run -------------------------------------------------------------------------------
+
+
+def test_unknown_names(cpu, timer):
+    with pytest.raises(ValueError, match="unknown training config 'gpt5'"):
+        tr.run_training(cpu, timer, config="gpt5")
+    with pytest.raises(ValueError, match="unknown training mode 'dora'"):
+        tr.run_training(cpu, timer, mode="dora")
+    with pytest.raises(ValueError, match="unknown batch policy 'huge'"):
+        tr.run_training(cpu, timer, batch="huge")
+
+
+def test_qlora_and_compile_need_what_they_need(cpu, timer, monkeypatch):
+    with pytest.raises(DoesNotFit, match="QLoRA needs bitsandbytes' 4-bit CUDA kernels"):
+        tr.run_training(cpu, timer, mode="qlora")
+    with pytest.raises(DoesNotFit, match="GPUs only"):
+        tr.run_training(cpu, timer, compile_model=True)
+    monkeypatch.setattr(tr, "bitsandbytes_available", lambda: False)
+    with pytest.raises(DoesNotFit, match="not installed"):
+        tr.check_runnable(_slice(**H100_1G), "qlora")
+
+
+def test_metric_kinds_are_known():
+    for kind in ("training", "info", "energy"):
+        Metric("x", 1.0, "u", kind=kind)  # raises if the measure module does not know the kind
