@@ -379,3 +379,15 @@ def test_benchmark_scaling_test_fails_with_the_table_from_other_slices_results(
     result = pytester.runpytest(test_file, *quiet)
     result.assert_outcomes(skipped=1)
     assert json.loads(Path(one).read_text())["records"][0]["target"]["profile"] == "2g.35gb"
+
+
+def test_a_metric_the_workload_exempts_is_not_scaling_checked() -> None:
+    fixed = [rec(p, v, kind="training", name="tokens_per_s", unit="tokens/s") for p, v in
+             (("1g.18gb", 100.0), ("7g.141gb", 150.0))]
+    for r in fixed:
+        r.metric.info["scaling"] = False
+    report = check_scaling(fixed)
+    assert report.rows == [] and any("not scaling-checked" in s for s in report.skipped)
+    for r in fixed:
+        r.metric.info["scaling"] = True
+    assert [r.ok for r in check_scaling(fixed).rows] == [False]
