@@ -46,7 +46,8 @@ class BenchTimer(Timer):
         if self.device.startswith("cuda"):
             # pytest-benchmark synchronises around every round: make a round long enough that the
             # launch latency and the idle gap before it stay below a percent of what is measured.
-            est = statistics.median(time_fn(fn, warmup=max(0, warmup), repeats=2, device=self.device))
+            est = statistics.median(time_fn(fn, warmup=max(0, warmup), repeats=2, device=self.device,
+                                            min_warmup_s=self.min_warmup_s))
             iterations = rounds_iterations(est)
             warmup = 0
         bm.pedantic(fn, rounds=max(1, repeats), warmup_rounds=max(0, warmup), iterations=iterations)

@@ -124,6 +124,7 @@ class Emulator:
         self.device_index = device_index
         self._contexts: dict[int, Any] = {}
         self._obtained: dict[int, tuple[int | None, str]] = {}
+        self._streams: dict[int, Any] = {}
 
     def _context(self, sms: int) -> Any:
         if sms not in self._contexts:
@@ -131,6 +132,21 @@ class Emulator:
 
             self._contexts[sms] = GreenContext.create(num_sms=sms, device_id=self.device_index)
         return self._contexts[sms]
+
+    def _stream(self, sms: int, ctx: Any) -> Any:
+        """A stream of the green context's own, reused across tests.
+
+        ``set_context`` leaves PyTorch on the legacy default stream, whose id is the same in every
+        context, so the caching allocator takes the green context's null stream for the primary
+        one's and reuses memory without ordering: on the H200 a cross-entropy backward in a 16-SM
+        green context returned NaN gradients on its second call (and a cold cuBLASLt GEMM hit an
+        illegal address), while on a green-context stream every result matched the primary
+        context's to the last digit.
+        """
+        if sms not in self._streams:
+            make = getattr(ctx, "Stream", None)
+            self._streams[sms] = make() if callable(make) else None
+        return self._streams[sms]
 
     @contextlib.contextmanager
     def activate(self, target: Target) -> Iterator[Target]:
@@ -147,12 +163,15 @@ class Emulator:
         torch.cuda.set_per_process_memory_fraction(fraction, self.device_index)
         ctx.set_context()
         try:
-            if target.sms not in self._obtained:
-                self._obtained[target.sms] = read_back_sms()
-            got, how = self._obtained[target.sms]
-            note = (f"green context: {target.sms} SMs asked, {got if got else '?'} obtained ({how}); "
-                    f"memory capped at {fraction * total / 2**30:.1f} GiB")
-            yield replace(target, sms_obtained=got, verified=note)
+            stream = self._stream(target.sms, ctx)
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                if target.sms not in self._obtained:
+                    self._obtained[target.sms] = read_back_sms()
+                got, how = self._obtained[target.sms]
+                note = (f"green context: {target.sms} SMs asked, {got if got else '?'} obtained ({how}); "
+                        f"memory capped at {fraction * total / 2**30:.1f} GiB")
+                yield replace(target, sms_obtained=got, verified=note)
+                torch.cuda.synchronize()
         finally:
             torch.cuda.synchronize()
             ctx.pop_context()

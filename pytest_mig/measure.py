@@ -107,13 +107,28 @@ def synchronize() -> None:
         torch.cuda.synchronize()
 
 
-def time_fn(fn: Callable[[], Any], *, warmup: int = 3, repeats: int = 10, device: str = "cuda") -> list[float]:
-    """Seconds per call of ``fn``: CUDA events around each call on a GPU, perf_counter on the CPU."""
+def time_fn(fn: Callable[[], Any], *, warmup: int = 3, repeats: int = 10, device: str = "cuda",
+            min_warmup_s: float = 0.0) -> list[float]:
+    """Seconds per call of ``fn``: CUDA events around each call on a GPU, perf_counter on the CPU.
+
+    ``min_warmup_s`` (GPU) keeps warming up, back to back, until about that much GPU time has passed:
+    a GPU at its power limit lowers its clocks within tens of milliseconds of sustained load, so a
+    short warm-up measures a burst, not the rate the work is done at.
+    """
     for _ in range(max(0, warmup)):
         fn()
     if device.startswith("cuda"):
         import torch
 
+        if min_warmup_s > 0:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            per_call = start.elapsed_time(end) / 1e3
+            for _ in range(min(100_000, math.ceil(min_warmup_s / per_call) - 1) if per_call > 0 else 0):
+                fn()
         torch.cuda.synchronize()
         pairs = []
         for _ in range(repeats):
@@ -320,8 +335,11 @@ class Timer:
         self.device = device
         self.telemetry = telemetry or Telemetry()
 
+    #: GPU warm-up before the timed repeats: long enough to reach the clocks sustained load runs at.
+    min_warmup_s = 0.2
+
     def _timed(self, fn: Callable[[], Any], warmup: int, repeats: int) -> list[float]:
-        return time_fn(fn, warmup=warmup, repeats=repeats, device=self.device)
+        return time_fn(fn, warmup=warmup, repeats=repeats, device=self.device, min_warmup_s=self.min_warmup_s)
 
     def __call__(self, fn: Callable[[], Any], *, warmup: int = 3, repeats: int = 10) -> Timing:
         before = self.telemetry.clocks()

@@ -425,3 +425,20 @@ def test_saved_file_keeps_its_permissions(store: BaselineStore) -> None:
     path.chmod(0o664)
     store.save([rec(150.0)])
     assert path.stat().st_mode & 0o777 == 0o664
+
+
+def test_energy_entries_get_at_least_the_energy_tolerance(tmp_path: Path) -> None:
+    from pytest_mig.baselines import KIND_MIN_TOLERANCE
+    from pytest_mig.measure import Metric as _Metric
+    from pytest_mig.results import ResultRecord as _Record
+
+    target = {"kind": "full", "profile": "full", "gpu_name": "NVIDIA H200", "gpu_slug": "nvidia-h200",
+              "emulated": False, "baseline_profile": "full"}
+    records = [_Record("t", _Metric("j_per_tflop", 1.0, "J/TFLOP", "lower", [], kind="energy"), target, {}),
+               _Record("t", _Metric("tflops", 1.0, "TFLOPS", "higher", [], kind="tensor"), target, {})]
+    store = BaselineStore(tmp_path)
+    store.save(records, default_tolerance=0.05)
+    base = store.load("nvidia-h200", "full")
+    assert base is not None
+    assert base.get("t", "j_per_tflop").tolerance == KIND_MIN_TOLERANCE["energy"] > 0.05
+    assert base.get("t", "tflops").tolerance == 0.05
