@@ -9,6 +9,12 @@ measure), the ratio between each pair of adjacent profiles of the ladder is comp
 * ``memory``: memory slices.  Bandwidth (kind ``memory``) always follows memory slices, and
   emulated bandwidth is left out, since emulation does not partition memory bandwidth.
 
+A ratio short of its ideal because the bigger profile was power- or thermal-throttled while the
+smaller was not (an H200 at its 700 W limit with 132 SMs busy, not with 64) is reported as
+``power-limited``, not failed, when the ratio is within tolerance of the ideal scaled by the two
+SM clocks read after the measurements (or, without clocks, when the bigger profile alone was
+throttled): the board's power limit is no driver regression.
+
 The ladder holds one profile per compute-slice count (1g, 2g, 3g, 4g, 7g, then the whole GPU): the
 smallest-memory one (1g.18gb, not its 1g.35gb or +me variants, which are reported as left out).
 
@@ -44,6 +50,7 @@ from fractions import Fraction
 from typing import Any, Iterable, Mapping, Sequence
 
 from .measure import Metric
+from .baselines import throttle_reasons
 from .profiles import CPU, FULL, Basis, GpuModel, ProfileError, ProfileSpec, ladder, lookup_model, model_slug, parse_profile
 from .results import ResultRecord
 
@@ -78,6 +85,8 @@ class Rung:
     value: float
     n: int = 1  # records merged (median) into this rung
     source: str = "run"  # "run" or "baseline"
+    throttled: tuple[str, ...] = ()  # power or thermal throttle reasons seen while it was measured
+    clock_mhz: float | None = None  # SM clock read right after the measurement (sustained load)
 
     @property
     def is_full(self) -> bool:
@@ -104,10 +113,23 @@ class ScalingRow:
     deviation: float  # ratio / ideal - 1
     tolerance: float
     note: str = ""
+    power_limited: tuple[str, ...] = ()  # the bigger profile was throttled and the smaller was not
+
+    @property
+    def within(self) -> bool:
+        return abs(self.deviation) <= self.tolerance
 
     @property
     def ok(self) -> bool:
-        return abs(self.deviation) <= self.tolerance
+        """Within tolerance; or short of the ideal only because the bigger profile hit the board's
+        power or thermal limit (reported, not failed: a power cap is no driver regression)."""
+        return self.within or (self.deviation < 0 and bool(self.power_limited))
+
+    @property
+    def result(self) -> str:
+        if self.within:
+            return "ok"
+        return "power-limited" if self.ok else "FAIL"
 
     @property
     def pair(self) -> str:
@@ -120,7 +142,7 @@ class ScalingRow:
             "value_bigger": self.value_bigger, "value_smaller": self.value_smaller, "unit": self.unit,
             "ratio": round(self.ratio, 4), "ideal": round(self.ideal, 4),
             "deviation_pct": round(self.deviation * 100, 2), "tolerance_pct": round(self.tolerance * 100, 2),
-            "ok": self.ok, "note": self.note,
+            "ok": self.ok, "result": self.result, "power_limited": list(self.power_limited), "note": self.note,
         }
 
 
@@ -172,7 +194,7 @@ class ScalingReport:
             return "(no scaling ratios)"
         table = [
             [r.gpu, r.test, r.metric, r.family, r.pair, f"{r.ratio:.3f}", f"{r.ideal:.3f} ({r.basis})",
-             f"{round(r.deviation * 100, 1) + 0.0:+.1f}%", f"±{r.tolerance * 100:.0f}%", "ok" if r.ok else "FAIL",
+             f"{round(r.deviation * 100, 1) + 0.0:+.1f}%", f"±{r.tolerance * 100:.0f}%", r.result,
              r.note]
             for r in chosen
         ]
@@ -206,10 +228,12 @@ def _rung(record: ResultRecord, model: GpuModel | None, family: str, source: str
     t = record.target
     profile = str(t.get("profile") or "")
     sms = t.get("sms_obtained") or t.get("sms")
+    throttled = tuple(throttle_reasons(record.metric.info))
+    clock = _clock_after(record.metric.info)
     if profile == FULL:
         top = ladder(model.profiles)[-1] if model else None
         return Rung(FULL, top.slices if top else None, int(sms or (model.sms if model else 0)) or None,
-                    Fraction(1), record.metric.value, 1, source)
+                    Fraction(1), record.metric.value, 1, source, throttled, clock)
     try:
         parsed = parse_profile(profile)
     except ProfileError:
@@ -219,7 +243,7 @@ def _rung(record: ResultRecord, model: GpuModel | None, family: str, source: str
         sms = spec.sms
     name = str(parsed).replace("+me", "")  # the media-engine twin has the same compute and memory
     return Rung(name, parsed.compute_slices, int(sms) if sms else None,
-                spec.memory_fraction if spec else None, record.metric.value, 1, source)
+                spec.memory_fraction if spec else None, record.metric.value, 1, source, throttled, clock)
 
 
 def _ideal(big: Rung, small: Rung, basis: Basis, model: GpuModel | None) -> tuple[float | None, str]:
@@ -345,13 +369,40 @@ def check_scaling(
                 sources = {big.source, small.source} - {"run"}
                 if sources:
                     note = (note + "; " if note else "") + "other profile from the stored baseline"
+                limited = _power_limited(big, small, ratio, ideal, tol)
+                if limited:
+                    note = (note + "; " if note else "") + f"{big.profile} slower clocked: {limited[0]}"
                 report.rows.append(ScalingRow(
                     gpu_name, first.test, m.name, m.kind, family, fam_basis, big.profile, small.profile,
-                    big.value, small.value, m.unit, ratio, ideal, ratio / ideal - 1, tol, note))
+                    big.value, small.value, m.unit, ratio, ideal, ratio / ideal - 1, tol, note, limited))
         if not checked_any and not any(s.startswith(label + " on") for s in report.skipped):
             profs = sorted({str(r.target.get("baseline_profile") or r.target.get("profile")) for r in recs})
             report.skipped.append(f"{label} on {gpu_name}: only {', '.join(profs)} measured")
     return report
+
+
+def _clock_after(info: Mapping[str, Any] | None) -> float | None:
+    clocks = (info or {}).get("clocks") or {}
+    after = clocks.get("after") if isinstance(clocks, Mapping) else None
+    value = after.get("sm_clock_mhz") if isinstance(after, Mapping) else None
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
+def _power_limited(big: Rung, small: Rung, ratio: float, ideal: float, tol: float) -> tuple[str, ...]:
+    """Why a ratio short of its ideal is the board's limit, not the profile's: the bigger profile
+    ran at a lower SM clock (power or thermal capping) and the ratio is within tolerance of the
+    ideal scaled by the two clocks; without clocks, the bigger one alone throttled."""
+    if ratio >= ideal * (1 - tol):
+        return ()
+    if big.clock_mhz and small.clock_mhz:
+        if big.clock_mhz < 0.98 * small.clock_mhz:
+            adjusted = ideal * big.clock_mhz / small.clock_mhz
+            if abs(ratio / adjusted - 1) <= tol:
+                return (f"SM clock {big.clock_mhz:.0f} vs {small.clock_mhz:.0f} MHz "
+                        f"(clock-scaled ideal {adjusted:.3f})",)
+        return ()
+    reasons = tuple(t for t in big.throttled if t not in small.throttled)
+    return (f"throttled ({', '.join(reasons)})",) if reasons else ()
 
 
 def _main_rungs(rungs: list[Rung]) -> tuple[list[Rung], list[Rung]]:
@@ -386,8 +437,10 @@ def _rungs(records: list[ResultRecord], model: GpuModel | None, family: str, sou
     for same in by_profile.values():
         r = same[0]
         if len(same) > 1:  # several runs or nodes of one profile: their median
+            reasons = tuple(dict.fromkeys(t for x in same for t in x.throttled))
+            clocks = [x.clock_mhz for x in same if x.clock_mhz]
             r = Rung(r.profile, r.slices, r.sms, r.memory_fraction, statistics.median(x.value for x in same),
-                     len(same), r.source)
+                     len(same), r.source, reasons, statistics.median(clocks) if clocks else None)
         out.append(r)
     return out
 

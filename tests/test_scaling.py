@@ -391,3 +391,25 @@ def test_a_metric_the_workload_exempts_is_not_scaling_checked() -> None:
     for r in fixed:
         r.metric.info["scaling"] = True
     assert [r.ok for r in check_scaling(fixed).rows] == [False]
+
+
+def test_a_bigger_profile_at_the_power_limit_is_reported_not_failed() -> None:
+    """The H200 sweep: 7g at 1485 MHz (sw_power_cap), 4g at 1980 MHz; 673/425 = 1.58 for 132/64 SMs."""
+    def clocked(mhz: int, reasons: list[str]) -> dict:
+        return {"clocks": {"after": {"sm_clock_mhz": mhz, "throttle_reasons": reasons, "throttled": bool(reasons)}}}
+
+    small = rec("4g.71gb", 425.0, kind="tensor", name="bf16_tflops", target_kind="emulated", sms_obtained=64)
+    big = rec("7g.141gb", 673.0, kind="tensor", name="bf16_tflops", target_kind="emulated", sms_obtained=132)
+    assert [r.result for r in check_scaling([small, big]).rows] == ["FAIL"]
+    small.metric.info.update(clocked(1980, []))
+    big.metric.info.update(clocked(1485, ["sw_power_cap"]))
+    (row,) = check_scaling([small, big]).rows
+    assert row.ok and row.result == "power-limited" and "SM clock 1485 vs 1980 MHz" in row.note
+    big.metric.value = 500.0  # far below even the clock-scaled ideal (1.547): a real loss
+    assert [r.result for r in check_scaling([small, big]).rows] == ["FAIL"]
+    big.metric.value = 673.0
+    big.metric.info.update(clocked(1980, ["sw_power_cap"]))  # same clock: the cap does not explain the gap
+    assert [r.result for r in check_scaling([small, big]).rows] == ["FAIL"]
+    del small.metric.info["clocks"], big.metric.info["clocks"]  # no clocks: the bigger alone throttled
+    big.metric.info.update({"clocks": {"after": {"throttle_reasons": ["sw_power_cap"], "throttled": True}}})
+    assert [r.result for r in check_scaling([small, big]).rows] == ["power-limited"]

@@ -733,9 +733,10 @@ def _metrics(timing: Timing, atoms: int, steps: int, precision: str, info: dict[
     }
     return [
         Metric(f"{tag}_atom_steps_per_s", statistics.median(rates), "atom-steps/s", "higher", rates, kind="simulation",
-               info=unit_info),
+               info={**unit_info, **({"clocks": timing.clocks} if timing.clocks else {})}),
         Metric(f"{tag}_ns_per_day", ns_per_day(statistics.median(step_rates), setup, units), "ns/day", "higher",
-               [ns_per_day(r, setup, units) for r in step_rates], kind="simulation", info=unit_info),
+               [ns_per_day(r, setup, units) for r in step_rates], kind="simulation",
+               info={**unit_info, "scaling": False}),  # the system grows with the Target: atom-steps/s scales
         Metric(f"{tag}_ms_per_step", timing.median / steps * 1e3, "ms", "lower",
                [s / steps * 1e3 for s in timing.samples], kind="info", compare=False, info={"steps_per_call": steps}),
         Metric(f"{tag}_energy_drift_per_1000_steps", info["energy_drift_per_1000_steps"], "relative", "lower", [],
@@ -974,7 +975,8 @@ def run_gromacs(target: Target, timer: Timer | None = None, *, quick: bool = Fal
         "stopped_by_maxh": "Run time exceeded" in log,
     }
     return [
-        Metric("gmx_ns_per_day", perf.ns_per_day, "ns/day", "higher", [], kind="simulation", info=info),
+        Metric("gmx_ns_per_day", perf.ns_per_day, "ns/day", "higher", [], kind="simulation",
+               info={**info, "scaling": False}),
         Metric("gmx_atom_steps_per_s", atoms * steps_per_s, "atom-steps/s", "higher", [], kind="simulation", info=info),
         Metric("gmx_atoms", atoms, "atoms", "higher", [], kind="info", compare=False, info={"fcc_cells": cells}),
     ]
