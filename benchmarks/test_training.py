@@ -8,7 +8,8 @@ batch size, peak allocated and reserved memory, energy per token and service uni
 a model whose loss does not fall fails, a case that cannot fit the slice is skipped with the reason.
 
 The ``-compiled`` case runs its measured steps through torch.compile (about 20 s of compilation on
-a whole H200); it has its own test id, so compiled figures never meet an eager baseline.
+a whole H200; run on Targets of 60 SMs or more); it has its own test id, so compiled figures never
+meet an eager baseline.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ CASES = (
 
 
 def _param(case: Case) -> object:
-    marks = [pytest.mark.mig_gpu_only] if case.compiled else []
+    # torch.compile's ~20 s of compilation would dominate a small slice's run: 3g-sized and up.
+    marks = [pytest.mark.mig_gpu_only, pytest.mark.mig_min_sms(60)] if case.compiled else []
     return pytest.param(case, id=case.id, marks=marks)
 
 

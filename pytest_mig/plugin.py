@@ -231,6 +231,18 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         from .emulation import Emulator
 
         state.emulator = Emulator(0)
+        # Create every profile's green context now, so the header says how many SMs each really got
+        # (not when only collecting).
+        checked = []
+        for t in ([] if session.config.option.collectonly else plan.targets):
+            try:
+                with state.emulator.activate(t) as active:
+                    checked.append(replace(t, sms_obtained=active.sms_obtained,
+                                           verified=f"{t.verified}: {active.verified}"))
+            except Exception as exc:  # the driver refused the green context: one sentence, no traceback
+                raise pytest.UsageError(f"--mig-emulate: a green context for {t.profile} ({t.sms} SMs) could not "
+                                        f"be created on this GPU: {exc}") from None
+        plan.targets = checked or plan.targets
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -255,6 +267,9 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         lines.append("pytest-mig: emulation partitions SMs only (green context) and caps memory; memory bandwidth, L2 "
                      "and copy engines stay shared, so bandwidth figures are labelled emulated and left out of "
                      "scaling checks")
+    if plan.sweep and t.emulated:
+        got = ", ".join(f"{x.profile} {x.sms} -> {x.sms_obtained or '?'}" for x in plan.targets)
+        lines.append(f"pytest-mig: green contexts, SMs asked -> obtained: {got}")
     lines.append(f"pytest-mig: check: {t.verified}")
     return lines
 
@@ -326,8 +341,9 @@ def _skip_reason(item: pytest.Item, t: Target) -> str | None:
         return "needs a GPU; this run is on the CPU"
     if need_gib is not None and not t.is_cpu and (t.memory_bytes or 0) < need_gib * 2**30:
         return f"needs {need_gib:g} GiB; {t.profile} has {(t.memory_bytes or 0) / 2**30:.1f} GiB"
-    if need_sms is not None and not t.is_cpu and (t.effective_sms or 0) < need_sms:
-        return f"needs {need_sms:g} SMs; {t.profile} has {t.effective_sms}"
+    profile_sms = t.sms or t.effective_sms  # the profile's SMs, not what a green context rounded them to
+    if need_sms is not None and not t.is_cpu and (profile_sms or 0) < need_sms:
+        return f"needs {need_sms:g} SMs; {t.profile} has {profile_sms}"
     return None
 
 

@@ -380,14 +380,15 @@ def test_emulating_one_profile(pytester: pytest.Pytester, emulation: Any) -> Non
         "pytest-mig: GPU 0: NVIDIA H200, driver 580.159.04, CUDA 13.0, VBIOS 96.00.A5.00.1A, torch *",
         f"pytest-mig: profile 1g.18gb (emulated) {topo.H200_GPU0}, chosen by emulation",
         "pytest-mig: emulation partitions SMs only (green context) and caps memory; *",
-        "pytest-mig: check: CUDA sees the whole GPU (132 SMs); the green context limits it",
+        "pytest-mig: check: CUDA sees the whole GPU (132 SMs); the green context limits it: "
+        "stand-in green context: 16 SMs asked, 16 obtained",
         "*",
         "kind emulated device cuda:0 profile 1g.18gb",
         f"sms 16 obtained 16 memory {16 * 2**30}",
         "verified stand-in green context: 16 SMs asked, 16 obtained",
         f"pinned {topo.H200_GPU0} sweep False",
     ])
-    assert emulation.activated == ["1g.18gb"]
+    assert emulation.activated == ["1g.18gb", "1g.18gb"]  # at session start (for the header), then for the test
 
 
 SWEEP_TESTS = """
@@ -430,7 +431,8 @@ def test_the_sweep_runs_each_profile_in_its_own_green_context(pytester: pytest.P
                                  "ran 4g.71gb 64 64", "ran 7g.141gb 132 132"])
     result.stdout.fnmatch_lines(["SKIPPED * test_sweep.py:*: needs 32 SMs; 1g.18gb has 16",
                                  "SKIPPED * test_sweep.py:*: needs 32 SMs; 1g.35gb has 26"])
-    assert emulation.activated == SWEEP + SWEEP[2:]  # test_each over all, test_big where it fits
+    # each context once at session start (for the header), then test_each over all, test_big where it fits
+    assert emulation.activated == SWEEP + SWEEP + SWEEP[2:]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -212,7 +212,7 @@ def test_an_emulated_profile_is_saved_apart_from_real_slices(h200: Callable[...,
     h200("--mig-save-baseline").assert_outcomes(passed=1)  # the whole GPU first
     result = pytester.runpytest("--mig-profile", "3g.71gb", "--mig-emulate", "--mig-save-baseline", *QUIET)
     result.assert_outcomes(passed=1)
-    assert stand_in_emulator.activated == ["3g.71gb"]
+    assert stand_in_emulator.activated == ["3g.71gb", "3g.71gb"]  # for the header, then for the test
     doc = json.loads(baseline_path(pytester, profile="3g.71gb-emulated").read_text())
     assert (doc["profile"], doc["emulated"]) == ("3g.71gb-emulated", True)
     assert sorted(p.name for p in baseline_path(pytester).parent.iterdir()) == ["3g.71gb-emulated.json", "full.json"]
