@@ -68,12 +68,19 @@ class ResultRecord:
 def atomic_write_text(path: Path, text: str) -> None:
     """Write via a temporary file in the same folder and rename: a reader never sees half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    try:  # keep an existing file's permissions; a new one gets what open() would give it (0666 & ~umask)
+        mode = path.stat().st_mode & 0o777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, mode)  # mkstemp creates 0600: reports and results are read by the whole team
         os.replace(tmp, path)
     except BaseException:
         try:

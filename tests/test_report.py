@@ -270,3 +270,23 @@ def test_records_frame_has_every_column() -> None:
     frame = records_frame([rec(1.0, verdict=verdict("pass", 1.0, 0.0))])
     assert list(frame.columns) == list(COLUMNS)
     assert frame.loc[0, "verdict"] == "pass" and frame.loc[0, "gpu"] == "NVIDIA H200"
+
+
+def test_reports_are_readable_by_the_team_not_only_their_writer(tmp_path: Path) -> None:
+    import os
+    import stat
+
+    from pytest_mig.results import atomic_write_text
+
+    old = os.umask(0o022)
+    try:
+        fresh = tmp_path / "fresh.md"
+        atomic_write_text(fresh, "x\n")
+        assert stat.S_IMODE(fresh.stat().st_mode) == 0o644
+        kept = tmp_path / "kept.md"
+        kept.write_text("old\n")
+        os.chmod(kept, 0o640)
+        atomic_write_text(kept, "new\n")
+        assert stat.S_IMODE(kept.stat().st_mode) == 0o640 and kept.read_text() == "new\n"
+    finally:
+        os.umask(old)
