@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_mig.baselines import BaselineStore
-from pytest_mig.plugin import baseline_dir
+from pytest_mig.plugin import add_summary_section, baseline_dir
 from pytest_mig.results import ResultRecord
 from pytest_mig.scaling import check_scaling
 
@@ -35,5 +35,11 @@ def test_scaling_against_ideal(mig_run_results: list[ResultRecord], request: pyt
     request.node.add_report_section("call", "mig scaling", table)
     if not report.rows:
         pytest.skip(report.skip_reason())
+    add_summary_section(request.config, "pytest-mig scaling against ideal", table)
+    plot = request.config.getoption("mig_scaling_plot", default=None)
+    if plot:
+        from pytest_mig.report import plot_scaling
+
+        add_summary_section(request.config, "pytest-mig scaling plot", str(plot_scaling(report, plot)))
     if report.failures:
         pytest.fail(report.failure_text(), pytrace=False)

@@ -66,6 +66,7 @@ class RunState:
     errors: list[str] = field(default_factory=list)  # make the run fail (a baseline that could not be saved)
     messages: list[str] = field(default_factory=list)
     baseline_errors: list[str] = field(default_factory=list)
+    sections: list[tuple[str, str]] = field(default_factory=list)  # (title, text) for the terminal summary
 
 
 STATE = pytest.StashKey[RunState]()
@@ -106,6 +107,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--mig-scaling-results", dest="mig_scaling_results", nargs="+", default=[], help=HELP_SCALING_RESULTS)
     g.addoption("--mig-su-coefficients", dest="mig_su_coefficients", default=None, help=HELP_SU)
     g.addoption("--mig-su-allocation", dest="mig_su_allocation", default=None, help=HELP_ALLOCATION)
+    g.addoption("--mig-scaling-plot", dest="mig_scaling_plot", default=None,
+                help="also draw the scaling checks against ideal to this image (.png, .svg, .pdf; needs matplotlib).")
     g.addoption("--mig-scaling-basis", dest="mig_scaling_basis", choices=("slices", "sms", "memory"),
                 default="slices", help=HELP_SCALING_BASIS)
     parser.addini("mig_profile", HELP_PROFILE, default=None)
@@ -195,6 +198,12 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[STATE] = RunState(plan=plan, options=opts)
     su_coefficients(config)  # a malformed value is a usage error now, not in the first benchmark
     su_allocation(config)
+    if config.getoption("mig_scaling_plot"):
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise pytest.UsageError("--mig-scaling-plot needs matplotlib, which is not installed: "
+                                    "pip install 'pytest-mig[plot]'") from None
     report = config.getoption("mig_report")
     if report:  # a report path pytest-mig cannot write is said now, not after an hour of benchmarks
         from .report import ReportError, report_format
@@ -522,9 +531,21 @@ def _save_baseline(config: pytest.Config, state: RunState) -> None:
     state.messages.extend(f"baseline saved: {p}" for p in paths)
 
 
+def add_summary_section(config: pytest.Config, title: str, text: str) -> None:
+    """Print ``text`` under ``title`` in the terminal summary at the end of the run (the scaling table)."""
+    state = config.stash.get(STATE, None)
+    if state is not None:
+        state.sections.append((title, text))
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     state = config.stash.get(STATE, None)
-    if state is None or not state.records:
+    if state is None:
+        return
+    for title, text in state.sections:
+        terminalreporter.section(title)
+        terminalreporter.write_line(text)
+    if not state.records:
         return
     from .report import summary_table
 

@@ -413,3 +413,36 @@ def test_a_bigger_profile_at_the_power_limit_is_reported_not_failed() -> None:
     del small.metric.info["clocks"], big.metric.info["clocks"]  # no clocks: the bigger alone throttled
     big.metric.info.update({"clocks": {"after": {"throttle_reasons": ["sw_power_cap"], "throttled": True}}})
     assert [r.result for r in check_scaling([small, big]).rows] == ["power-limited"]
+
+
+def test_a_passing_scaling_check_prints_its_table_and_draws_the_plot(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fake_pynvml
+
+    fake_pynvml.install(monkeypatch, "no-gpu")
+    pytester.path.joinpath("test_bench_scaling.py").write_text((REPO / "benchmarks" / "test_scaling.py").read_text())
+    one = _results_file(pytester.path / "r1g.json", [rec("1g.18gb", 16.0)])
+    two = _results_file(pytester.path / "r2g.json", [rec("2g.35gb", 32.0)])
+    plot = pytester.path / "scaling.png"
+    quiet = ("-p", "no:hypothesispytest", "-p", "no:cacheprovider")
+    result = pytester.runpytest(*quiet, "--mig-scaling-results", one, two, "--mig-scaling-plot", str(plot))
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*pytest-mig scaling against ideal*", "*2g.35gb / 1g.18gb*2.000*ok*",
+                                 "*pytest-mig scaling plot*", f"*{plot}*"])
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_scaling_plot_without_matplotlib_is_a_usage_error(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    import fake_pynvml
+
+    fake_pynvml.install(monkeypatch, "no-gpu")
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    pytester.makepyfile("def test_x():\n    pass\n")
+    result = pytester.runpytest("-p", "no:hypothesispytest", "--mig-scaling-plot", "s.png")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --mig-scaling-plot needs matplotlib, which is not installed*"])
