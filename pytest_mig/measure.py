@@ -286,6 +286,17 @@ class Timing:
     def stats(self) -> Stats:
         return Stats.of(self.samples)
 
+    def clock_info(self) -> dict[str, Any]:
+        """What a metric's info records of the clocks: the before/after snapshots and whether the
+        GPU was throttled after the measurement (the verdicts and scaling checks read these)."""
+        info: dict[str, Any] = {}
+        if self.clocks:
+            info["clocks"] = self.clocks
+        after = self.clocks.get("after") or {}
+        if "throttled" in after:
+            info["throttled"] = bool(after["throttled"])
+        return info
+
     def rate_samples(self, work: float) -> list[float]:
         """Work per second for each repeat (e.g. FLOPs/s when ``work`` is FLOPs per call)."""
         return [work / s for s in self.samples if s > 0]

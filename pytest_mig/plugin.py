@@ -429,7 +429,8 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     try:
         result = yield
     except DoesNotFit as exc:
-        pytest.skip(str(exc))
+        # reported at the test's own location, not at this line of the plugin
+        raise pytest.skip.Exception(str(exc), _use_item_location=True) from None
     records = item.stash.get(ITEM_RECORDS, [])
     failures = _judge(item, records)
     if records:  # metrics, units and verdicts as JUnit XML properties for CI dashboards

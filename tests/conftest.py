@@ -18,6 +18,7 @@ import pytest
 import fake_pynvml
 import topologies as topo
 from pytest_mig import emulation, nvml, target
+from pytest_mig.measure import Timer
 from pytest_mig.profiles import lookup_model
 from pytest_mig.target import CudaProps, Target
 
@@ -120,3 +121,18 @@ def stand_in_emulator(monkeypatch: pytest.MonkeyPatch) -> type[StandInEmulator]:
     monkeypatch.setattr(StandInEmulator, "activated", [])
     monkeypatch.setattr(emulation, "Emulator", StandInEmulator)
     return StandInEmulator
+
+
+# ------------------------------------------------------------------------------------------------
+# Workload tests: the CPU Target and a plain timer.
+
+
+@pytest.fixture
+def cpu() -> target.Target:
+    """The Target of a run without a GPU: workloads run at their tiny CPU sizes."""
+    return target.Target(kind="cpu", profile="cpu", chosen_by="test")
+
+
+@pytest.fixture
+def timer() -> Timer:
+    return Timer("cpu")

@@ -15,7 +15,7 @@ import shutil
 import pytest
 import torch
 
-from pytest_mig.measure import PowerTrace, Timer, Timing
+from pytest_mig.measure import PowerTrace, Timing
 from pytest_mig.target import Target
 from pytest_mig.workloads import DoesNotFit, WorkloadError, md
 
@@ -29,16 +29,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-
-
-@pytest.fixture
-def cpu() -> Target:
-    return Target(kind="cpu", profile="cpu", chosen_by="test")
-
-
-@pytest.fixture
-def timer() -> Timer:
-    return Timer("cpu")
 
 
 def _gpu(memory_gib: float, sms: int, kind: str = "mig") -> Target:

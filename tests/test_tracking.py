@@ -50,11 +50,6 @@ def small() -> lat.Lattice:
     return lat.generate_lattice(SMALL, seed=1)
 
 
-@pytest.fixture
-def cpu() -> Target:
-    return Target(kind="cpu", profile="cpu", chosen_by="test")
-
-
 # --- the lattice -------------------------------------------------------------------------------
 
 

@@ -21,16 +21,6 @@ from pytest_mig.workloads import training as tr
 GIB = 2**30
 
 
-@pytest.fixture
-def cpu() -> Target:
-    return Target(kind="cpu", profile="cpu", chosen_by="test")
-
-
-@pytest.fixture
-def timer() -> Timer:
-    return Timer("cpu")
-
-
 def _slice(memory_gib: float, sms: int, *, kind: str = "mig", profile: str = "1g.10gb",
            gpu: str = "NVIDIA H100 80GB HBM3") -> Target:
     """A GPU Target that is never touched: only its numbers are read."""

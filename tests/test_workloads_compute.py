@@ -16,21 +16,11 @@ import textwrap
 import pytest
 import torch
 
-from pytest_mig.measure import Metric, Timer, Timing
+from pytest_mig.measure import Metric, Timing
 from pytest_mig.target import Target
 from pytest_mig.workloads import DoesNotFit, WorkloadError, fma, gemm, stream
 
 GIB = 2**30
-
-
-@pytest.fixture
-def cpu() -> Target:
-    return Target(kind="cpu", profile="cpu", chosen_by="test")
-
-
-@pytest.fixture
-def timer() -> Timer:
-    return Timer("cpu")
 
 
 def _slice(memory_gib: float, sms: int, *, kind: str = "mig", profile: str = "1g.10gb",

@@ -372,16 +372,6 @@ def run_gemm(target: Target, timer: Timer, *, dtype: str = "bf16", quick: bool =
     return _metrics(target, prec, timing, flops, best_n, rel_err, peak_gb, peak_source, squares, wide)
 
 
-def _throttle_info(timing: Timing) -> dict[str, Any]:
-    after = timing.clocks.get("after") or {}
-    info: dict[str, Any] = {}
-    if timing.clocks:
-        info["clocks"] = timing.clocks
-    if "throttled" in after:
-        info["throttled"] = bool(after["throttled"])
-    return info
-
-
 def _metrics(
     target: Target,
     prec: GemmPrecision,
@@ -408,7 +398,7 @@ def _metrics(
         "sweep": {str(n[0]): round(t, 4) for n, t, _ in squares},
         "peak_tflops": peak,
         "peak_key": peak_key,
-        **_throttle_info(timing),
+        **timing.clock_info(),
     }
     metrics = [
         Metric(f"{p}_tflops", tflops, "TFLOPS", "higher", samples, kind=prec.kind, info=info),

@@ -911,22 +911,12 @@ def _peak_memory(cuda: bool, estimate: MemoryEstimate) -> tuple[float, float, st
     return estimate.total, estimate.total, "estimate (the CPU keeps no allocator statistics)"
 
 
-def _throttle_info(timing: Timing) -> dict[str, Any]:
-    after = timing.clocks.get("after") or {}
-    info: dict[str, Any] = {}
-    if timing.clocks:
-        info["clocks"] = timing.clocks
-    if "throttled" in after:
-        info["throttled"] = bool(after["throttled"])
-    return info
-
-
 def _metrics(target: Target, cfg: ModelConfig, mode: str, run: _Run, info: dict[str, Any], trainable: int) -> list[Metric]:
     tokens = run.batch * cfg.seq_len
     rates = run.timing.rate_samples(tokens)
     tok_s = statistics.median(rates)
     steps = list(run.timing.samples)
-    info = {**info, **_throttle_info(run.timing)}
+    info = {**info, **run.timing.clock_info()}
     # Scaling between profiles is judged on tokens/s at the largest batch each profile holds: a fixed
     # small batch underuses a big profile (Columbia/IBM's finding), and step time follows the batch.
     scaling = info.get("batch_policy") == "maxbatch"
