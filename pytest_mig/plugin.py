@@ -67,6 +67,8 @@ class RunState:
     messages: list[str] = field(default_factory=list)
     baseline_errors: list[str] = field(default_factory=list)
     sections: list[tuple[str, str]] = field(default_factory=list)  # (title, text) for the terminal summary
+    su: Any = None  # cost.SUCoefficients of the run
+    allocation: tuple[float, float] = (1.0, 4.0)  # (CPUs, RAM GB) billed with the GPU
 
 
 STATE = pytest.StashKey[RunState]()
@@ -77,14 +79,16 @@ ITEM_RECORDS = pytest.StashKey[list[ResultRecord]]()
 
 
 def _tolerance(text: str) -> float:
+    """verdict.parse_tolerance's reading ('5%' or '0.05'), below 100%, as an argparse type."""
     import argparse
 
-    t = text.strip()
+    from .verdict import parse_tolerance
+
     try:
-        value = float(t[:-1]) / 100 if t.endswith("%") else float(t)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a tolerance: use a fraction like 0.05 or a percent like 5%")
-    if not 0 <= value < 1:
+        value = parse_tolerance(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value >= 1:
         raise argparse.ArgumentTypeError(f"tolerance {text} is out of range: it must be at least 0 and below 100%")
     return value
 
@@ -196,8 +200,9 @@ def pytest_configure(config: pytest.Config) -> None:
     except SelectionError as exc:
         raise pytest.UsageError(str(exc)) from None
     config.stash[STATE] = RunState(plan=plan, options=opts)
-    su_coefficients(config)  # a malformed value is a usage error now, not in the first benchmark
-    su_allocation(config)
+    # parsed once, here: a malformed value is a usage error now, not in the first benchmark
+    state = config.stash[STATE]
+    state.su, state.allocation = su_coefficients(config), su_allocation(config)
     if config.getoption("mig_scaling_plot"):
         try:
             import matplotlib  # noqa: F401
@@ -404,7 +409,7 @@ def mig_bench(request: pytest.FixtureRequest, benchmark: Any, mig_device: Target
         state.records.append(rec)
 
     return MigBench(benchmark, mig_device, telemetry, sink, quick=bool(request.config.getoption("mig_quick")),
-                    su=su_coefficients(request.config), allocation=su_allocation(request.config))
+                    su=state.su, allocation=state.allocation)
 
 
 @pytest.fixture(scope="session")

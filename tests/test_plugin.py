@@ -549,3 +549,55 @@ def test_the_pin_in_a_fresh_process(pytester: pytest.Pytester, mig_env: pytest.M
     result.stdout.fnmatch_lines([f"pytest-mig: profile 1g.10gb (mig) {topo.H100_1G[0]}, "
                                  "chosen by plugin (free instance)"])
     assert "CUDA_VISIBLE_DEVICES" not in os.environ  # the child's pin stays in the child
+
+
+@pytest.mark.parametrize("value, sentence", [
+    ("lots", "*--mig-tolerance*tolerance 'lots' is not a number*"),
+    ("150%", "*--mig-tolerance*out of range*below 100%*"),
+    ("1", "*--mig-tolerance*out of range*below 100%*"),
+    ("7", "*--mig-tolerance*ambiguous*7%*"),
+])
+def test_a_bad_tolerance_is_refused_with_its_reason(pytester: pytest.Pytester, machine: Callable[..., None],
+                                                    value: str, sentence: str) -> None:
+    machine("no-gpu")
+    pytester.makepyfile("def test_x():\n    pass\n")
+    result = run(pytester, "--mig-tolerance", value)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([sentence])
+
+
+COST_TEST = """
+def test_cost(mig_bench):
+    metrics = mig_bench.cost(100.0, "token")
+    per_hour = next(m for m in metrics if m.name == "su_per_hour")
+    print("SU/h", per_hour.value, per_hour.info["coefficients"])
+"""
+
+
+@pytest.mark.parametrize("args, env, expected", [
+    ((), {}, "*SU/h 1.0 cpu=1,ram_gb=4,gpu=16,gpu_mem_gb=80"),  # Wulver's 1 CPU, 4 GB; the CPU holds no GPU memory
+    (("--mig-su-allocation", "cpus=4,ram_gb=32"), {}, "*SU/h 8.0 *"),  # max(4, 32/4)
+    ((), {"SLURM_CPUS_PER_TASK": "6", "SLURM_MEM_PER_NODE": "8192"}, "*SU/h 6.0 *"),  # Slurm's allocation
+    (("--mig-su-coefficients", "cpu=2"), {}, "*SU/h 2.0 cpu=2,*"),
+])
+def test_service_units_follow_the_options_and_slurm(pytester: pytest.Pytester, machine: Callable[..., None],
+                                                    monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...],
+                                                    env: dict[str, str], expected: str) -> None:
+    machine("no-gpu")
+    for key in ("SLURM_CPUS_PER_TASK", "SLURM_MEM_PER_NODE"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    pytester.makepyfile(COST_TEST)
+    result = run(pytester, "-s", "--mig-results", "none", *args)
+    assert result.ret == 0
+    result.stdout.fnmatch_lines([expected])
+
+
+@pytest.mark.parametrize("option, value", [("--mig-su-coefficients", "gpu=lots"),
+                                           ("--mig-su-allocation", "cpus=-1")])
+def test_malformed_service_unit_options_are_usage_errors(pytester: pytest.Pytester, machine: Callable[..., None],
+                                                         option: str, value: str) -> None:
+    machine("no-gpu")
+    pytester.makepyfile("def test_x():\n    pass\n")
+    assert value in usage_error(run(pytester, option, value))
