@@ -136,3 +136,14 @@ def cpu() -> target.Target:
 @pytest.fixture
 def timer() -> Timer:
     return Timer("cpu")
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """For tiny CPU workloads: one torch thread is faster than a team (and immune to a loaded machine)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

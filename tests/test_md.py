@@ -22,13 +22,7 @@ from pytest_mig.workloads import DoesNotFit, WorkloadError, md
 GIB = 2**30
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """These systems are tiny: one thread is faster than a team (and immune to a loaded machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny arrays: one thread beats a team
 
 
 def _gpu(memory_gib: float, sms: int, kind: str = "mig") -> Target:

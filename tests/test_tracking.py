@@ -10,7 +10,6 @@ Triton's interpreter where Triton is importable.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import math
 import os
 import subprocess
@@ -20,6 +19,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
+from triton_support import needs_triton
 
 from pytest_mig.measure import Timer, Timing
 from pytest_mig.target import Target
@@ -31,13 +31,7 @@ GIB = 2**30
 SMALL = lat.LHC.scaled(1 / 64)  # ~300 elements: quick to track in NumPy
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny arrays: one thread is faster than a team (and immune to a loaded machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny arrays: one thread beats a team
 
 
 @pytest.fixture(scope="module")
@@ -295,18 +289,6 @@ def test_a_cern_size_that_does_not_fit_is_skipped():
 
 
 # --- the Triton kernel, under the interpreter ----------------------------------------------------
-
-
-def _triton_importable() -> bool:
-    if importlib.util.find_spec("triton") is None:
-        return False
-    probe = subprocess.run([sys.executable, "-c", "import triton.language"], capture_output=True, timeout=120,
-                           check=False)
-    return probe.returncode == 0
-
-
-needs_triton = pytest.mark.skipif(not _triton_importable(),
-                                  reason="Triton is not installed (CI installs only the project's dependencies)")
 
 
 @needs_triton

@@ -7,7 +7,6 @@ through Triton's interpreter where Triton is installed.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import textwrap
 
 import pytest
 import torch
+from triton_support import needs_triton
 
 from pytest_mig.measure import Metric, Timing
 from pytest_mig.target import Target
@@ -261,17 +261,6 @@ def test_fma_pct_of_peak_from_measured_clock_then_max_clock():
     unknown_cc = _slice(**H100_1G, cc=(7, 0))
     assert [m.name for m in fma._metrics(unknown_cc, fma.FMA_PRECISIONS["fp32"], no_clock, flops, {})] == [
         "fp32_fma_tflops"]
-
-
-def _triton_importable() -> bool:
-    if importlib.util.find_spec("triton") is None:
-        return False
-    probe = subprocess.run([sys.executable, "-c", "import triton.language"], capture_output=True, timeout=120)
-    return probe.returncode == 0
-
-
-needs_triton = pytest.mark.skipif(not _triton_importable(),
-                                  reason="Triton is not installed (CI installs only the project's dependencies)")
 
 
 @needs_triton
