@@ -29,7 +29,7 @@ from filelock import FileLock, Timeout
 
 from .measure import METRIC_KINDS, Metric
 from .profiles import CPU, FULL, model_slug
-from .results import ResultRecord, atomic_write_text, utc_now
+from .results import MODES, ResultRecord, atomic_write_text, utc_now
 
 BASELINE_SCHEMA = "pytest-mig/baseline/1"
 
@@ -109,6 +109,7 @@ class BaselineEntry:
     recorded_at: str = ""
     fingerprint: dict[str, Any] = field(default_factory=dict)  # what it was recorded under
     throttled: list[str] = field(default_factory=list)  # throttle reasons seen while recording
+    mode: str = "normal"  # "normal" or "quick": recorded with --mig-quick (other sizes) or not
 
     def to_dict(self, file_fingerprint: Mapping[str, Any] | None = None) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -120,6 +121,7 @@ class BaselineEntry:
             "spread": self.spread.to_dict() if self.spread else None,
             "samples": [_round(s) for s in self.samples],
             "recorded_at": self.recorded_at,
+            "mode": self.mode,
         }
         # An entry kept from an older save remembers its own fingerprint; others share the file's.
         if self.fingerprint and dict(self.fingerprint) != dict(file_fingerprint or {}):
@@ -255,6 +257,7 @@ def entry_from_record(record: ResultRecord, tolerance: float | None = None) -> B
         recorded_at=record.timestamp,
         fingerprint=dict(record.fingerprint or {}),
         throttled=throttle_reasons(m.info),
+        mode=record.mode,
     )
 
 
@@ -422,7 +425,7 @@ def _records_of(base: Baseline) -> Iterator[ResultRecord]:
     for e in base.entries.values():
         metric = Metric(e.metric, e.value, e.unit, e.direction, list(e.samples), e.kind)  # type: ignore[arg-type]
         yield ResultRecord(e.test, metric, dict(target), dict(e.fingerprint or meta.fingerprint),
-                           e.recorded_at, node="baseline")
+                           e.recorded_at, node="baseline", mode=e.mode)
 
 
 # -- strict reading ------------------------------------------------------------------------------
@@ -520,11 +523,14 @@ def load_baseline_file(path: Path) -> Baseline:
                 raise BaselineError(
                     f"{path}: {where} has kind {json.dumps(kind)}; use one of {', '.join(METRIC_KINDS)}"
                 )
+            mode = e.get("mode") or "normal"  # files saved before modes were recorded: normal runs
+            if mode not in MODES:
+                raise BaselineError(f"{path}: {where} has mode {json.dumps(mode)}; use \"normal\" or \"quick\"")
             entries[(test, name)] = BaselineEntry(
                 test=test, metric=name, value=float(value or 0.0), unit=unit, direction=e["direction"],
                 kind=str(kind), tolerance=tol, spread=spread,
                 samples=[float(s or 0.0) for s in samples], recorded_at=str(e.get("recorded_at") or ""),
-                fingerprint=dict(fp), throttled=[str(t) for t in throttled],
+                fingerprint=dict(fp), throttled=[str(t) for t in throttled], mode=str(mode),
             )
     return Baseline(meta, entries, str(doc.get("updated_at") or ""))
 

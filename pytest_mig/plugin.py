@@ -404,7 +404,8 @@ def mig_bench(request: pytest.FixtureRequest, benchmark: Any, mig_device: Target
 
     def sink(metric: Metric) -> None:
         rec = ResultRecord(test=_test_key(item, mig_device), metric=metric, target=mig_device.to_dict(),
-                           fingerprint=dict(state.fingerprint))
+                           fingerprint=dict(state.fingerprint),
+                           mode="quick" if request.config.getoption("mig_quick") else "normal")
         records.append(rec)
         state.records.append(rec)
 

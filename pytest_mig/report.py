@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 #: Columns of every table, in order.
 COLUMNS: tuple[str, ...] = (
     "test", "metric", "value", "unit", "baseline", "change_pct", "verdict", "profile", "gpu", "node",
-    "kind", "direction", "emulated", "timestamp",
+    "kind", "direction", "emulated", "mode", "timestamp",
 )
 
 #: Report file suffixes and the format each one writes.
@@ -65,6 +65,7 @@ def _row(rec: ResultRecord) -> dict[str, Any]:
         "kind": rec.metric.kind,
         "direction": rec.metric.direction,
         "emulated": bool(rec.target.get("emulated")),
+        "mode": rec.mode,
         "timestamp": rec.timestamp,
     }
 
@@ -192,24 +193,26 @@ class Outlier:
     others_median: float
     others: int
     factor: float  # how many times worse
+    mode: str = "normal"
 
     def line(self) -> str:
+        quick = " (quick)" if self.mode == "quick" else ""
         return (f"OUTLIER node {self.node}: {self.test} {self.metric} {format_number(self.value)} {self.unit} "
-                f"on {self.gpu} {self.profile} is {self.factor:.1f}x worse than the median "
+                f"on {self.gpu} {self.profile}{quick} is {self.factor:.1f}x worse than the median "
                 f"{format_number(self.others_median)} {self.unit} of {self.others} other node(s)")
 
 
 def find_outliers(records: Iterable[ResultRecord], factor: float = OUTLIER_FACTOR) -> list[Outlier]:
     """Nodes at least ``factor`` times worse than the median of the other nodes, for the same test,
     metric, GPU model and profile (several records of one node are reduced to their median)."""
-    groups: dict[tuple[str, str, str, str], dict[str, list[ResultRecord]]] = {}
+    groups: dict[tuple[str, str, str, str, str], dict[str, list[ResultRecord]]] = {}
     for r in records:
         if not r.metric.compare or not math.isfinite(r.metric.value):
             continue
-        key = (r.test, r.metric.name, _gpu(r.target), _profile(r.target))
+        key = (r.test, r.metric.name, _gpu(r.target), _profile(r.target), r.mode)  # quick runs measure other sizes
         groups.setdefault(key, {}).setdefault(r.node, []).append(r)
     out: list[Outlier] = []
-    for (test, metric, gpu, profile), nodes in sorted(groups.items()):
+    for (test, metric, gpu, profile, mode), nodes in sorted(groups.items()):
         if len(nodes) < 2:
             continue
         values = {n: statistics.median(x.metric.value for x in rs) for n, rs in nodes.items()}
@@ -221,16 +224,16 @@ def find_outliers(records: Iterable[ResultRecord], factor: float = OUTLIER_FACTO
                 continue
             worse = med / value if first.direction == "higher" else value / med
             if worse >= factor:
-                out.append(Outlier(node, test, metric, gpu, profile, value, first.unit, med, len(others), worse))
+                out.append(Outlier(node, test, metric, gpu, profile, value, first.unit, med, len(others), worse, mode))
     return out
 
 
 def merged_frame(records: Sequence[ResultRecord], outliers: Sequence[Outlier]) -> pd.DataFrame:
     """The merged table with an ``outlier`` column marking the rows of outlier nodes."""
     frame = records_frame(records).sort_values(["test", "metric", "gpu", "profile", "node"], kind="stable")
-    marks = {(o.test, o.metric, o.gpu, o.profile, o.node): f"<< {o.factor:.1f}x worse" for o in outliers}
-    frame["outlier"] = [marks.get((t, m, g, p, n), "") for t, m, g, p, n in
-                        zip(frame["test"], frame["metric"], frame["gpu"], frame["profile"], frame["node"])]
+    marks = {(o.test, o.metric, o.gpu, o.profile, o.mode, o.node): f"<< {o.factor:.1f}x worse" for o in outliers}
+    frame["outlier"] = [marks.get(key, "") for key in zip(frame["test"], frame["metric"], frame["gpu"],
+                                                          frame["profile"], frame["mode"], frame["node"])]
     return frame.reset_index(drop=True)
 
 
@@ -272,6 +275,7 @@ def plot_scaling(report: "ScalingReport", path: Path | str) -> Path:
     fig = Figure(figsize=(5 * ncols, 3.6 * nrows), layout="constrained")
     FigureCanvasAgg(fig)
     ideal_by_pair = {(r.gpu, r.test, r.metric, r.family, r.bigger, r.smaller): r.ideal for r in report.rows}
+    result_by_pair = {(r.gpu, r.test, r.metric, r.family, r.bigger, r.smaller): r.result for r in report.rows}
     for i, g in enumerate(report.groups):
         ax = fig.add_subplot(nrows, ncols, i + 1)
         base = g.rungs[0].value
@@ -283,6 +287,11 @@ def plot_scaling(report: "ScalingReport", path: Path | str) -> Path:
         xs = list(range(len(g.rungs)))
         ax.plot(xs, ideal, "--", color="grey", marker="o", label=f"ideal ({g.basis})")
         ax.plot(xs, measured, "-", color="tab:blue", marker="s", label="measured")
+        for x, (small, big) in enumerate(zip(g.rungs, g.rungs[1:]), start=1):
+            result = result_by_pair.get((g.gpu, g.test, g.metric, g.family, big.profile, small.profile), "ok")
+            if result != "ok":  # FAIL, power-limited, bandwidth-shared: say so at the point
+                ax.annotate(result, (x, measured[x]), textcoords="offset points", xytext=(-4, 6), ha="right",
+                            fontsize=7, color="tab:red" if result == "FAIL" else "tab:orange")
         ax.set_xticks(xs, [r.profile for r in g.rungs], rotation=30, ha="right")
         ax.set_ylabel(f"speed-up over {g.rungs[0].profile}")
         ax.set_title(f"{_short_test(g.test)} {g.metric}\n{g.gpu} ({g.family})", fontsize=9)

@@ -18,6 +18,10 @@ from .measure import Metric
 
 RESULTS_SCHEMA = "pytest-mig/results/1"
 
+#: How a figure was measured: a normal run, or ``--mig-quick`` (smaller sizes, fewer repeats).  The
+#: workloads' sizes differ between the two, so figures of different modes are never compared.
+MODES: tuple[str, ...] = ("normal", "quick")
+
 
 def utc_now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
@@ -34,6 +38,7 @@ class ResultRecord:
     timestamp: str = field(default_factory=utc_now)
     node: str = field(default_factory=lambda: os.uname().nodename)
     verdict: dict[str, Any] | None = None  # filled by the verdict layer
+    mode: str = "normal"  # "normal" or "quick" (--mig-quick): see MODES
 
     @property
     def key(self) -> tuple[str, str]:
@@ -48,6 +53,7 @@ class ResultRecord:
             "timestamp": self.timestamp,
             "node": self.node,
             "verdict": self.verdict,
+            "mode": self.mode,
         }
 
     @classmethod
@@ -62,6 +68,7 @@ class ResultRecord:
             timestamp=str(d.get("timestamp", "")),
             node=str(d.get("node", "")),
             verdict=d.get("verdict"),
+            mode=str(d.get("mode") or "normal"),  # files written before modes were recorded: normal runs
         )
 
 

@@ -235,6 +235,7 @@ CORRUPTIONS: list[tuple[str, Callable[[Path], None], str]] = [
     ("bad direction", lambda p: _edit(p, lambda d: _entry(d).update(direction="up")), 'direction "up"'),
     ("no unit", lambda p: _edit(p, lambda d: _entry(d).pop("unit")), "has no 'unit'"),
     ("bad kind", lambda p: _edit(p, lambda d: _entry(d).update(kind="fast")), 'has kind "fast"'),
+    ("bad mode", lambda p: _edit(p, lambda d: _entry(d).update(mode="fast")), 'has mode "fast"; use "normal" or "quick"'),
     ("string sample", lambda p: _edit(p, lambda d: _entry(d)["samples"].append("x")), 'sample is "x", not a number'),
     ("samples not a list", lambda p: _edit(p, lambda d: _entry(d).update(samples=0)), "samples must be a list"),
     ("spread count", lambda p: _edit(p, lambda d: _entry(d)["spread"].update(n=-1)), "spread n is -1, not a count"),
@@ -264,7 +265,7 @@ def test_a_corrupt_file_is_one_sentence_naming_it_and_never_overwritten(
     assert message.startswith(f"{path}: ")
     assert phrase in message
     assert "\n" not in message and "Traceback" not in message
-    with pytest.raises(BaselineError, match="not valid JSON|must|not a|no '|negative|direction|kind|recorded|"
+    with pytest.raises(BaselineError, match="not valid JSON|must|not a|no '|negative|direction|kind|mode|recorded|"
                                             "emulated|schema|cannot"):
         store.save([rec(149.0)])
     assert path.read_bytes() == broken  # the save refused; the file is as the person left it

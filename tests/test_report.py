@@ -130,7 +130,7 @@ def test_json_report(tmp_path: Path, judged: list[ResultRecord]) -> None:
     assert rows[0] == {
         "test": GEMM, "metric": "fp16_tflops", "value": 138.2, "unit": "TFLOPS", "baseline": 151.7,
         "change_pct": -8.9, "verdict": "regressed", "profile": "3g.71gb", "gpu": "NVIDIA H200", "node": "gpu01",
-        "kind": "tensor", "direction": "higher", "emulated": False, "timestamp": "2025-01-01T00:00:00+00:00",
+        "kind": "tensor", "direction": "higher", "emulated": False, "mode": "normal", "timestamp": "2025-01-01T00:00:00+00:00",
     }
     assert rows[3]["baseline"] is None and rows[3]["change_pct"] is None  # null, not NaN (which is not JSON)
     assert "NaN" not in path.read_text()
@@ -212,6 +212,20 @@ def test_outliers_are_per_test_metric_gpu_and_profile() -> None:
     assert [o.node for o in find_outliers(records)] == ["g"]
 
 
+def test_a_quick_run_is_not_an_outlier_among_normal_runs() -> None:
+    """--mig-quick measures smaller problems; its nodes are compared among themselves."""
+    records = nodes({"a": 100.0, "b": 101.0, "c": 30.0})
+    records[2].mode = "quick"
+    assert find_outliers(records) == []
+    records += nodes({"d": 31.0, "e": 10.0})
+    for r in records[3:]:
+        r.mode = "quick"
+    (o,) = find_outliers(records)
+    assert o.node == "e" and o.mode == "quick" and "on NVIDIA H200 3g.71gb (quick) is 3.0x worse" in o.line()
+    frame = merged_frame(records, [o])
+    assert list(frame.loc[frame["outlier"] != "", "node"]) == ["e"] and set(frame["mode"]) == {"normal", "quick"}
+
+
 def test_several_records_of_one_node_are_reduced_to_their_median() -> None:
     records = nodes({"a": 100.0, "b": 100.0}) + [rec(v, node="c") for v in (30.0, 100.0, 101.0)]
     assert find_outliers(records) == []
@@ -247,6 +261,14 @@ def test_plot_scaling_writes_a_png(tmp_path: Path) -> None:
     assert path == tmp_path / "plots" / "scaling.png"
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def test_plot_scaling_marks_the_pairs_that_missed_their_ideal(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    report = check_values("NVIDIA A100-SXM4-40GB", {"1g.5gb": 10.0, "2g.10gb": 20.0, "3g.20gb": 21.0})
+    assert [r.result for r in report.rows] == ["ok", "FAIL"]
+    svg = plot_scaling(report, tmp_path / "scaling.svg").read_text()
+    assert svg.count("<!-- FAIL -->") == 1 and "<!-- ok -->" not in svg  # matplotlib's SVG names each text
 
 
 def test_plot_scaling_without_matplotlib_says_how_to_get_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -415,6 +415,46 @@ def test_a_bigger_profile_at_the_power_limit_is_reported_not_failed() -> None:
     assert [r.result for r in check_scaling([small, big]).rows] == ["power-limited"]
 
 
+def test_quick_and_normal_runs_are_never_one_ladder() -> None:
+    """--mig-quick measures smaller problems: a quick 1g and a normal 2g are not a scaling pair."""
+    small, big = rec("1g.18gb", 16.0), rec("2g.35gb", 20.0)
+    assert [r.result for r in check_scaling([small, big], basis="sms").rows] == ["FAIL"]
+    small.mode = "quick"
+    report = check_scaling([small, big], basis="sms")
+    assert report.rows == [] and sum("only" in s and "measured" in s for s in report.skipped) == 2
+
+
+def test_an_emulated_figure_held_back_by_the_shared_memory_bandwidth_is_reported_not_failed() -> None:
+    """Emulation shares HBM: a 64-SM context already draws what 132 SMs draw, so a training or
+    simulation figure between the bandwidth ratio and the SM ratio is 'bandwidth-shared'."""
+    def ladder_of(kind: str, big_value: float, *, target_kind: str = "emulated") -> list[ResultRecord]:
+        return [rec("4g.71gb", 100.0, kind=kind, name="tokens_per_s", unit="tokens/s", target_kind=target_kind,
+                    sms_obtained=64, test="benchmarks/test_training.py::test_training[x]"),
+                rec("7g.141gb", big_value, kind=kind, name="tokens_per_s", unit="tokens/s", target_kind=target_kind,
+                    sms_obtained=132, test="benchmarks/test_training.py::test_training[x]")]
+
+    def bandwidth(gbs_4g: float, gbs_7g: float, *, target_kind: str = "emulated") -> list[ResultRecord]:
+        return [rec(p, v, kind="memory", name="fp32_triad_gbs", unit="GB/s", target_kind=target_kind, sms_obtained=s,
+                    test="benchmarks/test_bandwidth.py::test_stream[fp32]")
+                for p, v, s in (("4g.71gb", gbs_4g, 64), ("7g.141gb", gbs_7g, 132))]
+
+    assert [r.result for r in check_scaling(ladder_of("training", 160.0)).rows] == ["FAIL"]  # no bandwidth data
+    (row,) = check_scaling(ladder_of("training", 160.0) + bandwidth(4000.0, 4040.0)).rows
+    assert row.ok and row.result == "bandwidth-shared"
+    assert "4040 vs 4000 GB/s" in row.note and row.to_dict()["bandwidth_shared"]
+    assert [r.result for r in check_scaling(ladder_of("simulation", 160.0) + bandwidth(4000.0, 4040.0)).rows] == [
+        "bandwidth-shared"]
+    assert [r.result for r in check_scaling(ladder_of("training", 210.0) + bandwidth(4000.0, 4040.0)).rows] == [
+        "ok"]  # within the SM ideal: no allowance needed
+    # Compute-bound kinds get no allowance; nor a figure that fell below even the bandwidth ratio,
+    # nor one whose contexts' bandwidth grew with their SMs, nor real slices (they own their memory).
+    assert [r.result for r in check_scaling(ladder_of("tensor", 160.0) + bandwidth(4000.0, 4040.0)).rows] == ["FAIL"]
+    assert [r.result for r in check_scaling(ladder_of("training", 80.0) + bandwidth(4000.0, 4040.0)).rows] == ["FAIL"]
+    assert [r.result for r in check_scaling(ladder_of("training", 160.0) + bandwidth(2000.0, 4000.0)).rows] == ["FAIL"]
+    real = ladder_of("training", 160.0, target_kind="mig") + bandwidth(4000.0, 4040.0, target_kind="mig")
+    assert [r.result for r in check_scaling(real, basis="sms").rows if r.metric == "tokens_per_s"] == ["FAIL"]
+
+
 def test_a_passing_scaling_check_prints_its_table_and_draws_the_plot(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -167,6 +167,28 @@ def test_incomparable_is_never_compared(old_kw: dict[str, Any], new_kw: dict[str
     assert v.change_pct is None
 
 
+def test_a_quick_run_is_never_compared_with_a_normal_baseline(tmp_path: Path) -> None:
+    """--mig-quick measures smaller problems: its figures and a normal run's are not the same thing."""
+    quick = record(50.0, tight(50.0))
+    quick.mode = "quick"
+    v = judge_one(quick, record(100.0, tight(100.0)))
+    assert v.outcome == "incomparable" and not v.failed and v.change_pct is None
+    assert "measured with --mig-quick but the baseline was recorded in a normal run" in v.message
+    normal = judge_one(record(50.0, tight(50.0)), quick)
+    assert normal.outcome == "incomparable" and "recorded in a quick run (--mig-quick)" in normal.message
+    assert judge_one(quick, quick).outcome == "pass"
+
+    store = BaselineStore(tmp_path)
+    store.save([quick])  # a quick save says so in the file, and a quick run is judged against it
+    path = store.path_for("nvidia-h200", "3g.71gb")
+    entry = json.loads(path.read_text())["tests"][quick.test]["fp16_tflops"]
+    assert entry["mode"] == "quick"
+    again = record(40.0, tight(40.0))
+    again.mode = "quick"
+    assert [v.outcome for v in judge([again], store)] == ["regressed"]
+    assert [v.outcome for v in judge([record(40.0, tight(40.0))], store)] == ["incomparable"]
+
+
 def test_no_baseline_and_info() -> None:
     assert compare(record(1.0), None, None).outcome == "no-baseline"
     info = compare(record(12288, name="size_at_peak", unit="n", compare_=False), None, None)

@@ -166,6 +166,19 @@ def test_improvement_passes_unless_asked_to_fail(h200: Callable[..., pytest.RunR
     strict.stdout.fnmatch_lines([f"*IMPROVED {TEST_ID} rate 100.0 items/s, baseline 90.00 items/s (+11.1%, *"])
 
 
+def test_a_quick_baseline_judges_quick_runs_only(h200: Callable[..., pytest.RunResult],
+                                                 pytester: pytest.Pytester) -> None:
+    h200("--mig-quick", "--mig-save-baseline").assert_outcomes(passed=1)
+    assert json.loads(baseline_path(pytester).read_text())["tests"][TEST_ID]["rate"]["mode"] == "quick"
+    edit_value(baseline_path(pytester), "rate", 150.0)  # a quick run is now 33% slow against it
+    h200("--mig-quick").assert_outcomes(failed=1)
+    normal = h200("--mig-results", "r.json")  # a normal run measures other sizes: not compared, not failed
+    normal.assert_outcomes(passed=1)
+    assert summary_row(normal, "rate")[-1] == "incomparable"
+    (rate,) = [r for r in read_results(pytester.path / "r.json") if r.metric.name == "rate"]
+    assert rate.mode == "normal" and "measured without --mig-quick" in rate.verdict["message"]
+
+
 def test_a_resave_keeps_a_tuned_tolerance_and_other_tests(h200: Callable[..., pytest.RunResult],
                                                           pytester: pytest.Pytester) -> None:
     h200("--mig-save-baseline").assert_outcomes(passed=1)
