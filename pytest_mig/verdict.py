@@ -294,13 +294,13 @@ def compare(
         return _verdict(record, "no-baseline", f"{value_text}: no baseline{where} (record one with --mig-save-baseline)",
                         throttled=throttled)
     e = baseline_entry
-    if e.mode != record.mode:
+    if e.mode != record.mode:  # no baseline value shown: a figure of other sizes would read as a change
         run_mode = "with --mig-quick" if record.mode == "quick" else "without --mig-quick"
         base_mode = "a quick run (--mig-quick)" if e.mode == "quick" else "a normal run"
         return _verdict(record, "incomparable",
                         f"{value_text} not compared: measured {run_mode} but the baseline was recorded in "
                         f"{base_mode}, and the workloads' sizes differ; run as the baseline was recorded, or "
-                        f"record this mode's with --mig-save-baseline", baseline=e.value, throttled=throttled)
+                        f"record this mode's with --mig-save-baseline", throttled=throttled)
     if e.unit != m.unit or e.direction != m.direction:
         return _verdict(record, "incomparable",
                         f"{value_text} not compared: the baseline is in {e.unit or 'no unit'}, {e.direction} is better, "

@@ -172,7 +172,7 @@ def test_a_quick_run_is_never_compared_with_a_normal_baseline(tmp_path: Path) ->
     quick = record(50.0, tight(50.0))
     quick.mode = "quick"
     v = judge_one(quick, record(100.0, tight(100.0)))
-    assert v.outcome == "incomparable" and not v.failed and v.change_pct is None
+    assert v.outcome == "incomparable" and not v.failed and v.change_pct is None and v.baseline is None
     assert "measured with --mig-quick but the baseline was recorded in a normal run" in v.message
     normal = judge_one(record(50.0, tight(50.0)), quick)
     assert normal.outcome == "incomparable" and "recorded in a quick run (--mig-quick)" in normal.message
