@@ -396,21 +396,20 @@ def mig_bench(request: pytest.FixtureRequest, benchmark: Any, mig_device: Target
     state = _state(request.config)
     item = request.node
     records = item.stash.setdefault(ITEM_RECORDS, [])
+    quick = bool(request.config.getoption("mig_quick"))
     telemetry = None
     if state.board is not None:
-        quick = bool(request.config.getoption("mig_quick"))
         telemetry = Telemetry(state.board.power_w, state.board.energy_mj, state.board.clocks,
                               window_s=0.3 if quick else 1.0)
 
     def sink(metric: Metric) -> None:
         rec = ResultRecord(test=_test_key(item, mig_device), metric=metric, target=mig_device.to_dict(),
                            fingerprint=dict(state.fingerprint),
-                           mode="quick" if request.config.getoption("mig_quick") else "normal")
+                           mode="quick" if quick else "normal")
         records.append(rec)
         state.records.append(rec)
 
-    return MigBench(benchmark, mig_device, telemetry, sink, quick=bool(request.config.getoption("mig_quick")),
-                    su=state.su, allocation=state.allocation)
+    return MigBench(benchmark, mig_device, telemetry, sink, quick=quick, su=state.su, allocation=state.allocation)
 
 
 @pytest.fixture(scope="session")

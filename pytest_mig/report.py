@@ -274,21 +274,21 @@ def plot_scaling(report: "ScalingReport", path: Path | str) -> Path:
     nrows = math.ceil(n / ncols)
     fig = Figure(figsize=(5 * ncols, 3.6 * nrows), layout="constrained")
     FigureCanvasAgg(fig)
-    ideal_by_pair = {(r.gpu, r.test, r.metric, r.family, r.bigger, r.smaller): r.ideal for r in report.rows}
-    result_by_pair = {(r.gpu, r.test, r.metric, r.family, r.bigger, r.smaller): r.result for r in report.rows}
+    row_of_pair = {(r.gpu, r.test, r.metric, r.family, r.bigger, r.smaller): r for r in report.rows}
     for i, g in enumerate(report.groups):
         ax = fig.add_subplot(nrows, ncols, i + 1)
         base = g.rungs[0].value
         measured = [(r.value / base) if g.direction == "higher" else (base / r.value) for r in g.rungs]
+        pairs = [row_of_pair.get((g.gpu, g.test, g.metric, g.family, big.profile, small.profile))
+                 for small, big in zip(g.rungs, g.rungs[1:])]
         ideal = [1.0]
-        for small, big in zip(g.rungs, g.rungs[1:]):
-            step = ideal_by_pair.get((g.gpu, g.test, g.metric, g.family, big.profile, small.profile))
-            ideal.append(ideal[-1] * step if step is not None else float("nan"))
+        for row in pairs:
+            ideal.append(ideal[-1] * row.ideal if row is not None else float("nan"))
         xs = list(range(len(g.rungs)))
         ax.plot(xs, ideal, "--", color="grey", marker="o", label=f"ideal ({g.basis})")
         ax.plot(xs, measured, "-", color="tab:blue", marker="s", label="measured")
-        for x, (small, big) in enumerate(zip(g.rungs, g.rungs[1:]), start=1):
-            result = result_by_pair.get((g.gpu, g.test, g.metric, g.family, big.profile, small.profile), "ok")
+        for x, row in enumerate(pairs, start=1):
+            result = row.result if row is not None else "ok"
             if result != "ok":  # FAIL, power-limited, bandwidth-shared: say so at the point
                 ax.annotate(result, (x, measured[x]), textcoords="offset points", xytext=(-4, 6), ha="right",
                             fontsize=7, color="tab:red" if result == "FAIL" else "tab:orange")

@@ -528,6 +528,6 @@ def check_values(
 
 
 __all__ = [
-    "BANDWIDTH_BOUND_KINDS", "BASES", "KIND_BASIS", "SCALING_TOLERANCE", "Rung", "ScalingGroup", "ScalingReport", "ScalingRow",
-    "check_scaling", "check_values",
+    "BANDWIDTH_BOUND_KINDS", "BASES", "KIND_BASIS", "SCALING_TOLERANCE", "Rung", "ScalingGroup", "ScalingReport",
+    "ScalingRow", "check_scaling", "check_values",
 ]
