@@ -43,7 +43,9 @@ class Metric:
 
     @property
     def stats(self) -> "Stats | None":
-        return Stats.of(self.samples) if self.samples else None
+        """Summary of the finite samples (a NaN sample is left out, never a crash); None without any."""
+        finite = [x for x in self.samples if math.isfinite(x)]
+        return Stats.of(finite) if finite else None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -197,6 +199,8 @@ class PowerTrace:
     seconds: float
     energy_j: float | None  # from the energy counter where the GPU has one
     source: str  # "energy-counter" or "power-samples"
+    limit_w: float | None = None  # the board's enforced power limit, where known
+    sm_clock_mhz: list[float] = field(default_factory=list)  # SM clock sampled during the window
 
     @property
     def mean_w(self) -> float | None:
@@ -224,14 +228,17 @@ class PowerSampler:
         read_power_w: Callable[[], float | None] | None,
         read_energy_mj: Callable[[], float | None] | None = None,
         interval: float = 0.25,
+        read_sm_clock_mhz: Callable[[], float | None] | None = None,
     ) -> None:
         self._read_power = read_power_w
         self._read_energy = read_energy_mj
+        self._read_clock = read_sm_clock_mhz
         self.interval = interval
         self.trace: PowerTrace | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._samples: list[float] = []
+        self._clocks: list[float] = []
 
     def _safe(self, fn: Callable[[], float | None] | None) -> float | None:
         if fn is None:
@@ -246,13 +253,16 @@ class PowerSampler:
             w = self._safe(self._read_power)
             if w is not None:
                 self._samples.append(w)
+            c = self._safe(self._read_clock)
+            if c is not None:
+                self._clocks.append(float(c))
             self._stop.wait(self.interval)
 
     def __enter__(self) -> "PowerSampler":
         synchronize()
         self._e0 = self._safe(self._read_energy)
         self._t0 = time.perf_counter()
-        if self._read_power is not None:
+        if self._read_power is not None or self._read_clock is not None:
             self._thread = threading.Thread(target=self._run, name="pytest-mig-power", daemon=True)
             self._thread.start()
         return self
@@ -266,7 +276,7 @@ class PowerSampler:
             self._thread.join(timeout=2)
         energy = (e1 - self._e0) / 1e3 if (e1 is not None and self._e0 is not None and e1 > self._e0) else None
         source = "energy-counter" if energy is not None else "power-samples"
-        self.trace = PowerTrace(list(self._samples), seconds, energy, source)
+        self.trace = PowerTrace(list(self._samples), seconds, energy, source, sm_clock_mhz=list(self._clocks))
 
 
 @dataclass
@@ -277,6 +287,21 @@ class Timing:
     power: PowerTrace | None = None
     clocks: dict[str, Any] = field(default_factory=dict)  # before/after SM clock, throttle reasons
     energy_calls: int = 0  # calls made while ``power`` was read (the energy window); 0: the timed repeats
+    window_calls: int = 0  # every call the energy window made, those before its first counter tick too
+
+    @property
+    def window_seconds_per_call(self) -> float | None:
+        """Seconds per call over the energy window (seconds of sustained work, not the short repeats)."""
+        if self.power is None or not self.energy_calls or not self.power.seconds > 0:
+            return None
+        return self.power.seconds / self.energy_calls
+
+    @property
+    def window_sm_clock_mhz(self) -> float | None:
+        """The mean SM clock sampled during the energy window."""
+        if self.power is None or not self.power.sm_clock_mhz:
+            return None
+        return statistics.fmean(self.power.sm_clock_mhz)
 
     @property
     def median(self) -> float:
@@ -313,14 +338,16 @@ class Telemetry:
         read_power_w: Callable[[], float | None] | None = None,
         read_energy_mj: Callable[[], float | None] | None = None,
         read_clocks: Callable[[], dict[str, Any]] | None = None,
-        interval: float = 0.25,
+        interval: float = 0.1,
         window_s: float = 1.0,
+        power_limit_w: float | None = None,
     ) -> None:
         self.read_power_w = read_power_w
         self.read_energy_mj = read_energy_mj
         self.read_clocks = read_clocks
         self.interval = interval
         self.window_s = window_s  # how long the energy window after a timing runs the work
+        self.power_limit_w = power_limit_w  # the board's enforced limit: an average above it is an error
 
     @property
     def reads_power(self) -> bool:
@@ -333,6 +360,11 @@ class Telemetry:
             return dict(self.read_clocks())
         except Exception:
             return {}
+
+    def sm_clock_mhz(self) -> float | None:
+        """The SM clock now (None where clocks cannot be read)."""
+        value = self.clocks().get("sm_clock_mhz") if self.read_clocks is not None else None
+        return float(value) if isinstance(value, (int, float)) else None
 
 
 class Timer:
@@ -352,34 +384,109 @@ class Timer:
     def _timed(self, fn: Callable[[], Any], warmup: int, repeats: int) -> list[float]:
         return time_fn(fn, warmup=warmup, repeats=repeats, device=self.device, min_warmup_s=self.min_warmup_s)
 
-    def __call__(self, fn: Callable[[], Any], *, warmup: int = 3, repeats: int = 10) -> Timing:
+    def __call__(self, fn: Callable[[], Any], *, warmup: int = 3, repeats: int = 10, energy: bool = True) -> Timing:
+        """Time ``fn``; with ``energy`` (and a board to read), then read board energy over a window
+        of sustained work of its own."""
         before = self.telemetry.clocks()
         samples = self._timed(fn, warmup, repeats)
-        power, calls = self._energy_window(fn, samples)
+        power, calls, total = self._energy_window(fn, samples) if energy else (None, 0, 0)
         after = self.telemetry.clocks()
         clocks = {"before": before, "after": after} if (before or after) else {}
-        return Timing(samples=samples, power=power, clocks=clocks, energy_calls=calls)
+        return Timing(samples=samples, power=power, clocks=clocks, energy_calls=calls, window_calls=total)
 
-    def _energy_window(self, fn: Callable[[], Any], samples: list[float]) -> tuple[PowerTrace | None, int]:
-        """Run ``fn`` back to back for the telemetry's window while reading board power.
+    #: Work between two host synchronisations in the energy window: short enough that the host's
+    #: clock follows the GPU's, long enough that synchronising costs well under a percent.
+    window_batch_s = 0.005
 
-        The timed repeats are often shorter than NVML's power and energy readings refresh (tens of
-        milliseconds to 100 ms), so energy is measured over a window of its own, long enough to hold
-        several readings, and divided by the calls made in it.
+    def _energy_window(self, fn: Callable[[], Any], samples: list[float]) -> tuple[PowerTrace | None, int, int]:
+        """Run ``fn`` back to back for the telemetry's window (seconds) and read board energy over it.
+
+        NVML's energy counter advances in steps (tens of milliseconds apart), so a difference read
+        at two arbitrary instants is off by up to a step at each end: over one second that moved
+        J/TFLOP by 20-39% between runs on an H100.  Here a thread polls the counter every 2 ms and
+        keeps the instants at which it ticked; the mean power is the energy between the first and
+        the last tick inside the window over the time between them (exact at both ends, whatever
+        the length of one call), and the energy of the window is that power times its length,
+        divided by the calls made in it.  Power is also sampled (the fallback where there is no
+        counter), with the SM clock.  Returns the trace, the calls, and the calls made (the same).
         """
         t = self.telemetry
         if not t.reads_power or not samples:
-            return None, 0
+            return None, 0, 0
         per_call = statistics.median(samples)
-        calls = max(1, min(1_000_000, math.ceil(t.window_s / per_call))) if per_call > 0 else 1
-        sampler = PowerSampler(t.read_power_w, t.read_energy_mj, t.interval)
-        with sampler:
-            for _ in range(calls):
-                fn()
-        trace = sampler.trace
-        if trace is None or (not trace.watts and trace.energy_j is None):
-            return None, 0
-        return trace, calls
+        batch = max(1, min(1_000_000, math.ceil(self.window_batch_s / per_call))) if per_call > 0 else 1
+        gpu = self.device.startswith("cuda")
+        sampler = PowerSampler(t.read_power_w, None, t.interval, t.sm_clock_mhz if t.read_clocks else None)
+        ticks = EnergyTicks(t.read_energy_mj)
+        calls = 0
+        with sampler, ticks:
+            start = time.perf_counter()
+            while time.perf_counter() - start < t.window_s:
+                for _ in range(batch):
+                    fn()
+                if gpu:
+                    synchronize()
+                calls += batch
+            end = time.perf_counter()
+        seconds = end - start
+        mean_w = ticks.mean_power_w(start + RAMP_S, end)
+        watts = sampler.trace.watts if sampler.trace is not None else []
+        clocks = sampler.trace.sm_clock_mhz if sampler.trace is not None else []
+        joules = mean_w * seconds if mean_w is not None else None
+        if joules is None and not watts:
+            return None, 0, calls
+        return PowerTrace(watts, seconds, joules, "energy-counter" if joules is not None else "power-samples",
+                          t.power_limit_w, clocks), calls, calls
+
+
+#: The first moments of the energy window are left out of its power: the GPU is still ramping up.
+RAMP_S = 0.05
+
+
+class EnergyTicks:
+    """Polls a cumulative energy counter (mJ) in a thread and keeps the instants it advanced at."""
+
+    def __init__(self, read_energy_mj: Callable[[], float | None] | None, interval: float = 0.002) -> None:
+        self._read = read_energy_mj
+        self.interval = interval
+        self.ticks: list[tuple[float, float]] = []  # (perf_counter seconds, mJ) at each change
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _value(self) -> float | None:
+        try:
+            v = self._read() if self._read is not None else None
+        except Exception:  # telemetry must never break a measurement
+            return None
+        return float(v) if v is not None else None
+
+    def _run(self) -> None:
+        last = self._value()
+        while not self._stop.is_set():
+            v = self._value()
+            if v is not None and v != last:
+                self.ticks.append((time.perf_counter(), v))
+                last = v
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> "EnergyTicks":
+        if self._read is not None:
+            self._thread = threading.Thread(target=self._run, name="pytest-mig-energy", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+
+    def mean_power_w(self, start: float, end: float) -> float | None:
+        """Watts between the first and last tick inside [start, end]; None with fewer than two."""
+        inside = [(ts, e) for ts, e in self.ticks if start <= ts <= end]
+        if len(inside) < 2 or inside[-1][0] <= inside[0][0] or inside[-1][1] <= inside[0][1]:
+            return None
+        (t0, e0), (t1, e1) = inside[0], inside[-1]
+        return (e1 - e0) / 1e3 / (t1 - t0)
 
 
 def energy_metrics(timing: Timing, work_per_call: float, unit: str, *, label: str | None = None) -> list[Metric]:
@@ -397,10 +504,20 @@ def energy_metrics(timing: Timing, work_per_call: float, unit: str, *, label: st
     else:  # power read during the timed repeats themselves: their busy time at the mean power
         joules_per_call = mean_w * sum(timing.samples) / len(timing.samples)
     tag = f"{label}_" if label else ""
-    info = {"scope": "board", "source": timing.power.source, "samples": len(timing.power.watts),
-            "window_s": round(timing.power.seconds, 3), "calls": timing.energy_calls or len(timing.samples)}
+    info: dict[str, Any] = {"scope": "board", "source": timing.power.source, "samples": len(timing.power.watts),
+                            "window_s": round(timing.power.seconds, 3),
+                            "calls": timing.energy_calls or len(timing.samples)}
+    limit = timing.power.limit_w
+    valid = not (limit and mean_w > limit * POWER_LIMIT_SLACK)
+    if not valid:
+        info["error"] = (f"mean board power {mean_w:.0f} W is above the enforced {limit:.0f} W limit: a measurement "
+                         f"error, so this energy figure is not compared")
     return [
         Metric(f"{tag}power_w", mean_w, "W", "lower", [], kind="energy", info=info, compare=False),
         Metric(f"{tag}energy_j_per_{unit.lower()}", joules_per_call / work_per_call, f"J/{unit}", "lower",
-               [], kind="energy", info=info),
+               [], kind="energy", info=info, compare=valid),
     ]
+
+
+#: An average above the enforced power limit by more than NVML's stated accuracy (+-5%) cannot be real.
+POWER_LIMIT_SLACK = 1.05

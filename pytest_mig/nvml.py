@@ -308,6 +308,7 @@ def fingerprint(gpu_index: int | None) -> dict[str, Any]:
     """What a verdict must name when it changes: driver, firmware, board settings, software versions."""
     fp: dict[str, Any] = {"python": platform.python_version(), **software_versions()}
     if gpu_index is None:
+        fp["cpu_model"] = cpu_model()
         return fp
     with _Session() as s:
         if s.nv is None:
@@ -333,6 +334,18 @@ def fingerprint(gpu_index: int | None) -> dict[str, Any]:
             "max_mem_clock_mhz": _try(lambda: int(nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_MEM))),
         })
     return fp
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name (what a CPU run's baseline was measured on)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
 
 
 def software_versions() -> dict[str, Any]:

@@ -99,11 +99,33 @@ def test_energy_comes_from_a_window_of_its_own_divided_by_its_calls() -> None:
         clock["mj"] += 500.0  # every call costs 0.5 J on the (fake) energy counter
         time.sleep(0.002)
 
-    tel = Telemetry(read_energy_mj=lambda: clock["mj"], window_s=0.02)
+    tel = Telemetry(read_energy_mj=lambda: clock["mj"], window_s=0.3)
     timing = Timer("cpu", tel)(work, warmup=1, repeats=3)
-    assert timing.energy_calls == len(calls) - 4  # the window's calls, not the warm-up or the repeats
+    assert timing.energy_calls == timing.window_calls == len(calls) - 4  # not the warm-up or the repeats
+    assert timing.power is not None and timing.power.source == "energy-counter"
     per = {m.name: m for m in energy_metrics(timing, 1.0, "call")}["energy_j_per_call"]
-    assert per.value == pytest.approx(0.5)
+    assert per.value == pytest.approx(0.5, rel=0.15)  # power between counter ticks x the window / its calls
+
+
+def test_energy_ticks_give_power_between_the_first_and_last_tick_inside_the_window() -> None:
+    from pytest_mig.measure import EnergyTicks
+
+    ticks = EnergyTicks(None)
+    ticks.ticks = [(0.0, 0.0), (1.0, 700_000.0), (2.0, 1_400_000.0), (3.0, 2_400_000.0)]
+    assert ticks.mean_power_w(0.5, 2.5) == pytest.approx(700.0)  # ticks at 1 s and 2 s only
+    assert ticks.mean_power_w(0.0, 3.0) == pytest.approx(800.0)
+    assert ticks.mean_power_w(0.5, 1.5) is None  # one tick: no power, rather than a guess
+
+
+def test_an_average_above_the_power_limit_is_a_measurement_error_not_compared() -> None:
+    from pytest_mig.measure import PowerTrace, Timing
+
+    timing = Timing(samples=[0.01], power=PowerTrace([], 2.0, 1600.0, "energy-counter", limit_w=700.0), energy_calls=100)
+    by = {m.name: m for m in energy_metrics(timing, 1.0, "TFLOP")}
+    assert by["power_w"].value == pytest.approx(800.0)
+    assert not by["energy_j_per_tflop"].compare and "above the enforced 700 W limit" in by["energy_j_per_tflop"].info["error"]
+    ok = Timing(samples=[0.01], power=PowerTrace([], 2.0, 1300.0, "energy-counter", limit_w=700.0), energy_calls=100)
+    assert {m.name: m for m in energy_metrics(ok, 1.0, "TFLOP")}["energy_j_per_tflop"].compare
 
 
 def test_an_energy_counter_that_did_not_move_gives_no_figure_not_zero() -> None:

@@ -863,7 +863,7 @@ def _train(trainer: _Trainer, target: Target, timer: Timer, batch: str, effort: 
     timing = timer(trainer.timed_step_fn(n_batch), warmup=effort.warmup, repeats=effort.repeats)
     alloc, reserved, source = _peak_memory(cuda, estimate)
     losses = [float(x) for x in torch.stack(trainer.losses[start:]).tolist()]
-    return _Run(n_batch, timing, measured_losses(losses, len(timing.samples), timing.energy_calls), alloc, reserved,
+    return _Run(n_batch, timing, measured_losses(losses, len(timing.samples), timing.window_calls), alloc, reserved,
                 source, estimate, search)
 
 
@@ -871,8 +871,8 @@ def measured_losses(losses: list[float], repeats: int, energy_calls: int) -> lis
     """The losses of the measured steps among every step a timer call made.
 
     A timer runs warm-up calls (and, under pytest-benchmark, a short estimate and perhaps several
-    calls per round), then the measured repeats, then the energy window's ``energy_calls``: the
-    ``repeats`` calls just before the energy window were all measured.
+    calls per round), then the measured repeats, then the energy window's calls (``energy_calls``:
+    every call it made): the ``repeats`` calls just before the energy window were all measured.
     """
     end = len(losses) - energy_calls
     if repeats < 1 or end < repeats:
