@@ -1,134 +1,180 @@
-"""The baseline store: one reviewed JSON file per GPU model and profile.
+"""The baseline store: one reviewed JSON file per GPU model and profile, holding each figure's history.
 
-``baselines/<gpu-model-slug>/<profile>.json`` holds, per test and metric, the value a known-good run
-measured, with its unit, direction, the spread of its samples and the tolerance.  Emulated profiles
-live under their own key (``3g.71gb-emulated``, :attr:`pytest_mig.target.Target.baseline_profile`), so
-an emulated figure is never compared with, or saved over, a real slice's.
+``baselines/<gpu-model-slug>/<profile>.json`` keeps, per mode (``normal`` or ``quick``), test and
+metric, the figures of the last N runs that were saved into it (``--mig-save-baseline``,
+``pytest-mig calibrate``), each with its time, fingerprint and throttle state.  A history, not one
+run, is what tells how much a figure moves between runs on this GPU model and profile; the verdict
+rule (:mod:`pytest_mig.noise`, :mod:`pytest_mig.verdict`) takes its threshold from it.
+
+Layout (schema 2), kept small and reviewable: stable key order, one line per run, fingerprints
+written once in a table and named by a short hash::
+
+    {"schema": "pytest-mig/baseline/2", "gpu_model": "NVIDIA H100 80GB HBM3", "profile": "full", ...,
+     "keep": 10, "fingerprints": {"3f9c2a1b7e": {"driver": "580.159.04", ...}},
+     "modes": {"normal": {"<test id>": {"bf16_tflops": {"direction": "higher", "kind": "tensor",
+        "tolerance": null, "unit": "TFLOPS", "runs": [
+          {"at": "2026-11-23T08:00:00+00:00", "fp": "3f9c2a1b7e", "noise": 0.0041, "value": 699.6},
+          ...]}}}}}
+
+Emulated profiles live under their own key (``3g.71gb-emulated``), so an emulated figure is never
+compared with, or saved over, a real slice's.  Files of schema 1 (one value per entry) still read:
+each entry becomes a history of one run, and the next save writes schema 2.
 
 Files are read strictly: a hand-broken file is a :class:`BaselineError` naming the file and the
-problem, and a save never replaces a file it could not read.  Saves merge into the existing file
-(entries of tests not run are kept), hold one lock per store (``<root>/.pytest-mig.lock``) so two
-runs saving at once both land, and write through a temporary file and a rename, so a save that dies
-half-way leaves the old file as it was.  Only ``json`` is used to read them: no pickle, no eval.
+problem (a value that is not a positive number, a tolerance outside [0, 100%)), and a save never
+replaces a file it could not read.  Saves hold a lock on the store's folder (``flock`` on the
+folder itself: no lock file is left behind for ``git status`` or for a teammate's umask), and write
+through a temporary file and a rename, so a save that dies half-way leaves the old file as it was;
+the next save removes such a dead save's temporary file.  Only ``json`` is used to read them: no
+pickle, no eval.
 
-Informational metrics (``Metric.compare is False``: size at peak, board power) are not saved: their
-values change from run to run and would turn every re-save into noise in review.
+Informational metrics (``Metric.compare is False``) and non-finite or non-positive figures are not
+saved.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import hashlib
 import json
 import math
 import os
 import statistics
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
-
-from filelock import FileLock, Timeout
 
 from .measure import METRIC_KINDS, Metric
 from .profiles import CPU, FULL, model_slug
 from .results import MODES, ResultRecord, atomic_write_text, utc_now
 
-BASELINE_SCHEMA = "pytest-mig/baseline/1"
+BASELINE_SCHEMA = "pytest-mig/baseline/2"
+BASELINE_SCHEMA_V1 = "pytest-mig/baseline/1"
 
-#: The tolerance a metric gets when neither a marker nor its baseline entry says otherwise.
+#: Runs kept per figure unless the file or ``--mig-baseline-keep`` says otherwise.
+DEFAULT_KEEP = 10
+
+#: The tolerance a figure is held to when nobody set one: a figure whose run-to-run noise needs a
+#: wider threshold than this is reported as too noisy to gate (see pytest_mig.noise).
 DEFAULT_TOLERANCE = 0.05
 
-#: Samples kept per entry: enough to show the spread in review, few enough to read.
-MAX_KEPT_SAMPLES = 10
+#: The defaults schema 1 wrote into every entry (5%, energy 10%): read back as "not set".
+_V1_DEFAULT_TOLERANCES = (0.05, 0.10)
 
 #: Seconds a save waits for another run's save to finish.
 LOCK_TIMEOUT_S = 60.0
 
-LOCK_NAME = ".pytest-mig.lock"
 EMULATED_SUFFIX = "-emulated"
 
-_SIGNIFICANT = 6  # digits written for values and samples: exact enough, short enough to review
+#: The lock file used only where a folder cannot be locked itself (see folder_lock).
+LOCK_FILE_NAME = ".pytest-mig.lock"
+
+_SIGNIFICANT = 6  # digits written for values: exact enough, short enough to review
 
 #: NVML clock-event reasons that mean power or heat held the clocks down (names as the nvml module
 #: writes them); idle, application-clock and sync-boost reasons do not slow a busy GPU.
 THROTTLE_REASONS: tuple[str, ...] = ("sw_power_cap", "hw_power_brake", "hw_slowdown", "sw_thermal", "hw_thermal")
 
 
-#: The least tolerance a new baseline entry gets, by kind of metric.  Board energy moves with the
-#: GPU's temperature and power capping: two back-to-back bf16 GEMM runs on an H200 differed by 5.9%
-#: in J/TFLOP with TFLOPS within 0.1%, so energy gets 10% where the default is 5%.
-KIND_MIN_TOLERANCE: dict[str, float] = {"energy": 0.10}
-
-
 class BaselineError(Exception):
     """A baseline file that cannot be used: one sentence naming the file and the problem."""
 
 
-@dataclass(frozen=True)
-class Spread:
-    """Robust spread of the samples behind a baseline value (what the noise check uses)."""
+def _round(x: float) -> float:
+    return float(f"{float(x):.{_SIGNIFICANT}g}")
 
-    n: int
-    median: float
-    mad: float
-    min: float
-    max: float
 
-    @classmethod
-    def of(cls, samples: Iterable[float]) -> "Spread | None":
-        xs = sorted(float(s) for s in samples if math.isfinite(s))
-        if not xs:
-            return None
-        med = statistics.median(xs)
-        mad = statistics.median([abs(x - med) for x in xs])
-        return cls(len(xs), med, mad, xs[0], xs[-1])
+def fingerprint_id(fp: Mapping[str, Any]) -> str:
+    """A short, stable name for a fingerprint (the first 10 hex digits of its sorted JSON's SHA-256)."""
+    text = json.dumps(dict(fp), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
 
-    @property
-    def rel_sigma(self) -> float:
-        """Robust standard deviation (1.4826 x MAD) relative to the median; 0 when unknown."""
-        if self.n < 2 or not self.median:
-            return 0.0
-        return 1.4826 * self.mad / abs(self.median)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"n": self.n, "median": _round(self.median), "mad": _round(self.mad),
-                "min": _round(self.min), "max": _round(self.max)}
+def within_run_noise(samples: Iterable[float]) -> float | None:
+    """Relative robust spread (1.4826 x MAD / median) of one run's repeats; None with fewer than 2."""
+    xs = [float(s) for s in samples if math.isfinite(s)]
+    if len(xs) < 2:
+        return None
+    med = statistics.median(xs)
+    if not med:
+        return None
+    return 1.4826 * statistics.median([abs(x - med) for x in xs]) / abs(med)
+
+
+@dataclass
+class Run:
+    """One saved run of one figure."""
+
+    value: float
+    recorded_at: str = ""
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+    noise: float | None = None  # the run's own within-run spread (relative); informs, never sets, thresholds
+    throttled: list[str] = field(default_factory=list)
+
+    def to_dict(self, fp_id: str | None) -> dict[str, Any]:
+        d: dict[str, Any] = {"at": self.recorded_at, "value": _round(self.value)}
+        if fp_id:
+            d["fp"] = fp_id
+        if self.noise is not None and math.isfinite(self.noise):
+            d["noise"] = _round(self.noise)
+        if self.throttled:
+            d["throttled"] = list(self.throttled)
+        return d
 
 
 @dataclass
 class BaselineEntry:
-    """One test's metric as recorded in a baseline file."""
+    """One figure's history in one mode: its unit, direction, kind, tolerance and the runs kept."""
 
     test: str
     metric: str
-    value: float
     unit: str
     direction: str
     kind: str = "compute"
-    tolerance: float | None = None
-    spread: Spread | None = None
-    samples: list[float] = field(default_factory=list)
-    recorded_at: str = ""
-    fingerprint: dict[str, Any] = field(default_factory=dict)  # what it was recorded under
-    throttled: list[str] = field(default_factory=list)  # throttle reasons seen while recording
-    mode: str = "normal"  # "normal" or "quick": recorded with --mig-quick (other sizes) or not
+    tolerance: float | None = None  # set by a person in review; None: the rule's default applies
+    runs: list[Run] = field(default_factory=list)
+    mode: str = "normal"
 
-    def to_dict(self, file_fingerprint: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        d: dict[str, Any] = {
-            "value": _round(self.value),
+    @property
+    def values(self) -> list[float]:
+        return [r.value for r in self.runs]
+
+    @property
+    def value(self) -> float:
+        """The baseline figure: the median of the runs kept."""
+        return float(statistics.median(self.values)) if self.runs else math.nan
+
+    @property
+    def last(self) -> Run | None:
+        return self.runs[-1] if self.runs else None
+
+    @property
+    def fingerprint(self) -> dict[str, Any]:
+        return dict(self.last.fingerprint) if self.last else {}
+
+    @property
+    def recorded_at(self) -> str:
+        return self.last.recorded_at if self.last else ""
+
+    @property
+    def throttled(self) -> list[str]:
+        """Throttle reasons seen in any kept run."""
+        out: list[str] = []
+        for r in self.runs:
+            out.extend(t for t in r.throttled if t not in out)
+        return out
+
+    def to_dict(self, fp_ids: Mapping[str, str]) -> dict[str, Any]:
+        return {
             "unit": self.unit,
             "direction": self.direction,
             "kind": self.kind,
             "tolerance": self.tolerance,
-            "spread": self.spread.to_dict() if self.spread else None,
-            "samples": [_round(s) for s in self.samples],
-            "recorded_at": self.recorded_at,
-            "mode": self.mode,
+            "runs": [r.to_dict(fp_ids.get(fingerprint_id(r.fingerprint)) if r.fingerprint else None)
+                     for r in self.runs],
         }
-        # An entry kept from an older save remembers its own fingerprint; others share the file's.
-        if self.fingerprint and dict(self.fingerprint) != dict(file_fingerprint or {}):
-            d["fingerprint"] = dict(self.fingerprint)
-        if self.throttled:
-            d["throttled"] = list(self.throttled)
-        return d
 
 
 @dataclass
@@ -139,7 +185,7 @@ class BaselineMeta:
     gpu_slug: str
     profile: str  # the baseline profile key: "3g.71gb", "3g.71gb-emulated", "full", "cpu"
     emulated: bool
-    fingerprint: dict[str, Any] = field(default_factory=dict)
+    fingerprint: dict[str, Any] = field(default_factory=dict)  # the newest run's
     path: Path | None = None
 
     @property
@@ -148,38 +194,70 @@ class BaselineMeta:
         return self.profile[: -len(EMULATED_SUFFIX)] if self.profile.endswith(EMULATED_SUFFIX) else self.profile
 
 
+EntryKey = tuple[str, str, str]  # (test, metric, mode)
+
+
 @dataclass
 class Baseline:
     """A loaded baseline file."""
 
     meta: BaselineMeta
-    entries: dict[tuple[str, str], BaselineEntry] = field(default_factory=dict)
+    entries: dict[EntryKey, BaselineEntry] = field(default_factory=dict)
     updated_at: str = ""
+    keep: int = DEFAULT_KEEP
 
-    def get(self, test: str, metric: str) -> BaselineEntry | None:
-        return self.entries.get((test, metric))
+    def get(self, test: str, metric: str, mode: str = "normal") -> BaselineEntry | None:
+        return self.entries.get((test, metric, mode))
+
+    def other_mode(self, test: str, metric: str, mode: str) -> str | None:
+        """The mode in which this figure was recorded, when it was not recorded in ``mode``."""
+        for m in MODES:
+            if m != mode and (test, metric, m) in self.entries:
+                return m
+        return None
 
     def to_dict(self) -> dict[str, Any]:
-        tests: dict[str, dict[str, Any]] = {}
-        for (test, metric), entry in self.entries.items():
-            tests.setdefault(test, {})[metric] = entry.to_dict(self.meta.fingerprint)
+        fps: dict[str, dict[str, Any]] = {}
+        for e in self.entries.values():
+            for r in e.runs:
+                if r.fingerprint:
+                    fps.setdefault(fingerprint_id(r.fingerprint), dict(r.fingerprint))
+        ids = {k: k for k in fps}
+        modes: dict[str, dict[str, dict[str, Any]]] = {}
+        for (test, metric, mode), entry in sorted(self.entries.items()):
+            modes.setdefault(mode, {}).setdefault(test, {})[metric] = entry.to_dict(ids)
         return {
             "schema": BASELINE_SCHEMA,
             "gpu_model": self.meta.gpu_model,
             "gpu_slug": self.meta.gpu_slug,
             "profile": self.meta.profile,
             "emulated": self.meta.emulated,
-            "fingerprint": self.meta.fingerprint,
+            "keep": self.keep,
             "updated_at": self.updated_at,
-            "tests": tests,
+            "fingerprints": fps,
+            "modes": modes,
         }
 
     def to_json(self) -> str:
         try:
-            return json.dumps(self.to_dict(), indent=2, sort_keys=True, allow_nan=False) + "\n"
-        except ValueError as exc:  # a NaN or infinity somewhere (the fingerprint): JSON cannot hold it
+            return _dump(self.to_dict()) + "\n"
+        except ValueError as exc:  # a NaN or infinity somewhere (a fingerprint): JSON cannot hold it
             where = self.meta.path or f"{self.meta.gpu_slug}/{self.meta.profile}"
             raise BaselineError(f"{where}: not saved, a value cannot be written as JSON ({exc})") from None
+
+
+def _dump(obj: Any, indent: int = 0) -> str:
+    """Indented, key-sorted JSON with each run on one line (a history of 10 runs stays 10 lines)."""
+    pad = "  " * (indent + 1)
+    if isinstance(obj, dict) and obj:
+        if "at" in obj and "value" in obj:  # a run
+            return json.dumps(obj, sort_keys=True, allow_nan=False)
+        items = [f"{pad}{json.dumps(k)}: {_dump(obj[k], indent + 1)}" for k in sorted(obj)]
+        return "{\n" + ",\n".join(items) + "\n" + "  " * indent + "}"
+    if isinstance(obj, list) and obj and any(isinstance(x, dict) for x in obj):
+        items = [f"{pad}{_dump(x, indent + 1)}" for x in obj]
+        return "[\n" + ",\n".join(items) + "\n" + "  " * indent + "]"
+    return json.dumps(obj, sort_keys=True, allow_nan=False)
 
 
 @dataclass
@@ -187,15 +265,18 @@ class SaveResult:
     """What one save did to one file, for the line the plugin prints."""
 
     path: Path
-    written: int  # metrics written from this run
-    kept: int  # entries of tests not in this run, left as they were
+    written: int  # figures of this run added to their history
+    kept: int  # figures of tests not in this run, left as they were
     skipped: list[str] = field(default_factory=list)  # "test::metric (why)"
-    unchanged: bool = False  # the file already held exactly this: not rewritten
+    restarted: list[str] = field(default_factory=list)  # histories begun anew (unit or direction changed)
+    runs: int = 0  # the fewest runs any figure of this save now has
 
     def __str__(self) -> str:
-        line = f"{self.path} ({self.written} metric(s) from this run, {self.kept} kept from earlier runs"
-        if self.unchanged:
-            line += "; unchanged, not rewritten"
+        line = (f"{self.path} ({self.written} figure(s) added to their history, {self.kept} kept from earlier "
+                f"runs; the fewest runs of a figure is now {self.runs}")
+        if self.restarted:
+            line += f"; {len(self.restarted)} history(ies) begun anew, the unit or direction changed: " \
+                    + "; ".join(self.restarted[:3])
         if self.skipped:
             more = "; ..." if len(self.skipped) > 3 else ""
             line += f"; {len(self.skipped)} not saved: {'; '.join(self.skipped[:3])}{more}"
@@ -203,19 +284,6 @@ class SaveResult:
 
     def describe(self) -> str:
         return f"baseline saved: {self}"
-
-
-def _round(x: float) -> float:
-    return float(f"{float(x):.{_SIGNIFICANT}g}")
-
-
-def _keep_samples(samples: list[float]) -> list[float]:
-    """At most MAX_KEPT_SAMPLES, spread evenly over the sorted samples so the shape survives."""
-    xs = sorted(s for s in samples if math.isfinite(s))
-    if len(xs) <= MAX_KEPT_SAMPLES:
-        return xs
-    step = (len(xs) - 1) / (MAX_KEPT_SAMPLES - 1)
-    return [xs[round(i * step)] for i in range(MAX_KEPT_SAMPLES)]
 
 
 def throttle_reasons(info: Mapping[str, Any] | None) -> list[str]:
@@ -240,25 +308,26 @@ def throttle_reasons(info: Mapping[str, Any] | None) -> list[str]:
     return found
 
 
-def entry_from_record(record: ResultRecord, tolerance: float | None = None) -> BaselineEntry:
-    """The baseline entry a record would become (also how ``pytest-mig compare`` uses an old run)."""
+def run_from_record(record: ResultRecord) -> Run:
+    """The run a record adds to its figure's history."""
     m = record.metric
-    samples = [float(s) for s in m.samples]
-    return BaselineEntry(
-        test=record.test,
-        metric=m.name,
-        value=float(m.value),
-        unit=m.unit,
-        direction=m.direction,
-        kind=m.kind,
-        tolerance=tolerance,
-        spread=Spread.of(samples),
-        samples=_keep_samples(samples),
-        recorded_at=record.timestamp,
-        fingerprint=dict(record.fingerprint or {}),
-        throttled=throttle_reasons(m.info),
-        mode=record.mode,
-    )
+    return Run(value=float(m.value), recorded_at=record.timestamp, fingerprint=dict(record.fingerprint or {}),
+               noise=within_run_noise(m.samples), throttled=throttle_reasons(m.info))
+
+
+def entry_from_records(records: Iterable[ResultRecord], tolerance: float | None = None) -> BaselineEntry:
+    """A history made of earlier runs' records of one figure, oldest first (``pytest-mig compare``)."""
+    recs = list(records)
+    if not recs:
+        raise ValueError("no records")
+    m = recs[-1].metric
+    return BaselineEntry(test=recs[-1].test, metric=m.name, unit=m.unit, direction=m.direction, kind=m.kind,
+                         tolerance=tolerance, runs=[run_from_record(r) for r in recs], mode=recs[-1].mode)
+
+
+def entry_from_record(record: ResultRecord, tolerance: float | None = None) -> BaselineEntry:
+    """A history of one run: this record."""
+    return entry_from_records([record], tolerance)
 
 
 def meta_from_record(record: ResultRecord, path: Path | None = None) -> BaselineMeta:
@@ -273,16 +342,73 @@ def meta_from_record(record: ResultRecord, path: Path | None = None) -> Baseline
     return BaselineMeta(gpu_name, slug, profile, emulated, dict(record.fingerprint or {}), path)
 
 
+def saveable(record: ResultRecord) -> str | None:
+    """Why a record must not enter a history (None: it may)."""
+    m = record.metric
+    if not m.compare:
+        return "informational"
+    if not math.isfinite(m.value):
+        return f"value {m.value}"
+    if m.value <= 0:
+        return f"value {m.value} is not positive"
+    if record.mode not in MODES:
+        return f"mode {record.mode!r}"
+    return None
+
+
+@contextlib.contextmanager
+def folder_lock(root: Path, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
+    """An exclusive lock on the folder itself (``flock`` on its descriptor), held while a save runs.
+
+    Nothing is created, so no lock file is left for ``git status`` to show or for another user's
+    umask to make unwritable.  Where the file system cannot lock a folder (some network file
+    systems), a lock file ``.pytest-mig.lock`` made writable by all is used instead.
+    """
+    try:
+        import fcntl
+    except ImportError:  # not a POSIX system
+        yield
+        return
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    with _lock_file(root, max(0.0, deadline - time.monotonic())):
+                        yield
+                    return
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(str(root)) from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
+@contextlib.contextmanager
+def _lock_file(root: Path, timeout: float) -> Iterator[None]:
+    from filelock import FileLock, Timeout
+
+    try:
+        with FileLock(str(root / LOCK_FILE_NAME), timeout=timeout, mode=0o666):
+            yield
+    except Timeout:
+        raise TimeoutError(str(root)) from None
+
+
 class BaselineStore:
     """The folder of baselines: ``<root>/<gpu-model-slug>/<profile>.json``."""
 
-    def __init__(self, root: Path | str) -> None:
+    def __init__(self, root: Path | str, keep: int | None = None) -> None:
         self.root = Path(root)
+        self.keep = keep  # None: the file's own setting, else DEFAULT_KEEP
 
     def __repr__(self) -> str:
         return f"BaselineStore({str(self.root)!r})"
-
-    # -- paths -----------------------------------------------------------------------------------
 
     def path_for(self, gpu_slug: str, baseline_profile: str) -> Path:
         """Where the baseline of one GPU model and profile lives (it may not exist yet)."""
@@ -297,8 +423,6 @@ class BaselineStore:
             return []
         return sorted(p for p in self.root.glob("*/*.json") if not p.name.startswith("."))
 
-    # -- reading ---------------------------------------------------------------------------------
-
     def load(self, gpu_slug: str, baseline_profile: str) -> Baseline | None:
         """The baseline for this GPU model and profile; None when there is none yet."""
         path = self.path_for(gpu_slug, baseline_profile)
@@ -307,8 +431,8 @@ class BaselineStore:
         return load_baseline_file(path)
 
     def records(self, gpu_slug: str | None = None) -> tuple[list[ResultRecord], list[str]]:
-        """Baseline entries as result records (for scaling checks against other profiles), and a
-        line for each file that could not be read (those files are left out, not guessed at)."""
+        """Each figure's baseline (the median of its runs) as a result record, for scaling checks
+        against other profiles, and a line for each file that could not be read (left out)."""
         out: list[ResultRecord] = []
         problems: list[str] = []
         for path in self.files():
@@ -322,96 +446,89 @@ class BaselineStore:
             out.extend(_records_of(base))
         return out, problems
 
-    # -- writing ---------------------------------------------------------------------------------
+    def save(self, records: Iterable[ResultRecord]) -> list[SaveResult]:
+        """Add this run's figures to their histories and write the files.
 
-    def save(
-        self,
-        records: Iterable[ResultRecord],
-        default_tolerance: float = DEFAULT_TOLERANCE,
-    ) -> list[SaveResult]:
-        """Merge this run's records into their baseline files and write them.
-
-        A metric's entry is replaced by this run's figure; a tolerance already in the file (perhaps
-        tuned by hand in review) is kept, else ``default_tolerance`` is written.  Entries of tests
-        not in ``records`` stay.  Informational metrics and non-finite values are not saved.  Raises
-        BaselineError (and writes nothing for that file) when the existing file cannot be read or
-        belongs to another GPU model, profile or kind of target.
+        Each figure's history gains this run and keeps the last ``keep`` runs; a tolerance set in
+        the file is kept; entries of tests not in ``records`` stay.  Raises BaselineError (and
+        writes nothing for that file) when the existing file cannot be read or belongs to another
+        GPU model, profile or kind of target.
         """
-        _check_tolerance(default_tolerance, "the default tolerance")
         groups: dict[tuple[str, str], list[ResultRecord]] = {}
         skipped: dict[tuple[str, str], list[str]] = {}
         for rec in records:
             meta = meta_from_record(rec)
             key = (meta.gpu_slug, meta.profile)
-            if not rec.metric.compare:
-                skipped.setdefault(key, []).append(f"{rec.test}::{rec.metric.name} (informational)")
-                continue
-            if not math.isfinite(rec.metric.value):
-                skipped.setdefault(key, []).append(f"{rec.test}::{rec.metric.name} (value {rec.metric.value})")
-                continue
-            groups.setdefault(key, []).append(rec)
-        results: list[SaveResult] = []
+            why = saveable(rec)
+            if why:
+                skipped.setdefault(key, []).append(f"{rec.test}::{rec.metric.name} ({why})")
+            else:
+                groups.setdefault(key, []).append(rec)
         if not groups:
-            return results
+            return []
+        results: list[SaveResult] = []
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            with FileLock(str(self.root / LOCK_NAME), timeout=LOCK_TIMEOUT_S):
+            with folder_lock(self.root, LOCK_TIMEOUT_S):
                 for (slug, profile), recs in sorted(groups.items()):
-                    results.append(self._save_group(slug, profile, recs, default_tolerance, skipped.get((slug, profile), [])))
-        except Timeout:
+                    results.append(self._save_group(slug, profile, recs, skipped.get((slug, profile), [])))
+        except TimeoutError:
             raise BaselineError(
-                f"{self.root / LOCK_NAME}: another run held the baseline lock for {LOCK_TIMEOUT_S:.0f} s; "
+                f"{self.root}: another run held the baseline folder's lock for {LOCK_TIMEOUT_S:.0f} s; "
                 f"nothing was saved, try again when it has finished"
             ) from None
-        except OSError as exc:  # the folder or its lock cannot be created: a user's setting, not a crash
+        except OSError as exc:  # the folder cannot be created or opened: a user's setting, not a crash
             raise BaselineError(f"{self.root}: baselines cannot be written there ({exc.strerror or exc})") from None
         return results
 
-    def _save_group(
-        self, slug: str, profile: str, recs: list[ResultRecord], default_tolerance: float, skipped: list[str]
-    ) -> SaveResult:
+    def _save_group(self, slug: str, profile: str, recs: list[ResultRecord], skipped: list[str]) -> SaveResult:
         path = self.path_for(slug, profile)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _remove_dead_temporaries(path)
         new_meta = meta_from_record(recs[-1], path)
         existing = load_baseline_file(path) if path.exists() else None
-        if existing is not None:
-            old = existing.meta
-            if old.emulated != new_meta.emulated:
-                raise BaselineError(
-                    f"{path}: holds {'emulated' if old.emulated else 'real'} figures and this run's are "
-                    f"{'emulated' if new_meta.emulated else 'real'}; not saved, they are never mixed"
-                )
-            entries = dict(existing.entries)
-            for entry in entries.values():  # kept entries remember the fingerprint they were recorded under
-                if not entry.fingerprint:
-                    entry.fingerprint = dict(old.fingerprint)
-        else:
-            entries = {}
+        if existing is not None and existing.meta.emulated != new_meta.emulated:
+            raise BaselineError(
+                f"{path}: holds {'emulated' if existing.meta.emulated else 'real'} figures and this run's are "
+                f"{'emulated' if new_meta.emulated else 'real'}; not saved, they are never mixed"
+            )
         if new_meta.emulated and not profile.endswith(EMULATED_SUFFIX):
             raise BaselineError(f"{path}: emulated figures cannot be saved into a real profile's baseline")
-        written = 0
+        keep = self.keep or (existing.keep if existing else DEFAULT_KEEP)
+        entries = dict(existing.entries) if existing else {}
+        restarted: list[str] = []
+        touched: set[EntryKey] = set()
         for rec in recs:
-            key = (rec.test, rec.metric.name)
-            previous = entries.get(key)
-            tol = (previous.tolerance if previous is not None and previous.tolerance is not None
-                   else max(default_tolerance, KIND_MIN_TOLERANCE.get(rec.metric.kind, 0.0)))
-            entries[key] = entry_from_record(rec, tol)
-            written += 1
-        run_keys = {(r.test, r.metric.name) for r in recs}
-        kept = sum(1 for k in entries if k not in run_keys)
-        base = Baseline(new_meta, dict(sorted(entries.items())), existing.updated_at if existing else "")
-        if existing is not None and base.to_json() == path.read_text(encoding="utf-8"):
-            # Saving what the file already holds changes nothing, not even its date: no diff to review.
-            return SaveResult(path, written, kept, list(skipped), unchanged=True)
-        base.updated_at = utc_now()
+            m = rec.metric
+            key = (rec.test, m.name, rec.mode)
+            old = entries.get(key)
+            runs = list(old.runs) if old is not None else []
+            if old is not None and (old.unit != m.unit or old.direction != m.direction):
+                restarted.append(f"{rec.test}::{m.name} ({old.unit}, {old.direction} -> {m.unit}, {m.direction})")
+                runs = []
+            runs.append(run_from_record(rec))
+            entries[key] = BaselineEntry(rec.test, m.name, m.unit, m.direction, m.kind,
+                                         old.tolerance if old is not None else None, runs[-keep:], rec.mode)
+            touched.add(key)
+        base = Baseline(new_meta, dict(sorted(entries.items())), utc_now(), keep)
         text = base.to_json()  # serialise fully before touching the file
         mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
         try:
             atomic_write_text(path, text)
-            os.chmod(path, mode)  # the temporary file was created 0600; keep the file readable by the team
+            os.chmod(path, mode)
         except OSError as exc:  # disk full, read-only folder: the rename never happened, the old file stands
             raise BaselineError(f"{path}: not saved, the file could not be written ({exc.strerror or exc}); "
                                 f"it is as it was before this save") from None
-        return SaveResult(path, written, kept, list(skipped))
+        fewest = min(len(entries[k].runs) for k in touched)
+        return SaveResult(path, len(touched), len(entries) - len(touched), list(skipped), restarted, fewest)
+
+
+def _remove_dead_temporaries(path: Path) -> None:
+    """Temporary files of a save that was killed before its rename (``.<name>.*.tmp``, this tool's
+    naming): under the folder lock nobody else is writing this file, so they are dead."""
+    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+        with contextlib.suppress(OSError):
+            tmp.unlink()
 
 
 def _records_of(base: Baseline) -> Iterator[ResultRecord]:
@@ -423,32 +540,36 @@ def _records_of(base: Baseline) -> Iterator[ResultRecord]:
         "gpu_slug": meta.gpu_slug, "emulated": meta.emulated, "source": f"baseline {meta.path}",
     }
     for e in base.entries.values():
-        metric = Metric(e.metric, e.value, e.unit, e.direction, list(e.samples), e.kind)  # type: ignore[arg-type]
-        yield ResultRecord(e.test, metric, dict(target), dict(e.fingerprint or meta.fingerprint),
+        metric = Metric(e.metric, e.value, e.unit, e.direction, e.values, e.kind)  # type: ignore[arg-type]
+        yield ResultRecord(e.test, metric, dict(target), e.fingerprint or dict(meta.fingerprint),
                            e.recorded_at, node="baseline", mode=e.mode)
 
 
 # -- strict reading ------------------------------------------------------------------------------
 
+_ADVICE = "fix or delete it (pytest-mig never overwrites a file it cannot read)"
 
-def _check_tolerance(value: Any, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise BaselineError(f"{what} must be a non-negative fraction such as 0.05, not {value!r}")
+
+def check_tolerance(value: Any, what: str) -> float:
+    """A tolerance is a fraction in [0, 1): 50.0 would let a -99% drop pass."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not 0 <= value < 1:
+        raise BaselineError(f"{what} must be a fraction from 0 up to (not including) 1, such as 0.05; "
+                            f"found {json.dumps(value)}")
     return float(value)
 
 
-def _number(path: Path, where: str, value: Any, *, allow_none: bool = False) -> float | None:
-    if value is None and allow_none:
-        return None
+def _number(path: Path, where: str, value: Any, *, positive: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise BaselineError(f"{path}: {where} is {json.dumps(value)}, not a number; fix it or delete the entry")
+    if positive and value <= 0:
+        raise BaselineError(f"{path}: {where} is {json.dumps(value)}; a figure must be above 0, fix it or delete the entry")
     return float(value)
 
 
 def load_baseline_file(path: Path) -> Baseline:
-    """Read and check one baseline file; every problem is one BaselineError sentence naming it."""
+    """Read and check one baseline file (schema 2, or schema 1 read as one run per figure)."""
     path = Path(path)
-    advice = "fix or delete it (pytest-mig never overwrites a file it cannot read)"
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -456,21 +577,18 @@ def load_baseline_file(path: Path) -> Baseline:
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise BaselineError(f"{path}: not valid JSON ({exc}); {advice}") from None
+        raise BaselineError(f"{path}: not valid JSON ({exc}); {_ADVICE}") from None
     if not isinstance(doc, dict):
-        raise BaselineError(f"{path}: not a baseline file (a JSON object is expected at the top); {advice}")
-    if doc.get("schema") != BASELINE_SCHEMA:
-        raise BaselineError(
-            f"{path}: schema is {json.dumps(doc.get('schema'))}, expected \"{BASELINE_SCHEMA}\"; {advice}"
-        )
+        raise BaselineError(f"{path}: not a baseline file (a JSON object is expected at the top); {_ADVICE}")
+    schema = doc.get("schema")
+    if schema not in (BASELINE_SCHEMA, BASELINE_SCHEMA_V1):
+        raise BaselineError(f"{path}: schema is {json.dumps(schema)}, expected \"{BASELINE_SCHEMA}\"; {_ADVICE}")
+    body_key = "modes" if schema == BASELINE_SCHEMA else "tests"
     for key, typ, name in (("gpu_model", str, "a string"), ("gpu_slug", str, "a string"),
                            ("profile", str, "a string"), ("emulated", bool, "true or false"),
-                           ("tests", dict, "an object")):
+                           (body_key, dict, "an object")):
         if not isinstance(doc.get(key), typ):
-            raise BaselineError(f"{path}: '{key}' must be {name}, found {json.dumps(doc.get(key))}; {advice}")
-    fingerprint = {} if doc.get("fingerprint") is None else doc["fingerprint"]
-    if not isinstance(fingerprint, dict):
-        raise BaselineError(f"{path}: 'fingerprint' must be an object; {advice}")
+            raise BaselineError(f"{path}: '{key}' must be {name}, found {json.dumps(doc.get(key))}; {_ADVICE}")
     folder = path.parent.name
     if doc["gpu_slug"] != folder or model_slug(doc["gpu_model"]) != folder:
         raise BaselineError(
@@ -484,64 +602,118 @@ def load_baseline_file(path: Path) -> Baseline:
             f"{path}: 'emulated' is {json.dumps(doc['emulated'])} but the profile is '{doc['profile']}'; "
             f"emulated baselines are named <profile>{EMULATED_SUFFIX}"
         )
-    meta = BaselineMeta(doc["gpu_model"], doc["gpu_slug"], doc["profile"], doc["emulated"], dict(fingerprint), path)
-    entries: dict[tuple[str, str], BaselineEntry] = {}
+    meta = BaselineMeta(doc["gpu_model"], doc["gpu_slug"], doc["profile"], doc["emulated"], {}, path)
+    if schema == BASELINE_SCHEMA:
+        keep = doc.get("keep", DEFAULT_KEEP)
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise BaselineError(f"{path}: 'keep' is {json.dumps(keep)}; use a whole number of runs, 1 or more")
+        entries = _read_v2(path, doc)
+    else:
+        keep, entries = DEFAULT_KEEP, _read_v1(path, doc)
+    newest = max((e.last for e in entries.values() if e.last), key=lambda r: r.recorded_at, default=None)
+    meta.fingerprint = dict(newest.fingerprint) if newest else {}
+    return Baseline(meta, entries, str(doc.get("updated_at") or ""), keep)
+
+
+def _header(path: Path, where: str, e: Any) -> tuple[str, str, str, float | None]:
+    """unit, direction, kind and tolerance of an entry, checked."""
+    if not isinstance(e, dict):
+        raise BaselineError(f"{path}: {where} must be an object; {_ADVICE}")
+    if e.get("direction") not in ("higher", "lower"):
+        raise BaselineError(f"{path}: {where} has direction {json.dumps(e.get('direction'))}; use \"higher\" or \"lower\"")
+    if not isinstance(e.get("unit"), str):
+        what = "has no 'unit'" if "unit" not in e else f"has unit {json.dumps(e['unit'])}, not a string"
+        raise BaselineError(f"{path}: {where} {what} (use \"\" for a unitless figure); {_ADVICE}")
+    kind = e.get("kind") or "compute"
+    if kind not in METRIC_KINDS:
+        raise BaselineError(f"{path}: {where} has kind {json.dumps(kind)}; use one of {', '.join(METRIC_KINDS)}")
+    tol = e.get("tolerance")
+    if tol is not None:
+        try:
+            tol = check_tolerance(tol, f"{where} tolerance")
+        except BaselineError as exc:
+            raise BaselineError(f"{path}: {exc}") from None
+    return e["unit"], e["direction"], str(kind), tol
+
+
+def _fingerprint(path: Path, where: str, fp: Any) -> dict[str, Any]:
+    if not isinstance(fp, dict):
+        raise BaselineError(f"{path}: {where} fingerprint must be an object; {_ADVICE}")
+    return dict(fp)
+
+
+def _throttled(path: Path, where: str, raw: Any) -> list[str]:
+    throttled = [] if raw is None else raw
+    if not isinstance(throttled, list):
+        raise BaselineError(f"{path}: {where} throttled must be a list of reasons; {_ADVICE}")
+    return [str(t) for t in throttled]
+
+
+def _read_v2(path: Path, doc: dict[str, Any]) -> dict[EntryKey, BaselineEntry]:
+    fps_raw = doc.get("fingerprints") or {}
+    if not isinstance(fps_raw, dict):
+        raise BaselineError(f"{path}: 'fingerprints' must be an object; {_ADVICE}")
+    fps = {str(k): _fingerprint(path, f"fingerprint '{k}'", v) for k, v in fps_raw.items()}
+    entries: dict[EntryKey, BaselineEntry] = {}
+    for mode, tests in doc["modes"].items():
+        if mode not in MODES:
+            raise BaselineError(f"{path}: mode {json.dumps(mode)}; use \"normal\" or \"quick\"")
+        if not isinstance(tests, dict):
+            raise BaselineError(f"{path}: mode '{mode}' must map tests to their figures; {_ADVICE}")
+        for test, metrics in tests.items():
+            if not isinstance(metrics, dict):
+                raise BaselineError(f"{path}: test '{test}' must map metric names to entries; {_ADVICE}")
+            for name, e in metrics.items():
+                where = f"test '{test}' metric '{name}' ({mode})"
+                unit, direction, kind, tol = _header(path, where, e)
+                runs_raw = e.get("runs")
+                if not isinstance(runs_raw, list) or not runs_raw:
+                    raise BaselineError(f"{path}: {where} needs 'runs', a list of at least one run; {_ADVICE}")
+                runs = []
+                for r in runs_raw:
+                    if not isinstance(r, dict) or "value" not in r:
+                        raise BaselineError(f"{path}: {where} has a run without a 'value'; {_ADVICE}")
+                    fp_id = r.get("fp")
+                    if fp_id is not None and fp_id not in fps:
+                        raise BaselineError(f"{path}: {where} names fingerprint {json.dumps(fp_id)}, which the "
+                                            f"file's 'fingerprints' does not hold; {_ADVICE}")
+                    noise = r.get("noise")
+                    runs.append(Run(
+                        value=_number(path, f"{where} run value", r["value"], positive=True),
+                        recorded_at=str(r.get("at") or ""),
+                        fingerprint=dict(fps[fp_id]) if fp_id is not None else {},
+                        noise=None if noise is None else abs(_number(path, f"{where} run noise", noise)),
+                        throttled=_throttled(path, where, r.get("throttled")),
+                    ))
+                entries[(test, name, mode)] = BaselineEntry(test, name, unit, direction, kind, tol, runs, mode)
+    return entries
+
+
+def _read_v1(path: Path, doc: dict[str, Any]) -> dict[EntryKey, BaselineEntry]:
+    """Schema 1: one value per figure, with its within-run spread; each becomes a history of one run."""
+    file_fp = doc.get("fingerprint") or {}
+    file_fp = _fingerprint(path, "the file's", file_fp)
+    entries: dict[EntryKey, BaselineEntry] = {}
     for test, metrics in doc["tests"].items():
         if not isinstance(metrics, dict):
-            raise BaselineError(f"{path}: test '{test}' must map metric names to entries; {advice}")
+            raise BaselineError(f"{path}: test '{test}' must map metric names to entries; {_ADVICE}")
         for name, e in metrics.items():
             where = f"test '{test}' metric '{name}'"
-            if not isinstance(e, dict):
-                raise BaselineError(f"{path}: {where} must be an object; {advice}")
-            if "value" not in e:
-                raise BaselineError(f"{path}: {where} has no 'value'; {advice}")
-            value = _number(path, f"{where} value", e["value"])
-            if e.get("direction") not in ("higher", "lower"):
-                raise BaselineError(
-                    f"{path}: {where} has direction {json.dumps(e.get('direction'))}; use \"higher\" or \"lower\""
-                )
-            tol = _number(path, f"{where} tolerance", e.get("tolerance"), allow_none=True)
-            if tol is not None and tol < 0:
-                raise BaselineError(f"{path}: {where} tolerance {tol} is negative; use a fraction such as 0.05")
-            samples_raw = [] if e.get("samples") is None else e["samples"]
-            if not isinstance(samples_raw, list):
-                raise BaselineError(f"{path}: {where} samples must be a list of numbers; {advice}")
-            samples = [_number(path, f"{where} sample", s) for s in samples_raw]
-            spread = _read_spread(path, where, e.get("spread"))
-            fp = meta.fingerprint if e.get("fingerprint") is None else e["fingerprint"]
-            if not isinstance(fp, dict):
-                raise BaselineError(f"{path}: {where} fingerprint must be an object; {advice}")
-            throttled = [] if e.get("throttled") is None else e["throttled"]
-            if not isinstance(throttled, list):
-                raise BaselineError(f"{path}: {where} throttled must be a list of reasons; {advice}")
-            if not isinstance(e.get("unit"), str):
-                what = "has no 'unit'" if "unit" not in e else f"has unit {json.dumps(e['unit'])}, not a string"
-                raise BaselineError(f"{path}: {where} {what} (use \"\" for a unitless figure); {advice}")
-            unit = e["unit"]
-            kind = e.get("kind") or "compute"
-            if kind not in METRIC_KINDS:
-                raise BaselineError(
-                    f"{path}: {where} has kind {json.dumps(kind)}; use one of {', '.join(METRIC_KINDS)}"
-                )
+            if isinstance(e, dict) and "value" not in e:
+                raise BaselineError(f"{path}: {where} has no 'value'; {_ADVICE}")
+            unit, direction, kind, tol = _header(path, where, e)
+            value = _number(path, f"{where} value", e["value"], positive=True)
             mode = e.get("mode") or "normal"  # files saved before modes were recorded: normal runs
             if mode not in MODES:
                 raise BaselineError(f"{path}: {where} has mode {json.dumps(mode)}; use \"normal\" or \"quick\"")
-            entries[(test, name)] = BaselineEntry(
-                test=test, metric=name, value=float(value or 0.0), unit=unit, direction=e["direction"],
-                kind=str(kind), tolerance=tol, spread=spread,
-                samples=[float(s or 0.0) for s in samples], recorded_at=str(e.get("recorded_at") or ""),
-                fingerprint=dict(fp), throttled=[str(t) for t in throttled], mode=str(mode),
-            )
-    return Baseline(meta, entries, str(doc.get("updated_at") or ""))
-
-
-def _read_spread(path: Path, where: str, raw: Any) -> Spread | None:
-    if raw is None:
-        return None
-    if not isinstance(raw, dict):
-        raise BaselineError(f"{path}: {where} spread must be an object with n, median, mad, min and max")
-    vals = {k: _number(path, f"{where} spread {k}", raw.get(k)) for k in ("median", "mad", "min", "max")}
-    n = raw.get("n")
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise BaselineError(f"{path}: {where} spread n is {json.dumps(n)}, not a count")
-    return Spread(n, vals["median"] or 0.0, vals["mad"] or 0.0, vals["min"] or 0.0, vals["max"] or 0.0)
+            samples = e.get("samples") or []
+            if not isinstance(samples, list):
+                raise BaselineError(f"{path}: {where} samples must be a list of numbers; {_ADVICE}")
+            samples = [_number(path, f"{where} sample", s) for s in samples]
+            fp = file_fp if e.get("fingerprint") is None else _fingerprint(path, where, e["fingerprint"])
+            if tol in _V1_DEFAULT_TOLERANCES:  # schema 1 wrote its defaults everywhere: not a person's choice
+                tol = None
+            run = Run(value, str(e.get("recorded_at") or ""), dict(fp), within_run_noise(samples),
+                      _throttled(path, where, e.get("throttled")))
+            entries[(test, name, str(mode))] = BaselineEntry(test, name, unit, direction, kind, tol, [run], str(mode))
+    return entries

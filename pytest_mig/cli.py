@@ -3,8 +3,13 @@
     pytest-mig devices                       GPUs, MIG instances and this GPU's profiles (no GPU: says so)
     pytest-mig report FILES... [--out PATH]  merge results files of many runs/nodes into one table,
                                              flagging a node far worse than the others
-    pytest-mig compare OLD NEW               per metric change and verdict between two results files;
-                                             exit 1 when something regressed
+    pytest-mig compare OLD... NEW            judge NEW's figures against the history the OLD results
+                                             files make (oldest first), with the plugin's rule;
+                                             exit 1 on a regression or when nothing could be compared
+    pytest-mig calibrate [-n RUNS] -- ARGS   run the suite RUNS times (pytest ARGS), each run saved
+                                             into the baseline history; then each figure's CV,
+                                             threshold, smallest detectable change and gating
+    pytest-mig detection -- ARGS             the detection-power experiment of docs/detection.md
 
 Bad input (a missing file, corrupt JSON, an unknown report suffix) is one sentence on stderr and
 exit status 2, never a traceback.
@@ -17,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Sequence, TextIO
 
-from .baselines import DEFAULT_TOLERANCE, BaselineError, entry_from_record, meta_from_record
+from .baselines import DEFAULT_KEEP, BaselineError, entry_from_records, meta_from_record
 from .report import (
     OUTLIER_FACTOR,
     ReportError,
@@ -29,7 +34,7 @@ from .report import (
     write_report,
 )
 from .results import ResultRecord, ResultsFileError, read_results
-from .verdict import Verdict, compare, format_number, parse_tolerance
+from .verdict import Verdict, compare, confirm, explain_clock, format_number, parse_tolerance
 
 PROG = "pytest-mig"
 
@@ -73,15 +78,63 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"flag a node X times worse than the median of the others (default {OUTLIER_FACTOR})")
     rep.add_argument("--fail-on-outlier", action="store_true", help="exit 1 when a node is flagged")
 
-    cmp_ = sub.add_parser("compare", help="compare two results files metric by metric",
-                          description="Judge NEW against OLD as a baseline, metric by metric; exit 1 on a regression.")
-    cmp_.add_argument("old", type=Path, metavar="OLD", help="the results file to compare against")
-    cmp_.add_argument("new", type=Path, metavar="NEW", help="the results file to judge")
+    cmp_ = sub.add_parser("compare", help="judge a results file against the history of earlier ones",
+                          description="Judge the last results file against the history the earlier ones make "
+                                      "(oldest first), with the plugin's rule; exit 1 on a regression, or when "
+                                      "nothing could be compared.")
+    cmp_.add_argument("files", nargs="+", type=Path, metavar="FILE",
+                      help="OLD1 [OLD2 ...] NEW: earlier results files, then the one to judge")
     cmp_.add_argument("--tolerance", type=_tolerance_arg, default=None, metavar="PCT",
-                      help=f"allowed change, e.g. 5%% or 0.05 (default {DEFAULT_TOLERANCE:.0%})")
+                      help="cap every threshold at this change, e.g. 5%% or 0.05 (default: thresholds from "
+                           "the noise of the history, figures that cannot hold 5%% are too noisy to gate)")
     cmp_.add_argument("--fail-on-improvement", action="store_true",
-                      help="also exit 1 when a metric improved beyond the tolerance (a stale baseline)")
+                      help="also exit 1 when a metric improved beyond its threshold (a stale baseline)")
+
+    cal = sub.add_parser("calibrate", help="run the suite N times into the baseline history and show thresholds",
+                         description="Run the suite RUNS times on this Target (each run its own pytest process), "
+                                     "add every run to the baseline history, then print per figure its run-to-run "
+                                     "CV, threshold, smallest detectable change and whether it gates. Put the "
+                                     "pytest arguments after --, e.g. pytest-mig calibrate -n 10 -- benchmarks "
+                                     "--mig-profile 1g.10gb.")
+    cal.add_argument("-n", "--runs", type=_runs_arg, default=DEFAULT_KEEP, help=f"runs (default {DEFAULT_KEEP})")
+    cal.add_argument("--baseline-dir", type=Path, default=Path("baselines"), help="default: baselines")
+    cal.add_argument("--keep", type=_runs_arg, default=None, help="runs the history keeps per figure")
+    cal.add_argument("--work-dir", type=Path, default=Path(".mig-results") / "calibrate",
+                     help="where each run's results file goes (default .mig-results/calibrate)")
+    cal.add_argument("pytest_args", nargs=argparse.REMAINDER, help="-- then the pytest arguments")
+
+    det = sub.add_parser("detection", help="measure false alarms and detection on this GPU (docs/detection.md)",
+                         description="The detection-power experiment: UNCHANGED runs saved one after the other "
+                                     "into a fresh baseline history (each judged against the runs before it), "
+                                     "then runs slowed on purpose to fewer SMs judged against that history, "
+                                     "then a replay that scales recorded runs; writes OUT/detection.md.")
+    det.add_argument("--unchanged", type=_runs_arg, default=15, help="unchanged runs (default 15)")
+    det.add_argument("--slow-sms", type=_runs_arg, action="append", default=[], metavar="SMS",
+                     help="also run slowed to this many SMs (repeatable)")
+    det.add_argument("--slow-runs", type=_runs_arg, default=3, help="runs per --slow-sms (default 3)")
+    det.add_argument("--out", type=Path, default=Path(".mig-results") / "detection", help="working folder")
+    det.add_argument("--analyse-only", action="store_true", help="only replay the results files already in --out")
+    det.add_argument("pytest_args", nargs=argparse.REMAINDER, help="-- then the pytest arguments")
     return parser
+
+
+def _runs_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("give 1 or more")
+    return value
+
+
+def _pytest_args(raw: Sequence[str]) -> list[str]:
+    args = list(raw)
+    if args and args[0] == "--":
+        args = args[1:]
+    if not args:
+        raise CliError("give the pytest arguments after --, e.g. -- benchmarks --mig-profile full")
+    return args
 
 
 # -- devices -------------------------------------------------------------------------------------
@@ -143,48 +196,81 @@ def cmd_report(files: Sequence[Path], out_path: Path | None, factor: float, fail
 
 
 def compare_records(
-    old: Sequence[ResultRecord],
+    old: Sequence[ResultRecord] | Sequence[Sequence[ResultRecord]],
     new: Sequence[ResultRecord],
     *,
     tolerance: float | None = None,
     improvement_fails: bool = False,
 ) -> list[Verdict]:
-    """Each NEW record judged against the OLD record of the same test and metric (the one on the
-    same GPU model and profile when several; another one is reported as incomparable)."""
-    by_key: dict[tuple[str, str], list[ResultRecord]] = {}
-    for r in old:
-        by_key.setdefault(r.key, []).append(r)
+    """Each NEW record judged against the history of the same test, metric and mode in OLD.
+
+    ``old`` is one run's records or a list of runs' records, oldest first; a figure's history is
+    its records on the same GPU model and profile (another one is reported as incomparable).  A
+    figure beyond its threshold is re-judged on the re-measurements its own run took, where the
+    results file holds them (the plugin records them), as the plugin would have.
+    """
+    runs: list[Sequence[ResultRecord]]
+    runs = [old] if not old or isinstance(old[0], ResultRecord) else list(old)  # type: ignore[list-item]
+    by_key: dict[tuple[str, str, str], list[ResultRecord]] = {}
+    for run in runs:
+        for r in run:
+            by_key.setdefault((r.test, r.metric.name, r.mode), []).append(r)
     verdicts = []
     for rec in new:
-        candidates = by_key.get(rec.key, [])
         mine = meta_from_record(rec)
-        match = next((c for c in candidates if (meta_from_record(c).gpu_slug, meta_from_record(c).profile)
-                      == (mine.gpu_slug, mine.profile)), candidates[0] if candidates else None)
-        if match is None:
+        same = [c for c in by_key.get((rec.test, rec.metric.name, rec.mode), [])
+                if (meta_from_record(c).gpu_slug, meta_from_record(c).profile) == (mine.gpu_slug, mine.profile)]
+        others = [c for m in ("normal", "quick") for c in by_key.get((rec.test, rec.metric.name, m), [])]
+        taken = list((rec.verdict or {}).get("confirmations") or [])
+        if same:
+            entry = entry_from_records(same)
+            v = compare(rec, entry, meta_from_record(same[-1]), tolerance=tolerance,
+                        improvement_fails=improvement_fails)
+            if v.failed and taken:
+                v = confirm(v, rec, entry, taken, improvement_fails=improvement_fails)
+        elif others:
+            v = compare(rec, entry_from_records([others[-1]]), meta_from_record(others[-1]), tolerance=tolerance,
+                        improvement_fails=improvement_fails)
+        else:
             v = compare(rec, None, None)
             if v.outcome == "no-baseline":
-                v.message = f"{rec.metric.name} {format_number(rec.metric.value)} {rec.metric.unit}: not in the old file"
-        else:
-            v = compare(rec, entry_from_record(match), meta_from_record(match), tolerance=tolerance,
-                        improvement_fails=improvement_fails)
+                v.message = f"{rec.metric.name} {format_number(rec.metric.value)} {rec.metric.unit}: not in the old files"
         rec.verdict = v.to_dict()
         verdicts.append(v)
+    by_test: dict[str, list[int]] = {}
+    for i, rec in enumerate(new):
+        by_test.setdefault(rec.test, []).append(i)
+    for idx in by_test.values():  # whether the clock or the kernel moved, as the plugin says it
+        explain_clock([new[i] for i in idx], [verdicts[i] for i in idx])
     return verdicts
 
 
-def cmd_compare(old_path: Path, new_path: Path, tolerance: float | None, improvement_fails: bool, out: TextIO) -> int:
-    old, new = read_results(old_path), read_results(new_path)
+#: Outcomes that mean a figure was actually compared.
+COMPARED = ("pass", "regressed", "improved", "noisy", "transient")
+
+
+def cmd_compare(paths: Sequence[Path], tolerance: float | None, improvement_fails: bool, out: TextIO) -> int:
+    if len(paths) < 2:
+        raise CliError("compare needs at least two results files: the earlier ones, then the one to judge")
+    old = [read_results(p) for p in paths[:-1]]
+    new = read_results(paths[-1])
     verdicts = compare_records(old, new, tolerance=tolerance, improvement_fails=improvement_fails)
     frame = records_frame(new)
-    print(frame_table(frame, ("test", "metric", "profile", "value", "unit", "baseline", "change_pct", "verdict")), file=out)
+    print(frame_table(frame, ("test", "metric", "profile", "value", "unit", "baseline", "change_pct", "threshold_pct",
+                              "verdict")), file=out)
     for v in verdicts:
-        if v.outcome in ("regressed", "improved", "incomparable"):
+        if v.outcome in ("regressed", "improved", "incomparable", "noisy"):
             print(v.line(), file=out)
     failed = [v for v in verdicts if v.failed]
     counts: dict[str, int] = {}
     for v in verdicts:
         counts[v.outcome] = counts.get(v.outcome, 0) + 1
-    print(f"{len(verdicts)} metric(s): " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())), file=out)
+    print(f"{len(verdicts)} metric(s) against {len(old)} earlier run(s): "
+          + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())), file=out)
+    if verdicts and not any(v.outcome in COMPARED for v in verdicts):
+        print(f"nothing could be compared: no figure of {paths[-1]} has a history in the earlier files on the same "
+              f"GPU model, profile and mode", file=out)
+        return 1
     return 1 if failed else 0
 
 
@@ -202,7 +288,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "report":
             return cmd_report(args.files, args.out, args.outlier_factor, args.fail_on_outlier, out)
         if args.command == "compare":
-            return cmd_compare(args.old, args.new, args.tolerance, args.fail_on_improvement, out)
+            return cmd_compare(args.files, args.tolerance, args.fail_on_improvement, out)
+        if args.command == "calibrate":
+            from .calibrate import check_pytest_args, cmd_calibrate
+
+            pytest_args = _pytest_args(args.pytest_args)
+            try:
+                check_pytest_args(pytest_args)
+            except ValueError as exc:
+                raise CliError(str(exc)) from None
+            return cmd_calibrate(pytest_args, args.runs, args.baseline_dir.resolve(), args.work_dir, args.keep, out)
+        if args.command == "detection":
+            from .detection import cmd_detection
+
+            pytest_args = [] if args.analyse_only else _pytest_args(args.pytest_args)
+            return cmd_detection(pytest_args, args.unchanged, args.slow_sms, args.slow_runs, args.out,
+                                 args.analyse_only, out)
     except (ResultsFileError, BaselineError, ReportError, CliError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

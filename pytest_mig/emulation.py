@@ -149,6 +149,30 @@ class Emulator:
         return self._streams[sms]
 
     @contextlib.contextmanager
+    def _enter(self, sms: int, fraction: float) -> Iterator[tuple[int | None, str]]:
+        """Make the green context of ``sms`` SMs current, with its own stream and a memory cap of
+        ``fraction`` of the device; yields the SMs obtained and how that was read."""
+        import torch
+
+        ctx = self._context(sms)
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.set_per_process_memory_fraction(fraction, self.device_index)
+        ctx.set_context()
+        try:
+            stream = self._stream(sms, ctx)
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                if sms not in self._obtained:
+                    self._obtained[sms] = read_back_sms()
+                yield self._obtained[sms]
+                torch.cuda.synchronize()
+        finally:
+            torch.cuda.synchronize()
+            ctx.pop_context()
+            torch.cuda.empty_cache()
+            torch.cuda.set_per_process_memory_fraction(1.0, self.device_index)
+
+    @contextlib.contextmanager
     def activate(self, target: Target) -> Iterator[Target]:
         """Run the block inside the profile's green context with its memory cap; restore afterwards."""
         import torch
@@ -157,23 +181,15 @@ class Emulator:
             raise RuntimeError(f"the SM count of {target.profile} is unknown, so it cannot be emulated")
         total = torch.cuda.get_device_properties(self.device_index).total_memory
         fraction = min(1.0, (target.memory_bytes or total) / total)
-        ctx = self._context(target.sms)
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        torch.cuda.set_per_process_memory_fraction(fraction, self.device_index)
-        ctx.set_context()
-        try:
-            stream = self._stream(target.sms, ctx)
-            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-                if target.sms not in self._obtained:
-                    self._obtained[target.sms] = read_back_sms()
-                got, how = self._obtained[target.sms]
-                note = (f"green context: {target.sms} SMs asked, {got if got else '?'} obtained ({how}); "
-                        f"memory capped at {fraction * total / 2**30:.1f} GiB")
-                yield replace(target, sms_obtained=got, verified=note)
-                torch.cuda.synchronize()
-        finally:
-            torch.cuda.synchronize()
-            ctx.pop_context()
-            torch.cuda.empty_cache()
-            torch.cuda.set_per_process_memory_fraction(1.0, self.device_index)
+        with self._enter(target.sms, fraction) as (got, how):
+            note = (f"green context: {target.sms} SMs asked, {got if got else '?'} obtained ({how}); "
+                    f"memory capped at {fraction * total / 2**30:.1f} GiB")
+            yield replace(target, sms_obtained=got, verified=note)
+
+    @contextlib.contextmanager
+    def slowed(self, target: Target, sms: int) -> Iterator[Target]:
+        """Run a whole-GPU Target's test on only ``sms`` of its SMs (a green context, memory not
+        capped): a real, physical slowdown for the detection experiment, judged as the whole GPU."""
+        with self._enter(sms, 1.0) as (got, how):
+            yield replace(target, verified=f"{target.verified}; slowed on purpose to a green context of {sms} SMs "
+                                           f"({got if got else '?'} obtained, {how})")

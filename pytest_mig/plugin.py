@@ -7,6 +7,7 @@ reports in report.py.  Precedence of settings: marker > command line > environme
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, field, replace
@@ -19,7 +20,7 @@ from . import nvml
 from . import target as _target
 from .bench import MigBench
 from .measure import Metric, Telemetry
-from .results import ResultRecord, ResultsFileError, utc_now, write_results
+from .results import ResultRecord, ResultsFileError, write_results
 from .target import Options, Plan, SelectionError, Target, pin, plan_run, verify
 from .workloads import DoesNotFit
 
@@ -30,9 +31,17 @@ HELP_EMULATE = ("approximate the profile on a GPU whose MIG mode is off: a green
                 "and a memory cap; results are labelled 'emulated' and never compared with real slices.")
 HELP_REQUIRE_GPU = "fail (instead of running on the CPU) when no usable GPU is found; for nightly GPU runners."
 HELP_QUICK = "quick mode: fewer sizes and repeats, about a minute per profile."
-HELP_SAVE = "record this run's figures as the baseline of this GPU model and profile (only the tests that ran)."
+HELP_SAVE = ("add this run's figures to the baseline history of this GPU model and profile (tests that ran and "
+             "passed; the last N runs are kept, see --mig-baseline-keep).")
+HELP_KEEP = "runs a baseline keeps per figure (default 10): the history its noise and thresholds come from."
+HELP_CONFIRM = ("re-measure a figure beyond its threshold this many times before the test fails (default 2; 0: "
+                "fail on the first measurement); it fails only if every re-measurement is beyond it too.")
+HELP_SLOWDOWN = ("detection experiments only: run a whole GPU's tests on just N of its SMs (a green context) and "
+                 "judge them as the whole GPU, a real slowdown for measuring what the verdicts catch.")
 HELP_BASELINE_DIR = "folder of baselines/<gpu-model>/<profile>.json (default: baselines)."
-HELP_TOLERANCE = "default tolerance of a regression, as a fraction or percent: 0.05 or 5% (default 5%)."
+HELP_TOLERANCE = ("the largest change a figure may hide, as a fraction or percent (0.05 or 5%). Unset (default), "
+                  "each figure's threshold comes from its run-to-run noise and a figure that cannot hold 5% is "
+                  "reported as too noisy to gate; set, it caps every threshold.")
 HELP_IMPROVEMENT = "fail a test whose figure improved beyond tolerance: a stale baseline hides regressions."
 HELP_REPORT = "write a report of this run's figures and verdicts: .md, .csv or .json by suffix."
 HELP_RESULTS = "where this run's results JSON goes (default: .mig-results/results-<time>.json; 'none' to skip)."
@@ -64,6 +73,8 @@ class RunState:
     board: Any = None  # nvml.BoardReader of the parent GPU
     emulator: Any = None
     errors: list[str] = field(default_factory=list)  # make the run fail (a baseline that could not be saved)
+    unsaved: set[int] = field(default_factory=set)  # id() of records of tests that failed: never saved
+    judge: Any = None  # verdict.Judge of the run (reads each baseline file once)
     messages: list[str] = field(default_factory=list)
     baseline_errors: list[str] = field(default_factory=list)
     sections: list[tuple[str, str]] = field(default_factory=list)  # (title, text) for the terminal summary
@@ -72,7 +83,12 @@ class RunState:
 
 
 STATE = pytest.StashKey[RunState]()
+BENCH = pytest.StashKey[MigBench]()
 ITEM_RECORDS = pytest.StashKey[list[ResultRecord]]()
+
+#: Seconds of back-to-back work over which board energy is read after each timing (normal, quick):
+#: several times the energy counter's update period, so that a figure is a measurement.
+ENERGY_WINDOW_S = {"normal": 3.0, "quick": 1.5}
 
 
 # --------------------------------------------------------------------------- options
@@ -93,6 +109,26 @@ def _tolerance(text: str) -> float:
     return value
 
 
+def _whole(text: str, least: int) -> int:
+    import argparse
+
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"{value} is too small: use {least} or more")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    return _whole(text, 1)
+
+
+def _count(text: str) -> int:
+    return _whole(text, 0)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("mig", "pytest-mig: NVIDIA MIG slices and GPUs")
     g.addoption("--mig-profile", dest="mig_profile", default=None, help=HELP_PROFILE)
@@ -102,6 +138,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--mig-quick", dest="mig_quick", action="store_true", default=False, help=HELP_QUICK)
     g.addoption("--mig-save-baseline", dest="mig_save_baseline", action="store_true", default=False, help=HELP_SAVE)
     g.addoption("--mig-baseline-dir", dest="mig_baseline_dir", default=None, help=HELP_BASELINE_DIR)
+    g.addoption("--mig-baseline-keep", dest="mig_baseline_keep", type=_positive_int, default=None, help=HELP_KEEP)
+    g.addoption("--mig-confirm", dest="mig_confirm", type=_count, default=None, help=HELP_CONFIRM)
+    g.addoption("--mig-slowdown-sms", dest="mig_slowdown_sms", type=_positive_int, default=None, help=HELP_SLOWDOWN)
     g.addoption("--mig-tolerance", dest="mig_tolerance", type=_tolerance, default=None,
                 help=HELP_TOLERANCE.replace("%", "%%"))  # argparse %-formats option help (not ini help)
     g.addoption("--mig-fail-on-improvement", dest="mig_fail_on_improvement", action="store_true", default=False,
@@ -118,7 +157,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("mig_profile", HELP_PROFILE, default=None)
     parser.addini("mig_require_gpu", HELP_REQUIRE_GPU, type="bool", default=False)
     parser.addini("mig_baseline_dir", HELP_BASELINE_DIR, default="baselines")
-    parser.addini("mig_tolerance", HELP_TOLERANCE, default="5%")
+    parser.addini("mig_tolerance", HELP_TOLERANCE, default="")
+    parser.addini("mig_baseline_keep", HELP_KEEP, default="")
+    parser.addini("mig_confirm", HELP_CONFIRM, default="")
     parser.addini("mig_su_coefficients", HELP_SU, default="")
 
 
@@ -140,14 +181,43 @@ def baseline_dir(config: pytest.Config) -> Path:
     return p if p.is_absolute() else Path(config.rootpath) / p
 
 
-def default_tolerance(config: pytest.Config) -> float:
+def explicit_tolerance(config: pytest.Config) -> float | None:
+    """The tolerance a site set (command line, else ini); None: thresholds come from the noise alone."""
     cli = config.getoption("mig_tolerance")
     if cli is not None:
         return float(cli)
+    text = str(config.getini("mig_tolerance") or "").strip()
+    if not text:
+        return None
     try:
-        return _tolerance(str(config.getini("mig_tolerance")))
+        return _tolerance(text)
     except Exception as exc:
         raise pytest.UsageError(f"ini option mig_tolerance: {exc}") from None
+
+
+def _ini_count(config: pytest.Config, option: str, ini: str, default: int, least: int) -> int:
+    value = config.getoption(option)
+    if value is not None:
+        return int(value)
+    text = str(config.getini(ini) or "").strip()
+    if not text:
+        return default
+    try:
+        return _whole(text, least)
+    except Exception as exc:
+        raise pytest.UsageError(f"ini option {ini}: {exc}") from None
+
+
+def confirm_count(config: pytest.Config) -> int:
+    """How many times a figure beyond its threshold is re-measured before its test fails."""
+    return _ini_count(config, "mig_confirm", "mig_confirm", 2, 0)
+
+
+def baseline_keep(config: pytest.Config) -> int | None:
+    """Runs kept per figure when saving (None: the file's own setting)."""
+    if config.getoption("mig_baseline_keep") is None and not str(config.getini("mig_baseline_keep") or "").strip():
+        return None
+    return _ini_count(config, "mig_baseline_keep", "mig_baseline_keep", 10, 1)
 
 
 def su_coefficients(config: pytest.Config) -> Any:
@@ -172,13 +242,15 @@ def su_allocation(config: pytest.Config, env: Any = os.environ) -> tuple[float, 
             ram = float(env["SLURM_MEM_PER_NODE"]) / 1024 if env.get("SLURM_MEM_PER_NODE") else 4.0
         except ValueError:
             return 1.0, 4.0
+        if not (math.isfinite(cpus) and math.isfinite(ram) and cpus > 0 and ram > 0):
+            return 1.0, 4.0
         return cpus, ram
     form = "expected 'cpus=N,ram_gb=G'"
     values = {"cpus": cpus, "ram_gb": ram}
     for part in (p.strip() for p in str(text).split(",") if p.strip()):
         key, _, raw = part.partition("=")
         try:
-            if key.strip() not in values or float(raw) <= 0:
+            if key.strip() not in values or not math.isfinite(float(raw)) or float(raw) <= 0:
                 raise ValueError
             values[key.strip()] = float(raw)
         except ValueError:
@@ -203,6 +275,18 @@ def pytest_configure(config: pytest.Config) -> None:
     # parsed once, here: a malformed value is a usage error now, not in the first benchmark
     state = config.stash[STATE]
     state.su, state.allocation = su_coefficients(config), su_allocation(config)
+    explicit_tolerance(config), confirm_count(config), baseline_keep(config)  # bad ini values: said now
+    slow = config.getoption("mig_slowdown_sms")
+    if slow is not None:
+        t = plan.targets[0]
+        if t.kind != "full" or plan.sweep:
+            raise pytest.UsageError("--mig-slowdown-sms slows a whole GPU for the detection experiment: use it with "
+                                    "--mig-profile full on a GPU whose MIG mode is off")
+        if config.getoption("mig_save_baseline"):
+            raise pytest.UsageError("--mig-slowdown-sms measures a GPU slowed on purpose: its figures are never "
+                                    "saved as a baseline; drop --mig-save-baseline")
+        if t.sms and slow >= t.sms:
+            raise pytest.UsageError(f"--mig-slowdown-sms {slow}: the GPU has {t.sms} SMs; ask for fewer")
     if config.getoption("mig_scaling_plot"):
         try:
             import matplotlib  # noqa: F401
@@ -241,14 +325,14 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     if first.gpu_index is not None:
         board = nvml.BoardReader(first.gpu_index)
         state.board = board if board.available else None
-    if first.emulated:
+    if first.emulated or session.config.getoption("mig_slowdown_sms"):
         from .emulation import Emulator
 
         state.emulator = Emulator(0)
         # Create every profile's green context now, so the header says how many SMs each really got
         # (not when only collecting).
         checked = []
-        for t in ([] if session.config.option.collectonly else plan.targets):
+        for t in ([] if session.config.option.collectonly or not first.emulated else plan.targets):
             try:
                 with state.emulator.activate(t) as active:
                     checked.append(replace(t, sms_obtained=active.sms_obtained,
@@ -285,6 +369,10 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         got = ", ".join(f"{x.profile} {x.sms} -> {x.sms_obtained or '?'}" for x in plan.targets)
         lines.append(f"pytest-mig: green contexts, SMs asked -> obtained: {got}")
     lines.append(f"pytest-mig: check: {t.verified}")
+    slow = config.getoption("mig_slowdown_sms")
+    if slow:
+        lines.append(f"pytest-mig: SLOWED ON PURPOSE: every test runs on {slow} of the GPU's {t.sms} SMs (a green "
+                     f"context) and is judged as the whole GPU (--mig-slowdown-sms, detection experiments)")
     return lines
 
 
@@ -373,8 +461,12 @@ def mig_device(request: pytest.FixtureRequest) -> Iterator[Target]:
     state = _state(request.config)
     index = getattr(request, "param", 0)
     target = state.plan.targets[index]  # markers that do not fit it skipped the test at collection
+    slow = request.config.getoption("mig_slowdown_sms")
     if target.emulated and state.emulator is not None:
         with state.emulator.activate(target) as active:
+            yield active
+    elif slow and state.emulator is not None:
+        with state.emulator.slowed(target, int(slow)) as active:
             yield active
     else:
         yield target
@@ -400,16 +492,23 @@ def mig_bench(request: pytest.FixtureRequest, benchmark: Any, mig_device: Target
     telemetry = None
     if state.board is not None:
         telemetry = Telemetry(state.board.power_w, state.board.energy_mj, state.board.clocks,
-                              window_s=0.3 if quick else 1.0)
+                              window_s=ENERGY_WINDOW_S["quick" if quick else "normal"],
+                              power_limit_w=state.fingerprint.get("power_limit_w"))
+    slow = request.config.getoption("mig_slowdown_sms")
 
     def sink(metric: Metric) -> None:
-        rec = ResultRecord(test=_test_key(item, mig_device), metric=metric, target=mig_device.to_dict(),
+        target = mig_device.to_dict()
+        if slow:
+            target["slowed_to_sms"] = int(slow)
+        rec = ResultRecord(test=_test_key(item, mig_device), metric=metric, target=target,
                            fingerprint=dict(state.fingerprint),
                            mode="quick" if quick else "normal")
         records.append(rec)
         state.records.append(rec)
 
-    return MigBench(benchmark, mig_device, telemetry, sink, quick=quick, su=state.su, allocation=state.allocation)
+    bench = MigBench(benchmark, mig_device, telemetry, sink, quick=quick, su=state.su, allocation=state.allocation)
+    item.stash[BENCH] = bench
+    return bench
 
 
 @pytest.fixture(scope="session")
@@ -442,36 +541,85 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         from .report import junit_properties
 
         item.user_properties.extend(junit_properties(records))
-    if failures:
+    if failures and not item.config.getoption("mig_save_baseline"):  # a save run is accepted, not judged
         pytest.fail("\n".join(failures), pytrace=False)
     return result
 
 
+def _marker_tolerance(item: pytest.Item) -> float | None:
+    marker = item.get_closest_marker("mig_tolerance")
+    if not marker:
+        return None
+    tolerance = marker.kwargs.get("tolerance", marker.args[0] if marker.args else None)
+    if isinstance(tolerance, str):
+        tolerance = _tolerance(tolerance)
+    return tolerance
+
+
 def _judge(item: pytest.Item, records: list[ResultRecord]) -> list[str]:
-    """Compare this test's records with the stored baseline; the lines of every failing verdict."""
-    if not records or item.config.getoption("mig_save_baseline"):
+    """Compare this test's records with their stored histories, re-measuring a figure beyond its
+    threshold before it fails; the lines of every failing verdict."""
+    if not records:
         return []
     from .baselines import BaselineError, BaselineStore
-    from .verdict import judge
+    from .verdict import Judge, explain_clock
 
     config = item.config
     state = _state(config)
-    marker = item.get_closest_marker("mig_tolerance")
-    tolerance = None
-    if marker:
-        tolerance = marker.kwargs.get("tolerance", marker.args[0] if marker.args else None)
-        if isinstance(tolerance, str):
-            tolerance = _tolerance(tolerance)
+    if state.judge is None:
+        state.judge = Judge(BaselineStore(baseline_dir(config)),
+                            improvement_fails=bool(config.getoption("mig_fail_on_improvement")))
+    tolerance = _marker_tolerance(item)
+    if tolerance is None:
+        tolerance = explicit_tolerance(config)
     try:
-        verdicts = judge(records, BaselineStore(baseline_dir(config)), tolerance=tolerance,
-                         default_tolerance=default_tolerance(config),
-                         improvement_fails=bool(config.getoption("mig_fail_on_improvement")))
+        verdicts = state.judge.judge(records, tolerance)
+        beyond = [(r, v) for r, v in zip(records, verdicts) if v.failed]
+        times = confirm_count(config)
+        if beyond and times:
+            again = _remeasure(item, times)
+            verdicts = [state.judge.confirm(r, v, again.get(r.metric.name, [])) if v.failed else v
+                        for r, v in zip(records, verdicts)]
+        explain_clock(records, verdicts)
     except BaselineError as exc:
         msg = str(exc)
         if msg not in state.baseline_errors:
             state.baseline_errors.append(msg)
         return [f"baseline unusable: {msg}"]
     return [v.line() for v in verdicts if v.failed]
+
+
+def _remeasure(item: pytest.Item, times: int) -> dict[str, list[float]]:
+    """Run the test's body ``times`` more times, same sizes, and return each metric's new values.
+
+    The re-measurements go neither to the results nor to the baseline: they only confirm or clear
+    the first measurement.  A re-run that raises ends the re-measuring (what was measured counts).
+    """
+    bench = item.stash.get(BENCH, None)
+    values: dict[str, list[float]] = {}
+    if bench is None:
+        return values
+    for _ in range(times):
+        bench.remeasured = []
+        try:
+            item.runtest()
+        except (Exception, pytest.fail.Exception, pytest.skip.Exception):
+            break
+        finally:
+            got, bench.remeasured = bench.remeasured or [], None
+        for metric in got:
+            values.setdefault(metric.name, []).append(metric.value)
+    return values
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
+    """Remember the records of a test that failed: a failed test's figures never enter a baseline."""
+    report = yield
+    state = item.config.stash.get(STATE, None)
+    if state is not None and report.failed:
+        state.unsaved.update(id(r) for r in item.stash.get(ITEM_RECORDS, []))
+    return report
 
 
 # --------------------------------------------------------------------------- pytest-benchmark integration
@@ -503,8 +651,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     t = state.plan.targets[0]
     results = config.getoption("mig_results")
     if results != "none":
-        stamp = utc_now().replace(":", "").replace("+0000", "Z")
-        path = Path(results) if results else Path(config.rootpath) / ".mig-results" / f"results-{stamp}.json"
+        path = Path(results) if results else default_results_path(Path(config.rootpath))
         try:
             write_results(path, state.records, meta={"target": t.to_dict(), "fingerprint": state.fingerprint})
             state.messages.append(f"results: {path}")
@@ -525,16 +672,30 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+def default_results_path(root: Path) -> Path:
+    """``.mig-results/results-<UTC time to the microsecond>-<pid>.json``: two runs finishing in the
+    same second (two slices of one node) never write the same file."""
+    import datetime as _dt
+
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+    return root / ".mig-results" / f"results-{stamp}-{os.getpid()}.json"
+
+
 def _save_baseline(config: pytest.Config, state: RunState) -> None:
     from .baselines import BaselineError, BaselineStore
 
-    store = BaselineStore(baseline_dir(config))
+    passed = [r for r in state.records if id(r) not in state.unsaved]
+    failed_tests = sorted({r.test for r in state.records if id(r) in state.unsaved})
+    if failed_tests:
+        state.messages.append(f"baseline: the figures of {len(failed_tests)} failed test(s) were not saved: "
+                              + ", ".join(failed_tests[:5]) + (", ..." if len(failed_tests) > 5 else ""))
+    store = BaselineStore(baseline_dir(config), keep=baseline_keep(config))
     try:
-        paths = store.save(state.records, default_tolerance=default_tolerance(config))
+        paths = store.save(passed)
     except BaselineError as exc:
         state.errors.append(f"baseline not saved: {exc}")
         return
-    state.messages.extend(f"baseline saved: {p}" for p in paths)
+    state.messages.extend(p.describe() for p in paths)
 
 
 def add_summary_section(config: pytest.Config, title: str, text: str) -> None:
@@ -558,8 +719,12 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     tr = terminalreporter
     tr.section("pytest-mig results")
     if state.plan.targets[0].is_cpu:
-        tr.write_line("CPU run: real CPU measurements at small sizes; nothing was compared with GPU baselines.")
+        tr.write_line("CPU run: real CPU measurements at small sizes, compared only with a CPU baseline "
+                      "(baselines/cpu/), never with a GPU's.")
     tr.write_line(summary_table(state.records))
+    if config.getoption("mig_save_baseline"):
+        tr.write_line("this run was added to the baseline: its verdicts against the earlier runs are shown, "
+                      "none of them fails it")
     for msg in state.messages:
         tr.write_line(msg)
     for msg in state.baseline_errors + state.errors:

@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 
 #: Columns of every table, in order.
 COLUMNS: tuple[str, ...] = (
-    "test", "metric", "value", "unit", "baseline", "change_pct", "verdict", "profile", "gpu", "node",
-    "kind", "direction", "emulated", "mode", "timestamp",
+    "test", "metric", "value", "unit", "baseline", "change_pct", "threshold_pct", "detectable_pct", "runs", "verdict",
+    "profile", "gpu", "node", "kind", "direction", "emulated", "mode", "timestamp",
 )
 
 #: Report file suffixes and the format each one writes.
@@ -58,6 +58,9 @@ def _row(rec: ResultRecord) -> dict[str, Any]:
         "unit": rec.metric.unit,
         "baseline": v.get("baseline"),
         "change_pct": None if v.get("change_pct") is None else round(float(v["change_pct"]), 2),
+        "threshold_pct": _pct_or_none(v.get("threshold")),
+        "detectable_pct": _pct_or_none(v.get("detectable")),
+        "runs": v.get("runs"),
         "verdict": str(v.get("outcome") or ""),
         "profile": _profile(rec.target),
         "gpu": _gpu(rec.target),
@@ -68,6 +71,17 @@ def _row(rec: ResultRecord) -> dict[str, Any]:
         "mode": rec.mode,
         "timestamp": rec.timestamp,
     }
+
+
+def _pct_or_none(fraction: Any) -> float | None:
+    return None if fraction is None else round(float(fraction) * 100, 2)
+
+
+def _band(v: dict[str, Any]) -> tuple[str, str]:
+    """The threshold and smallest detectable change columns of the summary ("-" where not judged)."""
+    thr, det = v.get("threshold"), v.get("detectable")
+    return (f"±{float(thr) * 100:.1f}%" if thr is not None else "-",
+            f"{float(det) * 100:.1f}%" if det is not None and v.get("gates") is not False else "-")
 
 
 def records_frame(records: Iterable[ResultRecord]) -> pd.DataFrame:
@@ -94,7 +108,8 @@ def summary_table(records: Sequence[ResultRecord], *, tablefmt: str = "simple") 
     if not records:
         return "(no metrics recorded)"
     several = len({_profile(r.target) for r in records}) > 1
-    headers = ["test", "metric", "value", "unit", "baseline", "change", "verdict"] + (["profile"] if several else [])
+    headers = ["test", "metric", "value", "unit", "baseline", "change", "threshold", "detects", "verdict"] \
+        + (["profile"] if several else [])
     rows = []
     for r in records:
         v = r.verdict or {}
@@ -104,7 +119,7 @@ def summary_table(records: Sequence[ResultRecord], *, tablefmt: str = "simple") 
         change = v.get("change_pct")
         row = [_short_test(r.test), r.metric.name, format_number(r.metric.value), r.metric.unit,
                format_number(v.get("baseline")) if v.get("baseline") is not None else "-",
-               f"{change:+.1f}%" if change is not None else "-", outcome]
+               f"{change:+.1f}%" if change is not None else "-", *_band(v), outcome]
         if several:
             row.append(_profile(r.target))
         rows.append(row)

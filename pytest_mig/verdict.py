@@ -1,41 +1,30 @@
-"""Verdicts: one run's figure against its baseline, in words a person can act on.
+"""Verdicts: one run's figure against its history, in words a person can act on.
 
-The rule (one place, used by the plugin and by ``pytest-mig compare``):
+The rule (one place, used by the plugin, ``pytest-mig compare`` and ``pytest-mig calibrate``):
 
-* Never compared: informational metrics (outcome ``info``); figures of another GPU model, another
-  profile, or emulated against real (``incomparable``); different units or directions
-  (``incomparable``: the metric was redefined, re-record the baseline).
+* Never compared: informational metrics (``info``); figures of another GPU model, another profile,
+  emulated against real, or the other mode (quick vs normal) (``incomparable``); different units or
+  directions (``incomparable``: the metric was redefined, re-record the baseline).
+* The store hands over the figure's history (the runs kept in its baseline entry).  Its band
+  (:func:`pytest_mig.noise.band`) gives the baseline (median of the runs), the threshold from the
+  run-to-run noise, whether the figure gates, and the smallest change it can detect.
 * ``worse`` is the relative change in the bad direction (a TFLOPS drop, a time increase).
-* The tolerance is, in this order: the test's marker (``tolerance=``), the baseline entry's
-  ``tolerance``, then the ini default (5%).
-* Significance, from the samples (this run's and the ones kept in the baseline entry):
-  - with at least ``MW_MIN_SAMPLES`` (7) on both sides, a two-sided Mann-Whitney U test (normal
-    approximation with tie and continuity corrections) must give p < ``MW_ALPHA`` (0.002), as asv
-    does.  Each side's samples are first scaled so that their median is that side's value: the
-    value is what is compared (a baseline edited by hand to claim 10% more fails a run that
-    matches the old samples), the samples give the shape of the noise around it;
-  - with fewer, the change must exceed the noise band ``NOISE_K`` (2) x the combined robust relative
-    spread, ``2 * sqrt(s_run**2 + s_base**2)`` with ``s = 1.4826 * MAD / median``: the spread of
-    the samples themselves, not the standard error of the median, because repeats inside one run
-    share clocks and temperature and understate run-to-run variation;
-  - without samples on either side the tolerance alone decides.
-  Simulated on synthetic samples (10 per side): an unchanged metric with an 8% spread is called
-  regressed in fewer than 1 in 1000 comparisons; a 10% drop with a 3% spread is caught in more than
-  99% (the spread band alone caught 78%); a 5% drop with a 0.3% spread is always caught at a 3%
-  tolerance.
-* ``regressed`` when worse by more than the tolerance AND significant; ``improved`` when better by
-  more than the tolerance AND significant; otherwise ``pass`` (the message says when a change beyond
-  the tolerance was not significant).
-* A throttled measurement (power or thermal clock-event reasons before or after it) is still judged,
-  and a regression still fails (users get the slow GPU, and the cooling or power cap needs fixing),
-  but the message says the throttle is the likely cause, so it is not blamed on the driver.
+  ``regressed`` when worse by more than the threshold, ``improved`` when better by more than it,
+  else ``pass``.  A figure that does not gate is ``noisy`` ("too noisy to gate"), whatever it did.
+* **Confirmation**: a run beyond the threshold is re-measured (:func:`confirm`; the plugin runs the
+  test again, twice by default) and fails only if every re-measurement is beyond the threshold too.
+  A slowdown that persists (a driver, a clock cap, a bad board) stays beyond and fails; a transient
+  dip comes back and is reported ``transient``, with every measurement shown, and passes.
+* A throttled measurement (power or thermal clock-event reasons) is still judged, and a regression
+  still fails, but the message names the throttle as the likely cause, not the driver.
 * ``improved`` fails only with ``improvement_fails`` (``--mig-fail-on-improvement``): a stale
   baseline hides regressions.
 
-The message names the metric, value, baseline, change, tolerance and what differs in the
-fingerprint since the baseline was recorded, e.g.
-``fp16_tflops 138.2 TFLOPS, baseline 151.7 TFLOPS (-8.9%, tolerance 5%); since the baseline:
-driver 550.54 -> 560.35``.
+The message names the metric, value, baseline, change, threshold and where it came from, the
+smallest detectable change, and what differs in the fingerprint since the baseline was recorded,
+e.g. ``fp16_tflops 652.1 TFLOPS, baseline 699.0 TFLOPS (median of 10 runs): -6.7%, threshold 2.1%
+(5 x run-to-run sigma 0.42%), detects >= 2.9%; confirmed by re-measuring: 651.0, 653.4 TFLOPS;
+since the baseline: driver 550.54 -> 560.35``.
 """
 
 from __future__ import annotations
@@ -52,22 +41,15 @@ from .baselines import (
     BaselineEntry,
     BaselineMeta,
     BaselineStore,
-    Spread,
     meta_from_record,
     throttle_reasons,
 )
-from .profiles import CPU
+from .noise import DETECT_Z, K, MIN_RUNS, Band, band
 from .results import ResultRecord
 
-Outcome = Literal["pass", "regressed", "improved", "no-baseline", "incomparable", "info"]
-OUTCOMES: tuple[str, ...] = ("pass", "regressed", "improved", "no-baseline", "incomparable", "info")
-
-#: How many combined robust sigmas a change must exceed to count as more than noise (few samples).
-NOISE_K = 2.0
-
-#: Samples needed on both sides for the rank test, and its significance level.
-MW_MIN_SAMPLES = 7
-MW_ALPHA = 0.002
+Outcome = Literal["pass", "regressed", "improved", "noisy", "transient", "no-baseline", "incomparable", "info"]
+OUTCOMES: tuple[str, ...] = ("pass", "regressed", "improved", "noisy", "transient", "no-baseline", "incomparable",
+                             "info")
 
 #: Fingerprint keys in the order a verdict names them (likely culprits first), with their labels
 #: and units.  Keys not listed here are still diffed, after these, in sorted order.
@@ -86,6 +68,7 @@ FINGERPRINT_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("python", "Python", ""),
     ("gpu_name", "GPU", ""),
     ("memory_total_mib", "memory", " MiB"),
+    ("cpu_model", "CPU", ""),
 )
 
 
@@ -96,24 +79,31 @@ class Verdict:
     outcome: Outcome
     metric: str
     value: float | None
-    baseline: float | None
+    baseline: float | None  # the median of the runs kept
     change_pct: float | None  # signed change of the value in percent (-8.9 = 8.9% lower)
-    tolerance: float | None  # fraction
-    noise: float | None  # the noise band as a fraction (0 when there were no samples)
-    p_value: float | None = None  # Mann-Whitney p of this run's samples against the baseline's, when used
+    tolerance: float | None  # the tolerance the threshold was held to (fraction)
+    threshold: float | None = None  # relative change beyond which the figure is called changed
+    sigma: float | None = None  # relative run-to-run sigma of the history (None: too few runs)
+    detectable: float | None = None  # the smallest sustained change caught in >= 95% of runs
+    runs: int | None = None  # runs in the baseline's history
+    gates: bool | None = None  # False: too noisy to gate
+    confirmations: list[float] = field(default_factory=list)  # re-measured values, when re-measured
     fingerprint_changes: list[str] = field(default_factory=list)
     throttled: list[str] = field(default_factory=list)
     message: str = ""
     unit: str = ""
     test: str = ""
     failed: bool = False  # does this verdict fail the test?
+    direction: str = "higher"
+    basis: str | None = None  # where the threshold came from: noise, floor, few-runs, tolerance
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def line(self) -> str:
         """The message with its outcome in front, as a failing test shows it."""
-        return f"{self.outcome.upper()} {self.test + ' ' if self.test else ''}{self.message}".rstrip()
+        label = "TOO NOISY TO GATE" if self.outcome == "noisy" else self.outcome.upper()
+        return f"{label} {self.test + ' ' if self.test else ''}{self.message}".rstrip()
 
 
 def format_number(x: float | None) -> str:
@@ -142,41 +132,9 @@ def _pct(fraction: float) -> str:
     return f"{pct:.2g}%"
 
 
-def mann_whitney_p(a: Sequence[float], b: Sequence[float]) -> float:
-    """Two-sided p of the Mann-Whitney U test (normal approximation, tie and continuity corrected).
-
-    Rank-based, so it needs no assumption about the shape of timing noise and works on samples
-    in any unit monotonic in the metric (seconds for a TFLOPS figure flip the sign, not the p).
-    """
-    n1, n2 = len(a), len(b)
-    if not n1 or not n2:
-        return 1.0
-    pooled = sorted([(float(x), 0) for x in a] + [(float(x), 1) for x in b])
-    ranks = [0.0] * len(pooled)
-    ties = 0.0
-    i = 0
-    while i < len(pooled):
-        j = i
-        while j + 1 < len(pooled) and pooled[j + 1][0] == pooled[i][0]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[k] = (i + j) / 2 + 1
-        t = j - i + 1
-        ties += t**3 - t
-        i = j + 1
-    r1 = sum(r for r, (_, side) in zip(ranks, pooled) if side == 0)
-    u = r1 - n1 * (n1 + 1) / 2
-    mu = n1 * n2 / 2
-    n = n1 + n2
-    var = n1 * n2 / 12 * ((n + 1) - ties / (n * (n - 1)))
-    if var <= 0:
-        return 1.0 if u == mu else 0.0
-    z = max(0.0, abs(u - mu) - 0.5) / math.sqrt(var)
-    return math.erfc(z / math.sqrt(2))
-
-
 def parse_tolerance(text: str | float) -> float:
-    """'5%' or '0.05' -> 0.05.  A bare number above 1 is refused: write 5% or 0.05."""
+    """'5%' or '0.05' -> 0.05.  A bare number above 1 is refused (write 5% or 0.05), and so is
+    anything outside [0, 100%): a tolerance of 150% would let every drop pass."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         value = float(text)
     else:
@@ -187,8 +145,8 @@ def parse_tolerance(text: str | float) -> float:
             raise ValueError(f"tolerance '{text}' is not a number: write a percentage such as 5% or a fraction such as 0.05") from None
         if not s.endswith("%") and value > 1:
             raise ValueError(f"tolerance '{text}' is ambiguous: write {s}% or {value / 100:g}")
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"tolerance '{text}' must be zero or positive")
+    if not math.isfinite(value) or not 0 <= value < 1:
+        raise ValueError(f"tolerance '{text}' is out of range: it must be at least 0 and below 100%")
     return value
 
 
@@ -246,18 +204,30 @@ def _value_text(record: ResultRecord) -> str:
 
 def _verdict(record: ResultRecord, outcome: Outcome, message: str, **kw: Any) -> Verdict:
     m = record.metric
-    fields: dict[str, Any] = dict(baseline=None, change_pct=None, tolerance=None, noise=None, p_value=None)
+    fields: dict[str, Any] = dict(baseline=None, change_pct=None, tolerance=None)
     fields.update(kw)
     return Verdict(outcome=outcome, metric=m.name, value=m.value, unit=m.unit, test=record.test,
-                   message=message, **fields)
+                   message=message, direction=m.direction, **fields)
 
 
-def _centred(samples: Sequence[float], value: float) -> list[float]:
-    """Samples scaled so their median is ``value``: the figure (reviewed in the baseline file,
-    perhaps edited by hand, perhaps a peak over sizes) is what is compared; the samples only give
-    the shape of the noise around it."""
-    med = statistics.median(samples)
-    return [s * value / med for s in samples] if med else list(samples)
+def _worse(value: float, center: float, direction: str) -> float:
+    """Relative change in the bad direction: positive is worse."""
+    change = (value - center) / abs(center)
+    return -change if direction == "higher" else change
+
+
+def _band_text(b: Band) -> str:
+    if b.basis == "few-runs":
+        return (f"threshold {_pct(b.threshold)}: only {b.runs} run(s) in the baseline, too few to measure its "
+                f"noise, so a conservative band until {MIN_RUNS} runs (pytest-mig calibrate)")
+    sig = f"run-to-run sigma {_pct(b.sigma or 0.0)}"
+    if b.basis == "tolerance":
+        head = f"threshold {_pct(b.threshold)} (the tolerance set; {sig} alone would give {_pct(max(K * (b.sigma or 0), 0.01))})"
+    elif b.basis == "floor":
+        head = f"threshold {_pct(b.threshold)} (the floor; {sig} over {b.runs} runs)"
+    else:
+        head = f"threshold {_pct(b.threshold)} ({K:g} x {sig} over {b.runs} runs)"
+    return f"{head}, detects >= {_pct(b.detectable)}"
 
 
 def compare(
@@ -269,17 +239,22 @@ def compare(
     improvement_fails: bool = False,
     default_tolerance: float = DEFAULT_TOLERANCE,
 ) -> Verdict:
-    """Judge one record against its baseline entry (see the module docstring for the rule).
+    """Judge one record against its figure's history (see the module docstring for the rule).
 
-    ``tolerance`` is the marker's (it wins); ``baseline_meta`` says what the baseline file is for,
-    so a figure of another GPU model, profile or kind of target is never compared.  A whole
-    :class:`Baseline` may be passed instead of the entry: its entry for this test and metric and
-    its meta are used.
+    ``tolerance`` is a site's explicit tolerance (marker, command line, ini); it wins over one set
+    in the baseline file, and caps the threshold.  ``baseline_meta`` says what the baseline file is
+    for, so a figure of another GPU model, profile or kind of target is never compared.  A whole
+    :class:`Baseline` may be passed instead of the entry: its entry for this test, metric and mode
+    and its meta are used.
     """
     m = record.metric
+    other_mode: str | None = None
     if isinstance(baseline_entry, Baseline):
         baseline_meta = baseline_meta or baseline_entry
-        baseline_entry = baseline_entry.get(record.test, m.name)
+        whole = baseline_entry
+        baseline_entry = whole.get(record.test, m.name, record.mode)
+        if baseline_entry is None:
+            other_mode = whole.other_mode(record.test, m.name, record.mode)
     meta = baseline_meta.meta if isinstance(baseline_meta, Baseline) else baseline_meta
     throttled = throttle_reasons(m.info)
     value_text = _value_text(record)
@@ -289,77 +264,170 @@ def compare(
         reason = incomparable_reason(record, meta)
         if reason:
             return _verdict(record, "incomparable", f"{value_text} not compared: {reason}", throttled=throttled)
-    if baseline_entry is None:
+    if baseline_entry is not None and baseline_entry.mode != record.mode:
+        other_mode, baseline_entry = baseline_entry.mode, None
+    if other_mode is not None:  # no baseline value shown: a figure of other sizes would read as a change
+        run_mode = "with --mig-quick" if record.mode == "quick" else "without --mig-quick"
+        base_mode = "quick runs (--mig-quick)" if other_mode == "quick" else "normal runs"
+        return _verdict(record, "incomparable",
+                        f"{value_text} not compared: measured {run_mode} but the baseline holds only "
+                        f"{base_mode}, and the workloads' sizes differ; run as the baseline was recorded, or "
+                        f"record this mode's with --mig-save-baseline", throttled=throttled)
+    if baseline_entry is None or not baseline_entry.runs:
         where = f" in {meta.path or f'{meta.gpu_model} {meta.profile}'}" if meta else ""
         return _verdict(record, "no-baseline", f"{value_text}: no baseline{where} (record one with --mig-save-baseline)",
                         throttled=throttled)
     e = baseline_entry
-    if e.mode != record.mode:  # no baseline value shown: a figure of other sizes would read as a change
-        run_mode = "with --mig-quick" if record.mode == "quick" else "without --mig-quick"
-        base_mode = "a quick run (--mig-quick)" if e.mode == "quick" else "a normal run"
-        return _verdict(record, "incomparable",
-                        f"{value_text} not compared: measured {run_mode} but the baseline was recorded in "
-                        f"{base_mode}, and the workloads' sizes differ; run as the baseline was recorded, or "
-                        f"record this mode's with --mig-save-baseline", throttled=throttled)
     if e.unit != m.unit or e.direction != m.direction:
         return _verdict(record, "incomparable",
                         f"{value_text} not compared: the baseline is in {e.unit or 'no unit'}, {e.direction} is better, "
                         f"this run in {m.unit or 'no unit'}, {m.direction} is better; re-record the baseline",
                         baseline=e.value, throttled=throttled)
-    if not math.isfinite(m.value) or e.value == 0:
-        bad = f"this run's value is {m.value}" if not math.isfinite(m.value) else "the baseline value is 0"
-        return _verdict(record, "incomparable", f"{value_text} not compared: {bad}", baseline=e.value,
-                        throttled=throttled)
+    if not math.isfinite(m.value):
+        return _verdict(record, "incomparable", f"{value_text} not compared: this run's value is {m.value}",
+                        baseline=e.value, throttled=throttled)
 
-    tol = tolerance if tolerance is not None else e.tolerance if e.tolerance is not None else default_tolerance
-    change = (m.value - e.value) / abs(e.value)
-    worse = -change if m.direction == "higher" else change
-    run_spread = Spread.of(m.samples)
-    s_run = run_spread.rel_sigma if run_spread else 0.0
-    s_base = e.spread.rel_sigma if e.spread else 0.0
-    noise = NOISE_K * math.hypot(s_run, s_base)
-    p_value: float | None = None
-    if len(m.samples) >= MW_MIN_SAMPLES and len(e.samples) >= MW_MIN_SAMPLES:
-        p_value = mann_whitney_p(_centred(m.samples, m.value), _centred(e.samples, e.value))
-        significant = p_value < MW_ALPHA
-    else:
-        significant = abs(worse) > noise
-    old_fp = e.fingerprint or (meta.fingerprint if meta else {})
-    changes = fingerprint_diff(old_fp, record.fingerprint)
-
-    if worse > tol and significant:
-        outcome: Outcome = "regressed"
-    elif -worse > tol and significant:
+    tol = tolerance if tolerance is not None else e.tolerance
+    b = band(e.values, tolerance=tol, default_tolerance=default_tolerance)
+    change = (m.value - b.center) / abs(b.center)
+    worse = _worse(m.value, b.center, m.direction)
+    changes = fingerprint_diff(e.fingerprint or (meta.fingerprint if meta else {}), record.fingerprint)
+    if not b.gates:
+        outcome: Outcome = "noisy"
+    elif worse > b.threshold:
+        outcome = "regressed"
+    elif -worse > b.threshold:
         outcome = "improved"
     else:
         outcome = "pass"
-
-    noise_text = f", noise ±{_pct(noise)}" if noise > 0 else ""
-    msg = (f"{value_text}, baseline {format_number(e.value)} {e.unit}".rstrip()
-           + f" ({change * 100:+.1f}%, tolerance {_pct(tol)}{noise_text})")
-    if outcome == "pass" and abs(worse) > tol:
-        why = (f"not significant against the samples (Mann-Whitney p={p_value:.2g})" if p_value is not None
-               else f"within the measured noise (±{_pct(noise)})")
-        msg += f"; {why}, so not called a {'regression' if worse > 0 else 'change'}"
-    if changes:
-        msg += "; since the baseline: " + ", ".join(changes)
-    elif outcome in ("regressed", "improved"):
-        msg += "; nothing in the fingerprint changed since the baseline"
-    if throttled:
-        msg += f"; GPU was throttled during the measurement ({', '.join(throttled)})"
-        if outcome == "regressed":
-            msg += ": not blamed on the driver, the throttle is the likely cause"
-    if e.throttled and outcome != "pass":
-        msg += f"; the baseline was recorded while throttled ({', '.join(e.throttled)})"
     failed = outcome == "regressed" or (outcome == "improved" and improvement_fails)
-    return _verdict(record, outcome, msg, baseline=e.value, change_pct=change * 100, tolerance=tol, noise=noise,
-                    p_value=p_value, fingerprint_changes=changes, throttled=throttled, failed=failed)
+    v = _verdict(record, outcome, "", baseline=b.center, change_pct=change * 100, tolerance=b.limit,
+                 threshold=b.threshold, sigma=b.sigma, detectable=b.detectable, runs=b.runs, gates=b.gates,
+                 basis=b.basis, fingerprint_changes=changes, throttled=throttled, failed=failed)
+    v.message = _message(v, record, e)
+    return v
+
+
+def _message(v: Verdict, record: ResultRecord, e: BaselineEntry) -> str:
+    """The sentence of a compared verdict (also rebuilt after confirmation)."""
+    runs = f"median of {v.runs} runs" if (v.runs or 0) > 1 else "1 run"
+    msg = (f"{_value_text(record)}, baseline {format_number(v.baseline)} {e.unit}".rstrip()
+           + f" ({runs}): {(v.change_pct or 0):+.1f}%, ")
+    if v.outcome == "noisy":
+        sigma = v.sigma or 0.0
+        msg += (f"too noisy to gate (run-to-run CV {_pct(sigma)} over {v.runs} runs: its threshold would be "
+                f"{_pct(v.threshold or 0)}, more than the {_pct(v.tolerance or 0)} tolerance); reported, not judged")
+    else:
+        msg += _band_text(Band(v.baseline or 0, v.runs or 0, v.sigma, v.threshold or 0, v.detectable or 0,
+                               bool(v.gates), v.basis or "noise", v.tolerance or 0))
+    if v.confirmations:
+        values = [v.value or 0.0] + list(v.confirmations)
+        shown = ", ".join(format_number(x) for x in v.confirmations)
+        med = statistics.median(values)
+        med_change = (med - (v.baseline or 0)) / abs(v.baseline or 1) * 100
+        if v.outcome == "transient":
+            msg += (f"; a transient change, not a regression: re-measured {shown} {e.unit}, not every one beyond "
+                    f"the threshold (median of the {len(values)} measurements {med_change:+.1f}%)")
+        else:
+            msg += (f"; confirmed: every re-measurement is beyond the threshold, {shown} {e.unit} (median of "
+                    f"{len(values)} {med_change:+.1f}%)")
+    if v.fingerprint_changes:
+        msg += "; since the baseline: " + ", ".join(v.fingerprint_changes)
+    elif v.outcome in ("regressed", "improved"):
+        msg += "; nothing in the fingerprint changed since the baseline"
+    if v.throttled:
+        msg += f"; GPU was throttled during the measurement ({', '.join(v.throttled)})"
+        if v.outcome == "regressed":
+            msg += ": not blamed on the driver, the throttle is the likely cause"
+    if e.throttled and v.outcome not in ("pass", "noisy"):
+        msg += f"; the baseline's runs were recorded while throttled ({', '.join(e.throttled)})"
+    return msg
+
+
+def confirm(verdict: Verdict, record: ResultRecord, entry: BaselineEntry, values: Sequence[float],
+            *, improvement_fails: bool = False) -> Verdict:
+    """Re-judge a verdict that was beyond its threshold on its re-measurements.
+
+    ``values`` are the re-measurements (the first measurement is the record's).  The outcome stays
+    only when every re-measurement is beyond the threshold in the same direction (confirmed): a
+    sustained change persists in each of them; a transient dip does not, and the verdict becomes
+    ``transient``, which does not fail.  Re-measurements that are not finite are left out.
+    """
+    if verdict.outcome not in ("regressed", "improved") or verdict.baseline is None or verdict.threshold is None:
+        return verdict
+    extra = [float(x) for x in values if x is not None and math.isfinite(x)]
+    if not extra:
+        return verdict
+    worse = [_worse(x, verdict.baseline, verdict.direction) for x in extra]
+    still = all(w > verdict.threshold for w in worse) if verdict.outcome == "regressed" \
+        else all(-w > verdict.threshold for w in worse)
+    v = Verdict(**{**verdict.to_dict(), "confirmations": extra})
+    if not still:
+        v.outcome, v.failed = "transient", False
+    v.message = _message(v, record, entry)
+    return v
 
 
 def _tolerance_for(tolerance: float | Mapping[str, float] | None, metric: str) -> float | None:
     if tolerance is None or isinstance(tolerance, (int, float)):
         return tolerance
     return tolerance.get(metric)
+
+
+class Judge:
+    """Judges records against a baseline store, reading each baseline file once.
+
+    ``judge`` gives the first verdicts; ``confirm`` re-judges one of them on its re-measurements.
+    A baseline file that cannot be read raises BaselineError: a broken baseline is an error to fix,
+    not a reason to pass.
+    """
+
+    def __init__(self, store: BaselineStore | None, *, default_tolerance: float = DEFAULT_TOLERANCE,
+                 improvement_fails: bool = False) -> None:
+        self.store = store
+        self.default_tolerance = default_tolerance
+        self.improvement_fails = improvement_fails
+        self._loaded: dict[tuple[str, str], Baseline | None] = {}
+
+    def baseline(self, rec: ResultRecord) -> Baseline | None:
+        meta = meta_from_record(rec)
+        key = (meta.gpu_slug, meta.profile)
+        if key not in self._loaded:
+            self._loaded[key] = self.store.load(*key) if self.store is not None else None
+        return self._loaded[key]
+
+    def judge(self, records: Iterable[ResultRecord],
+              tolerance: float | Mapping[str, float] | None = None) -> list[Verdict]:
+        """Verdicts for one test's records; sets each ``record.verdict``.  ``tolerance`` is the
+        site's explicit one: a fraction for all metrics or a mapping from metric name to fraction."""
+        verdicts: list[Verdict] = []
+        for rec in records:
+            if not rec.metric.compare:
+                v = compare(rec, None, None)
+            else:
+                base = self.baseline(rec)
+                if base is None:
+                    meta = meta_from_record(rec)
+                    where = f" {self.store.path_for(meta.gpu_slug, meta.profile)}" if self.store is not None else ""
+                    v = _verdict(rec, "no-baseline",
+                                 f"{_value_text(rec)}: no baseline file{where} (record one with --mig-save-baseline)",
+                                 throttled=throttle_reasons(rec.metric.info))
+                else:
+                    v = compare(rec, base, tolerance=_tolerance_for(tolerance, rec.metric.name),
+                                improvement_fails=self.improvement_fails, default_tolerance=self.default_tolerance)
+            rec.verdict = v.to_dict()
+            verdicts.append(v)
+        return verdicts
+
+    def confirm(self, rec: ResultRecord, verdict: Verdict, values: Sequence[float]) -> Verdict:
+        """The verdict re-judged on the median of the first measurement and ``values``."""
+        base = self.baseline(rec)
+        entry = base.get(rec.test, rec.metric.name, rec.mode) if base is not None else None
+        if entry is None:
+            return verdict
+        v = confirm(verdict, rec, entry, values, improvement_fails=self.improvement_fails)
+        rec.verdict = v.to_dict()
+        return v
 
 
 def judge(
@@ -369,36 +437,44 @@ def judge(
     tolerance: float | Mapping[str, float] | None = None,
     default_tolerance: float = DEFAULT_TOLERANCE,
     improvement_fails: bool = False,
-    compare_cpu: bool = False,
 ) -> list[Verdict]:
-    """Verdicts for one test's records against the store; sets each ``record.verdict``.
+    """Verdicts for one test's records against the store (CPU runs too: a CPU baseline is a real
+    measurement, its noise just gives it wide thresholds); sets each ``record.verdict``."""
+    return Judge(store, default_tolerance=default_tolerance,
+                 improvement_fails=improvement_fails).judge(records, tolerance)
 
-    ``tolerance`` is the marker's: one fraction for all metrics or a mapping from metric name to
-    fraction.  CPU runs are not compared unless ``compare_cpu`` (CPU timings say nothing about a
-    GPU driver).  A baseline file that cannot be read raises BaselineError: a broken baseline is
-    an error to fix, not a reason to pass.
+
+def explain_clock(records: Sequence[ResultRecord], verdicts: Sequence[Verdict]) -> list[Verdict]:
+    """Say, in a failing throughput verdict, whether its clock-normalised partner moved too.
+
+    A figure such as ``bf16_flop_per_sm_cycle`` names the figure it normalises (``info
+    ["normalises"]``).  When that figure regressed (or improved beyond its threshold) and the
+    per-cycle figure held, the SM clock ran lower: a power or clock cap, not a slower kernel.  When
+    both moved, the kernel itself is slower (or faster) per cycle.
     """
-    verdicts: list[Verdict] = []
-    for rec in records:
-        meta = meta_from_record(rec)
-        if not rec.metric.compare:
-            v = compare(rec, None, None)
-        elif meta.gpu_slug == CPU and not compare_cpu:
-            v = _verdict(rec, "info", f"{_value_text(rec)}: measured on the CPU, not compared with a baseline")
+    by_name = {v.metric: v for v in verdicts}
+    for rec, v in zip(records, verdicts):
+        target = rec.metric.info.get("normalises") if isinstance(rec.metric.info, Mapping) else None
+        main = by_name.get(str(target)) if target else None
+        if main is None or main.outcome not in ("regressed", "improved") or v.change_pct is None \
+                or main.change_pct is None or not main.change_pct:
+            continue
+        moved_too = v.change_pct / main.change_pct >= 0.5  # the per-cycle figure moved at least half as much
+        moved = f"{v.change_pct:+.1f}%"
+        if moved_too:
+            note = (f"; per SM cycle it moved too ({v.metric} {moved}): the kernel itself is slower per cycle "
+                    f"(library, driver or hardware), not only the clock")
         else:
-            base = store.load(meta.gpu_slug, meta.profile) if store is not None else None
-            if base is None:
-                where = f" {store.path_for(meta.gpu_slug, meta.profile)}" if store is not None else ""
-                v = _verdict(rec, "no-baseline",
-                             f"{_value_text(rec)}: no baseline file{where} (record one with --mig-save-baseline)",
-                             throttled=throttle_reasons(rec.metric.info))
-            else:
-                v = compare(rec, base.get(rec.test, rec.metric.name), base.meta,
-                            tolerance=_tolerance_for(tolerance, rec.metric.name),
-                            improvement_fails=improvement_fails, default_tolerance=default_tolerance)
-        rec.verdict = v.to_dict()
-        verdicts.append(v)
-    return verdicts
+            note = (f"; per SM cycle it held ({v.metric} {moved}): the SM clock ran lower, so a power "
+                    f"or clock cap is the likely cause, not a slower kernel")
+        if moved_too:  # not the throttle after all: the kernel is slower per cycle
+            main.message = main.message.replace(": not blamed on the driver, the throttle is the likely cause", "")
+        if note not in main.message:
+            main.message += note
+        for r in records:
+            if r.metric.name == main.metric and r.verdict is not None:
+                r.verdict["message"] = main.message
+    return list(verdicts)
 
 
 def failing(verdicts: Iterable[Verdict]) -> list[Verdict]:
@@ -412,8 +488,7 @@ def failure_text(verdicts: Sequence[Verdict]) -> str:
 
 
 __all__ = [
-    "DEFAULT_TOLERANCE", "EMULATED_SUFFIX", "FINGERPRINT_FIELDS", "NOISE_K", "OUTCOMES", "Outcome", "Verdict",
-    "MW_ALPHA", "MW_MIN_SAMPLES", "compare", "failing", "failure_text", "fingerprint_diff", "format_number",
-    "incomparable_reason", "judge", "mann_whitney_p",
-    "parse_tolerance",
+    "DEFAULT_TOLERANCE", "DETECT_Z", "EMULATED_SUFFIX", "FINGERPRINT_FIELDS", "Judge", "OUTCOMES", "Outcome",
+    "Verdict", "compare", "confirm", "explain_clock", "failing", "failure_text", "fingerprint_diff", "format_number",
+    "incomparable_reason", "judge", "parse_tolerance",
 ]

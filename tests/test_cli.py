@@ -144,21 +144,37 @@ def test_report_of_empty_results(capsys: pytest.CaptureFixture[str], tmp_path: P
 
 def test_compare_prints_verdicts_and_fails_on_a_regression(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     old = results(tmp_path / "old.json", rec(151.7), rec(4.1, test=STREAM, name="copy_tbs", unit="TB/s", kind="memory"))
-    new = results(tmp_path / "new.json", rec(138.2, fingerprint={"driver": "590.10"}),
+    new = results(tmp_path / "new.json", rec(130.2, fingerprint={"driver": "590.10"}),
                   rec(4.11, test=STREAM, name="copy_tbs", unit="TB/s", kind="memory"),
                   rec(7.0, test=STREAM, name="triad_tbs", unit="TB/s", kind="memory"))
     code, out, err = run(capsys, "compare", old, new)
     assert code == 1 and err == ""
     lines = out.splitlines()
-    assert lines[0].split() == ["test", "metric", "profile", "value", "unit", "baseline", "change_pct", "verdict"]
-    assert (f"REGRESSED {GEMM} fp16_tflops 138.2 TFLOPS, baseline 151.7 TFLOPS (-8.9%, tolerance 5%, noise"
-            in out)
+    assert lines[0].split() == ["test", "metric", "profile", "value", "unit", "baseline", "change_pct", "threshold_pct",
+                                "verdict"]
+    # one earlier run: too few to measure noise, so the conservative 10% band (and it says so)
+    assert f"REGRESSED {GEMM} fp16_tflops 130.2 TFLOPS, baseline 151.7 TFLOPS (1 run): -14.2%, threshold 10%: " \
+           "only 1 run(s) in the baseline" in out
     assert "since the baseline: driver 580.159.04 -> 590.10" in out
     copy_row = next(line.split() for line in lines if "copy_tbs" in line)
-    assert copy_row[-1] == "pass" and copy_row[-2] == "0.24"
+    assert copy_row[-1] == "pass" and copy_row[-3] == "0.24" and copy_row[-2] == "10.00"
     triad_row = next(line.split() for line in lines if "triad_tbs" in line)
-    assert triad_row[-3:] == ["-", "-", "no-baseline"]
-    assert lines[-1] == "3 metric(s): 1 no-baseline, 1 pass, 1 regressed"
+    assert triad_row[-4:] == ["-", "-", "-", "no-baseline"]
+    assert lines[-1] == "3 metric(s) against 1 earlier run(s): 1 no-baseline, 1 pass, 1 regressed"
+
+
+def test_compare_judges_the_last_file_against_the_history_of_the_others(capsys: pytest.CaptureFixture[str],
+                                                                        tmp_path: Path) -> None:
+    history = [results(tmp_path / f"run{i}.json", rec(100.0 + d)) for i, d in enumerate([0.0, 0.1, -0.1, 0.05, -0.05, 0.0])]
+    steady = results(tmp_path / "steady.json", rec(100.4))
+    slow = results(tmp_path / "slow.json", rec(95.0))
+    code, out, _ = run(capsys, "compare", *history, steady)
+    assert code == 0 and "against 6 earlier run(s): 1 pass" in out
+    code, out, _ = run(capsys, "compare", *history, slow)
+    # the history's sigma is under 0.1%: the 1% floor is the threshold, and a 5% drop fails
+    assert code == 1 and "baseline 100.0 TFLOPS (median of 6 runs): -5.0%, threshold 1% (the floor" in out
+    # with two files only, the same 5% drop is inside the conservative band of one run
+    assert run(capsys, "compare", history[0], slow)[0] == 0
 
 
 def test_compare_without_regression_exits_zero_and_improvement_can_fail(capsys: pytest.CaptureFixture[str],
@@ -170,25 +186,44 @@ def test_compare_without_regression_exits_zero_and_improvement_can_fail(capsys: 
     code, out, _ = run(capsys, "compare", old, faster)
     assert code == 0 and f"IMPROVED {GEMM} fp16_tflops 120.0 TFLOPS" in out
     assert run(capsys, "compare", "--fail-on-improvement", old, faster)[0] == 1
-    assert run(capsys, "compare", "--tolerance", "25%", "--fail-on-improvement", old, faster)[0] == 0
+    # a site's tolerance caps the threshold: 7% slower passes the conservative 10% band of one run, not 5%
+    slower = results(tmp_path / "slower.json", rec(93.0))
+    assert run(capsys, "compare", old, slower)[0] == 0
+    code, out, _ = run(capsys, "compare", "--tolerance", "5%", old, slower)
+    assert code == 1 and "threshold 5% (the tolerance set" in out
 
 
-def test_compare_never_judges_another_profile_or_gpu(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_compare_never_judges_another_profile_or_gpu_and_says_when_nothing_was_compared(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     old = results(tmp_path / "old.json", rec(151.7, profile="3g.71gb"))
     new = results(tmp_path / "new.json", rec(30.0, profile="1g.18gb"),
                   rec(20.0, gpu="NVIDIA H100 80GB HBM3", profile="1g.10gb"))
     code, out, _ = run(capsys, "compare", old, new)
-    assert code == 0
+    assert code == 1  # nothing at all could be compared: not a silent success
     assert f"INCOMPARABLE {GEMM} fp16_tflops 30.00 TFLOPS not compared: measured on profile 1g.18gb" in out
     assert "measured on NVIDIA H100 80GB HBM3 but the baseline is for NVIDIA H200" in out
-    assert out.splitlines()[-1] == "2 metric(s): 2 incomparable"
+    assert "2 metric(s) against 1 earlier run(s): 2 incomparable" in out
+    assert out.splitlines()[-1].startswith("nothing could be compared: no figure of")
 
 
 def test_compare_picks_the_old_record_of_the_same_profile(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     old = results(tmp_path / "old.json", rec(30.0, profile="1g.18gb"), rec(151.7, profile="3g.71gb"))
     new = results(tmp_path / "new.json", rec(151.0, profile="3g.71gb"), rec(30.1, profile="1g.18gb"))
     code, out, _ = run(capsys, "compare", old, new)
-    assert code == 0 and out.splitlines()[-1] == "2 metric(s): 2 pass"
+    assert code == 0 and out.splitlines()[-1] == "2 metric(s) against 1 earlier run(s): 2 pass"
+
+
+def test_compare_refuses_a_tolerance_of_100_percent_or_more(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    old = results(tmp_path / "old.json", rec(100.0))
+    with pytest.raises(SystemExit) as info:
+        cli.main(["compare", "--tolerance", "150%", old, old])
+    assert info.value.code == 2 and "out of range" in capsys.readouterr().err
+
+
+def test_compare_needs_two_files(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert cli.main(["compare", results(tmp_path / "only.json", rec(100.0))]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "pytest-mig: error: compare needs at least two results files: the earlier ones, then the one to judge"
 
 
 # --------------------------------------------------------------------------- bad input
@@ -249,7 +284,7 @@ def test_a_report_that_cannot_be_written(capsys: pytest.CaptureFixture[str], nig
     assert str(tmp_path / "a-file") in _one_error_line(err)
 
 
-@pytest.mark.parametrize("argv", [["compare", "a.json"], ["report"], ["frobnicate"], [],
+@pytest.mark.parametrize("argv", [["compare"], ["report"], ["frobnicate"], [],
                                   ["compare", "--tolerance", "5", "a", "b"],
                                   ["report", "--outlier-factor", "0.5", "a"]])
 def test_usage_errors_exit_two_without_a_traceback(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:

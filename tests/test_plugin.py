@@ -96,10 +96,13 @@ def test_help_lists_the_mig_options_and_ini_settings(pytester: pytest.Pytester) 
         "*--mig-device=MIG_DEVICE*",
         "*--mig-emulate*",
         "*--mig-require-gpu*",
+        "*--mig-baseline-keep=MIG_BASELINE_KEEP*",
+        "*--mig-confirm=MIG_CONFIRM*",
         "*--mig-tolerance=MIG_TOLERANCE*",
-        "*percent: 0.05 or 5% (default 5%).",
+        "*the largest change a figure may hide*",
     ])
-    result.stdout.fnmatch_lines(["*mig_profile (string):*", "*mig_require_gpu (bool):*"])
+    result.stdout.fnmatch_lines(["*mig_profile (string):*", "*mig_require_gpu (bool):*", "*mig_baseline_keep*",
+                                 "*mig_confirm*"])
 
 
 # ------------------------------------------------------------------------------------------------

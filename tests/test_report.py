@@ -54,7 +54,8 @@ def rec(
 
 
 def verdict(outcome: str, baseline: float | None = None, change: float | None = None, **kw: Any) -> dict[str, Any]:
-    return {"outcome": outcome, "baseline": baseline, "change_pct": change, **kw}
+    band = {"threshold": 0.02, "detectable": 0.029, "runs": 10, "gates": True} if baseline is not None else {}
+    return {"outcome": outcome, "baseline": baseline, "change_pct": change, **band, **kw}
 
 
 @pytest.fixture
@@ -72,12 +73,13 @@ def judged() -> list[ResultRecord]:
 
 def test_summary_table_columns_and_rows(judged: list[ResultRecord]) -> None:
     lines = summary_table(judged).splitlines()
-    assert lines[0].split() == ["test", "metric", "value", "unit", "baseline", "change", "verdict"]
+    assert lines[0].split() == ["test", "metric", "value", "unit", "baseline", "change", "threshold", "detects",
+                                "verdict"]
     gemm = lines[2].split()
-    assert gemm == ["test_gemm[fp16]", "fp16_tflops", "138.2", "TFLOPS", "151.7", "-8.9%", "regressed"]
+    assert gemm == ["test_gemm[fp16]", "fp16_tflops", "138.2", "TFLOPS", "151.7", "-8.9%", "±2.0%", "2.9%", "regressed"]
     stream = lines[3].split()
-    assert stream == ["test_stream", "copy_tbs", "3.91", "TB/s", "3.9", "+0.3%", "pass"]
-    assert lines[5].split() == ["test_stream", "triad_tbs", "40.00", "TB/s", "-", "-", "no-baseline"]
+    assert stream == ["test_stream", "copy_tbs", "3.91", "TB/s", "3.9", "+0.3%", "±2.0%", "2.9%", "pass"]
+    assert lines[5].split() == ["test_stream", "triad_tbs", "40.00", "TB/s", "-", "-", "-", "-", "no-baseline"]
     assert summary_table([]) == "(no metrics recorded)"
 
 
@@ -107,9 +109,9 @@ def test_markdown_report(tmp_path: Path, judged: list[ResultRecord]) -> None:
     assert [c.strip() for c in lines[0].strip("|").split("|")] == list(COLUMNS)
     assert set(lines[1]) <= set("|:-")
     cells = [c.strip() for c in lines[2].strip("|").split("|")]
-    assert cells[:7] == [GEMM, "fp16_tflops", "138.2", "TFLOPS", "151.7", "-8.9", "regressed"]
+    assert cells[:10] == [GEMM, "fp16_tflops", "138.2", "TFLOPS", "151.7", "-8.9", "2", "2.9", "10", "regressed"]
     missing = [c.strip() for c in lines[5].strip("|").split("|")]
-    assert missing[4:7] == ["-", "-", "no-baseline"]  # no baseline shows as "-", never "nan"
+    assert missing[4:10] == ["-", "-", "-", "-", "-", "no-baseline"]  # no baseline shows as "-", never "nan"
     assert "nan" not in path.read_text()
 
 
@@ -129,7 +131,8 @@ def test_json_report(tmp_path: Path, judged: list[ResultRecord]) -> None:
     assert isinstance(rows, list) and len(rows) == 4
     assert rows[0] == {
         "test": GEMM, "metric": "fp16_tflops", "value": 138.2, "unit": "TFLOPS", "baseline": 151.7,
-        "change_pct": -8.9, "verdict": "regressed", "profile": "3g.71gb", "gpu": "NVIDIA H200", "node": "gpu01",
+        "change_pct": -8.9, "threshold_pct": 2.0, "detectable_pct": 2.9, "runs": 10, "verdict": "regressed",
+        "profile": "3g.71gb", "gpu": "NVIDIA H200", "node": "gpu01",
         "kind": "tensor", "direction": "higher", "emulated": False, "mode": "normal", "timestamp": "2025-01-01T00:00:00+00:00",
     }
     assert rows[3]["baseline"] is None and rows[3]["change_pct"] is None  # null, not NaN (which is not JSON)

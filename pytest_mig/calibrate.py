@@ -1,0 +1,157 @@
+"""``pytest-mig calibrate``: run the suite N times on this Target and record every run into the
+baseline history, then show what the history says of each figure (its run-to-run CV, the threshold
+that follows, the smallest change it can detect, and whether it gates).
+
+What an admin runs once after install, and again after a hardware change.  Each run is a separate
+``python -m pytest`` process (an argument list, never a shell string), so each one is a fresh
+process like a nightly run: run-to-run noise includes process start, cuBLAS heuristics, clocks
+and temperature, which one process's repeats would not.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Sequence, TextIO
+
+from .baselines import DEFAULT_TOLERANCE, Baseline, BaselineError, BaselineStore, load_baseline_file, meta_from_record
+from .noise import band
+from .results import ResultsFileError, read_results
+
+#: Options calibrate sets itself; given in the pytest arguments they would fight it.
+OWN_OPTIONS = ("--mig-save-baseline", "--mig-results", "--mig-baseline-dir", "--mig-slowdown-sms")
+
+
+@dataclass
+class SuiteRun:
+    """One run of the suite in its own process."""
+
+    index: int
+    returncode: int
+    seconds: float
+    results: Path
+
+
+def pytest_command(pytest_args: Sequence[str], *extra: str) -> list[str]:
+    """``python -m pytest ARGS EXTRA`` as an argument list for subprocess."""
+    return [sys.executable, "-m", "pytest", *pytest_args, *extra]
+
+
+def run_suite(pytest_args: Sequence[str], results: Path, *extra: str, index: int = 0,
+              runner: Callable[[list[str]], int] | None = None) -> SuiteRun:
+    """Run the suite once, writing its results to ``results`` and its output to ``results`` with the
+    suffix ``.log``; returns the exit status and time."""
+    cmd = pytest_command(pytest_args, "--mig-results", str(results), *extra)
+    start = time.monotonic()
+    if runner is not None:
+        rc = runner(cmd)
+    else:  # the run's own output goes to a log beside its results file
+        results.parent.mkdir(parents=True, exist_ok=True)
+        with open(results.with_suffix(".log"), "w", encoding="utf-8") as log:
+            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+    return SuiteRun(index, rc, time.monotonic() - start, results)
+
+
+def check_pytest_args(pytest_args: Sequence[str]) -> None:
+    """Refuse options calibrate sets itself (one sentence, before any run starts)."""
+    for arg in pytest_args:
+        name = arg.split("=", 1)[0]
+        if name in OWN_OPTIONS:
+            raise ValueError(f"{name} is set by pytest-mig itself here; leave it out of the pytest arguments")
+
+
+def calibrate(pytest_args: Sequence[str], runs: int, baseline_dir: Path, work_dir: Path, *,
+              keep: int | None = None, out: TextIO = sys.stdout,
+              runner: Callable[[list[str]], int] | None = None) -> list[SuiteRun]:
+    """Run the suite ``runs`` times, each saved into the baseline history; progress goes to ``out``."""
+    check_pytest_args(pytest_args)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    extra = ["--mig-save-baseline", "--mig-baseline-dir", str(baseline_dir)]
+    if keep is not None:
+        extra += ["--mig-baseline-keep", str(keep)]
+    done: list[SuiteRun] = []
+    for i in range(1, runs + 1):
+        print(f"calibrate: run {i}/{runs} ...", file=out, flush=True)
+        r = run_suite(pytest_args, work_dir / f"calibrate-{i:02d}.json", *extra, index=i, runner=runner)
+        state = "ok" if r.returncode == 0 else f"exit {r.returncode}: its failed tests' figures were not saved"
+        eta = (runs - i) * r.seconds
+        print(f"calibrate: run {i}/{runs} done in {r.seconds:.0f} s ({state}); about {eta:.0f} s to go",
+              file=out, flush=True)
+        done.append(r)
+        if r.returncode not in (0, 1):  # a usage error or an internal error repeats every time: stop now
+            print(f"calibrate: stopped, pytest exited {r.returncode} (run the command by hand to see why): "
+                  f"{' '.join(pytest_command(pytest_args))}", file=out)
+            break
+    return done
+
+
+def baselines_of(results: Iterable[Path], baseline_dir: Path) -> list[Baseline]:
+    """The baseline files the runs' records belong to (read back after saving)."""
+    store = BaselineStore(baseline_dir)
+    seen: dict[Path, Baseline] = {}
+    for path in results:
+        try:
+            records = read_results(path)
+        except ResultsFileError:
+            continue
+        for rec in records:
+            meta = meta_from_record(rec)
+            p = store.path_for(meta.gpu_slug, meta.profile)
+            if p not in seen and p.exists():
+                seen[p] = load_baseline_file(p)
+    return list(seen.values())
+
+
+def threshold_rows(base: Baseline, default_tolerance: float = DEFAULT_TOLERANCE) -> list[dict[str, object]]:
+    """Per figure of one baseline: runs, median, CV, threshold, smallest detectable change, gates."""
+    rows: list[dict[str, object]] = []
+    for (test, metric, mode), e in sorted(base.entries.items()):
+        b = band(e.values, tolerance=e.tolerance, default_tolerance=default_tolerance)
+        rows.append({
+            "test": test.split("::", 1)[-1], "metric": metric, "mode": mode, "runs": b.runs,
+            "median": b.center, "unit": e.unit,
+            "cv_pct": None if b.sigma is None else round(b.sigma * 100, 3),
+            "threshold_pct": round(b.threshold * 100, 2),
+            "detects_pct": round(b.detectable * 100, 2) if b.gates else None,
+            "gates": "yes" if b.gates else "no: too noisy",
+            "basis": b.basis,
+        })
+    return rows
+
+
+def print_thresholds(bases: Sequence[Baseline], out: TextIO) -> None:
+    from tabulate import tabulate
+
+    from .verdict import format_number
+
+    for base in bases:
+        rows = threshold_rows(base)
+        print(f"\n{base.meta.path}: {len(rows)} figure(s)", file=out)
+        table = [[r["test"], r["metric"], r["mode"], r["runs"], format_number(float(r["median"])),  # type: ignore[arg-type]
+                  r["unit"], "-" if r["cv_pct"] is None else f"{r['cv_pct']:.2f}%", f"±{r['threshold_pct']:.1f}%",
+                  "-" if r["detects_pct"] is None else f"{r['detects_pct']:.1f}%", r["gates"]] for r in rows]
+        print(tabulate(table, headers=["test", "metric", "mode", "runs", "median", "unit", "CV", "threshold",
+                                       "detects", "gates"], disable_numparse=True), file=out)
+        few = [r for r in rows if r["basis"] == "few-runs"]
+        if few:
+            print(f"{len(few)} figure(s) have fewer than 5 runs: their band is a conservative 10% until they do.",
+                  file=out)
+
+
+def cmd_calibrate(pytest_args: Sequence[str], runs: int, baseline_dir: Path, work_dir: Path, keep: int | None,
+                  out: TextIO) -> int:
+    done = calibrate(pytest_args, runs, baseline_dir, work_dir, keep=keep, out=out)
+    try:
+        bases = baselines_of([r.results for r in done], baseline_dir)
+    except BaselineError as exc:
+        print(f"calibrate: the baseline cannot be read back: {exc}", file=out)
+        return 2
+    if not bases:
+        print("calibrate: no figure was saved (did every run fail? run the pytest command by hand)", file=out)
+        return 1
+    print_thresholds(bases, out)
+    failed = [r for r in done if r.returncode != 0]
+    return 1 if failed else 0

@@ -1,0 +1,128 @@
+"""How far a figure may move before it is called changed: thresholds from run-to-run noise.
+
+Plain numbers in, a :class:`Band` out; no files, no pytest.  The rule (what docs/detection.md
+measures on the GPU):
+
+* The baseline is the **median of the runs kept** in the figure's history (the last 10 by default).
+* Its run-to-run noise (sigma) is the larger of two spreads of those runs, relative to the median:
+  the robust one, ``scipy.stats.median_abs_deviation(scale="normal")`` (1.4826 x MAD), and the sample
+  standard deviation (``numpy.std(ddof=1)``).  From 5 to 10 runs the MAD alone can come out far too
+  small by chance: on an H100 five runs of fp32 FMA energy gave a MAD sigma of 0.15% where seven runs'
+  standard deviation was 1.0%, and the next run raised a false alarm at the 1% floor.  The standard
+  deviation errs the other way (a wider band: a missed detection rather than a false alarm, the side
+  a nightly must err on), but one transient dip kept in the history would blind a figure for ten
+  nights: bf16 GEMM, 0.30% CV with one 5% dip in 10 runs, would not gate.  So from ``TRIM_FROM`` (8)
+  runs on, the one run farthest from the median is left out of the standard deviation (never out
+  of the MAD): one dip is what re-measurement is for, two are a pattern.  Sigma comes from separate runs,
+  never from one run's repeats: repeats share a process, clocks and temperature and understate how
+  much a figure moves between nights (the within-run spread is kept in the history for review only).
+* **Threshold** = max(``FLOOR`` 1%, ``K`` x sigma), ``K`` = 5.  Like conbench's lookback z-score
+  (z = 5) with a floor, as asv's factor and Otava's minimum magnitude do, so that sub-noise wiggles
+  of very quiet figures never fail.  Why 5: a nightly suite has about 100 gating figures and may
+  raise at most 1 false alarm in 100 runs, so one figure may raise about 1 in 10^4.  For a normal
+  figure whose sigma were known that is 3.7 sigma; sigma is estimated from 10 runs or fewer, and a
+  run's own dips are not normal, so 5 leaves room for both.  A figure beyond its threshold is then
+  re-measured (see pytest_mig.verdict), which removes transient dips, the cases where 5 alone was
+  seen to fail on the GPU.
+* **Too few runs** (fewer than ``MIN_RUNS`` = 5) give no usable estimate of sigma: the band is then
+  conservative, never tight: at least ``FEW_RUNS_BAND`` (10%), wider when the few runs already
+  differ (``K`` x their sample standard deviation), and the verdict says so.
+* **Tolerance**: a site's explicit tolerance (marker, ``--mig-tolerance``, ini, or a tolerance set
+  in the baseline file) caps the threshold: the site asks that changes beyond it fail, and accepts
+  the false alarms its noise may then bring.  Without one, a figure whose threshold would exceed the
+  default tolerance (5%) **does not gate**: it is reported as too noisy to gate, with its CV, and
+  never as regressed.
+* **Smallest detectable change** = threshold + ``DETECT_Z`` (2.2) x sigma: a sustained change of that
+  size lands beyond the threshold in 98.6% of measurements, so a verdict that needs all three
+  measurements beyond (the first and two re-measurements) catches it in >= 95% of runs whether the
+  three are independent (0.986^3) or not.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+from scipy import stats
+
+#: From this many runs on, the run farthest from the median is left out of the standard deviation.
+TRIM_FROM = 8
+#: Thresholds in units of the run-to-run sigma.
+K = 5.0
+#: No threshold is tighter than this (relative).
+FLOOR = 0.01
+#: Runs needed before the history's spread is trusted.
+MIN_RUNS = 5
+#: The threshold while a history has fewer than MIN_RUNS runs.
+FEW_RUNS_BAND = 0.10
+#: Sigmas between the threshold and a change caught in >= 95% of runs (re-measured, see the docstring).
+DETECT_Z = 2.2
+
+
+@dataclass(frozen=True)
+class Band:
+    """The threshold of one figure, and what it says about the figure."""
+
+    center: float  # the baseline: median of the runs
+    runs: int
+    sigma: float | None  # relative run-to-run sigma; None with fewer than MIN_RUNS runs
+    threshold: float  # relative change beyond which the figure is called changed
+    detectable: float  # the smallest sustained change caught in >= 95% of runs
+    gates: bool  # False: too noisy to gate at the tolerance
+    basis: str  # "noise", "floor", "few-runs" or "tolerance" (capped by an explicit tolerance)
+    limit: float  # the tolerance the threshold was held to
+
+    @property
+    def cv(self) -> float | None:
+        return self.sigma
+
+
+def run_sigma(values: Sequence[float]) -> float:
+    """Relative run-to-run sigma: max(1.4826 x MAD, sample SD) / |median| (0 when unknown); from
+    TRIM_FROM runs on, the SD leaves out the one run farthest from the median."""
+    xs = np.asarray([float(v) for v in values if math.isfinite(v)], dtype=float)
+    if xs.size < 2:
+        return 0.0
+    med = float(np.median(xs))
+    if med == 0:
+        return 0.0
+    mad = float(stats.median_abs_deviation(xs, scale="normal"))
+    rest = np.delete(xs, int(np.argmax(np.abs(xs - med)))) if xs.size >= TRIM_FROM else xs
+    return max(mad, float(np.std(rest, ddof=1))) / abs(med)
+
+
+def band(values: Sequence[float], *, tolerance: float | None = None,
+         default_tolerance: float = 0.05) -> Band:
+    """The band of a figure whose kept runs are ``values`` (oldest first).
+
+    ``tolerance`` is a site's explicit tolerance (it caps the threshold); ``default_tolerance`` is
+    what a figure must be able to hold to gate when no tolerance was set.
+    """
+    xs = [float(v) for v in values if math.isfinite(v)]
+    if not xs:
+        raise ValueError("a band needs at least one finite run")
+    center = float(statistics.median(xs))
+    n = len(xs)
+    limit = tolerance if tolerance is not None else default_tolerance
+    if n < MIN_RUNS:
+        spread = statistics.stdev(xs) / abs(center) if n >= 2 and center else 0.0
+        threshold, basis = max(FEW_RUNS_BAND, K * spread), "few-runs"
+        if tolerance is not None and tolerance < threshold:
+            threshold, basis = tolerance, "tolerance"
+        return Band(center, n, None, threshold, threshold, True, basis, limit)
+    sigma = run_sigma(xs)
+    noise_threshold = K * sigma
+    threshold, basis = (noise_threshold, "noise") if noise_threshold > FLOOR else (FLOOR, "floor")
+    gates = True
+    if tolerance is not None:
+        if tolerance < threshold:
+            threshold, basis = tolerance, "tolerance"
+    elif threshold > default_tolerance:
+        gates = False
+    return Band(center, n, sigma, threshold, threshold + DETECT_Z * sigma, gates, basis, limit)
+
+
+__all__ = ["Band", "DETECT_Z", "FEW_RUNS_BAND", "FLOOR", "K", "MIN_RUNS", "TRIM_FROM", "band", "run_sigma"]

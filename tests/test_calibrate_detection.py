@@ -1,0 +1,135 @@
+"""``pytest-mig calibrate`` (real pytest processes on the CPU) and the detection experiment's analysis
+(``pytest-mig detection --analyse-only``) on synthetic results files."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from pytest_mig import cli
+from pytest_mig.detection import SIZES, analyse, markdown
+from pytest_mig.measure import Metric
+from pytest_mig.results import ResultRecord, write_results
+
+BENCH = '''
+import os
+
+from pytest_mig.measure import Metric
+
+
+def test_rate(mig_bench):
+    mig_bench.record(Metric("rate", float(os.environ.get("RATE", "100")), "items/s", "higher", [99.0, 100.0, 101.0]))
+'''
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A folder with one benchmark test, as the current folder, on a machine without a GPU."""
+    (tmp_path / "test_bench.py").write_text(BENCH)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # whatever this machine has, the runs are CPU runs
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
+    return tmp_path
+
+
+def test_calibrate_runs_the_suite_n_times_into_the_history_and_prints_the_thresholds(
+        project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main(["calibrate", "-n", "3", "--", "test_bench.py", "-p", "no:cacheprovider", "-q"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    for i in (1, 2, 3):
+        assert f"calibrate: run {i}/3 ..." in out and f"calibrate: run {i}/3 done in " in out
+    doc = json.loads((project / "baselines" / "cpu" / "cpu.json").read_text())
+    runs = doc["modes"]["normal"]["test_bench.py::test_rate"]["rate"]["runs"]
+    assert [r["value"] for r in runs] == [100.0, 100.0, 100.0]
+    assert "CV" in out and "threshold" in out and "detects" in out and "gates" in out
+    assert "test_rate" in out and "±10.0%" in out  # three runs: the conservative band, and it says why
+    assert "1 figure(s) have fewer than 5 runs: their band is a conservative 10% until they do." in out
+    assert sorted(p.name for p in (project / ".mig-results" / "calibrate").iterdir()) == [
+        "calibrate-01.json", "calibrate-01.log", "calibrate-02.json", "calibrate-02.log", "calibrate-03.json",
+        "calibrate-03.log"]
+
+
+def test_calibrate_refuses_options_it_sets_itself_and_needs_pytest_arguments(
+        project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["calibrate", "--", "test_bench.py", "--mig-save-baseline"]) == 2
+    assert capsys.readouterr().err.strip() == ("pytest-mig: error: --mig-save-baseline is set by pytest-mig itself "
+                                               "here; leave it out of the pytest arguments")
+    assert cli.main(["calibrate"]) == 2
+    assert "give the pytest arguments after --" in capsys.readouterr().err
+    assert not (project / "baselines").exists()
+
+
+def test_calibrate_stops_when_pytest_cannot_run_at_all(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main(["calibrate", "-n", "3", "--", "test_bench.py", "--mig-tolerance", "150%"])
+    out = capsys.readouterr().out
+    assert code != 0
+    assert "calibrate: stopped, pytest exited 4" in out and "calibrate: run 2/3" not in out
+
+
+# --------------------------------------------------------------------------- detection analysis
+
+TARGET = {"kind": "full", "profile": "full", "baseline_profile": "full", "gpu_name": "NVIDIA H100 80GB HBM3",
+          "gpu_slug": "nvidia-h100-80gb-hbm3", "emulated": False}
+
+
+def run_file(path: Path, values: dict[str, float], verdicts: dict[str, dict[str, object]] | None = None) -> None:
+    records = []
+    for name, value in values.items():
+        direction = "lower" if name.endswith("_s") else "higher"
+        rec = ResultRecord("benchmarks/test_x.py::test_x", Metric(name, value, "u", direction, [value]), dict(TARGET),
+                           {"driver": "580.159.04"}, mode="quick")
+        rec.verdict = (verdicts or {}).get(name)
+        records.append(rec)
+    write_results(path, records)
+
+
+def test_detection_counts_false_alarms_replays_slowdowns_and_reports_slowed_runs(tmp_path: Path,
+                                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    quiet = [100.0, 100.1, 99.9, 100.05, 99.95, 100.0, 100.1, 99.9, 100.0, 100.05, 99.95, 100.0]
+    noisy = [100.0, 112.0, 90.0, 105.0, 95.0, 110.0, 92.0, 104.0, 97.0, 108.0, 94.0, 101.0]
+    for i, (q, n) in enumerate(zip(quiet, noisy), start=1):
+        run_file(tmp_path / f"unchanged-{i:02d}.json", {"quiet_rate": q, "noisy_rate": n, "step_s": 1.0 + (q - 100) / 1000})
+    for j in (1, 2):  # slowed runs the plugin judged and failed (quiet) or reported (noisy)
+        run_file(tmp_path / f"slow-120-{j:02d}.json", {"quiet_rate": 90.0, "noisy_rate": 95.0, "step_s": 1.11},
+                 {"quiet_rate": {"failed": True}, "noisy_rate": {"failed": False}, "step_s": {"failed": True}})
+    assert cli.main(["detection", "--analyse-only", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    text = (tmp_path / "detection.md").read_text()
+    assert text in out
+    assert "Unchanged runs: 12; judged as nightly runs (against >= 5 earlier runs): 7; runs with a false alarm: **0**." in text
+    rows = {line.split("|")[2].strip(): [c.strip() for c in line.split("|")[1:-1]]
+            for line in text.splitlines() if line.startswith("| test_x")}
+    quiet_row, noisy_row, step_row = rows["quiet_rate"], rows["noisy_rate"], rows["step_s"]
+    assert quiet_row[7] == "yes" and quiet_row[8] == "0 / 7 (0)"
+    assert quiet_row[10:13] == ["12/12", "12/12", "12/12"]  # 3%, 5% and 10% worse are all caught
+    assert quiet_row[13] == "+10.0%, 2/2"  # the slowed runs' true slowdown, and how many failed
+    assert step_row[13] == "+11.0%, 2/2"  # a time that grew is a slowdown too
+    assert noisy_row[7] == "no" and noisy_row[10].startswith("(")  # too noisy: shown, in brackets
+
+
+def test_a_false_alarm_in_the_nightly_flow_is_counted_and_its_re_measurements_can_clear_it(tmp_path: Path) -> None:
+    values = [100.0, 100.1, 99.9, 100.05, 99.95, 100.0, 96.0, 100.0]  # run 7 dips by 4%
+    runs = []
+    for i, v in enumerate(values):
+        verdict = {"confirmations": [99.9, 100.1]} if i == 6 else None  # it re-measured and came back
+        run_file(tmp_path / f"u{i}.json", {"rate": v}, {"rate": verdict} if verdict else None)
+    from pytest_mig.results import read_results
+
+    runs = [read_results(tmp_path / f"u{i}.json") for i in range(len(values))]
+    (fig,) = analyse(runs, {})
+    assert (fig.flow_judged, fig.flow_false, fig.flow_transient) == (3, 0, 1)
+    runs[6][0].verdict = None  # had it not re-measured, the dip would be an alarm
+    (fig,) = analyse(runs, {})
+    assert (fig.flow_false, fig.alarm_runs) == (1, [7])
+    assert "runs with a false alarm: **1** (run(s) 7: rate)." in markdown([fig], runs, {})
+    assert SIZES == (0.03, 0.05, 0.10)
+
+
+def test_detection_needs_enough_unchanged_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_file(tmp_path / "unchanged-01.json", {"rate": 100.0})
+    assert cli.main(["detection", "--analyse-only", "--out", str(tmp_path)]) == 1
+    assert "1 unchanged run(s) in" in capsys.readouterr().out and os.path.exists(tmp_path)
