@@ -417,8 +417,8 @@ def describe_inventory(inv: Inventory) -> list[str]:
         lines.append(f"GPU {g.index}: {g.name}, {g.memory_mib} MiB, {mig}, {g.uuid}")
         for inst in g.instances:
             state = "free" if inst.free else f"busy (pids {', '.join(map(str, inst.busy_pids))})"
-            lines.append(f"  MIG {inst.profile:<12} {inst.uuid}  {inst.sms or '?'} SMs, "
-                         f"{inst.memory_mb or '?'} MB, {state}")
+            lines.append(f"  MIG {inst.profile:<12} {inst.uuid}  --mig-device {g.index}:{inst.mig_index}, "
+                         f"{inst.sms or '?'} SMs, {inst.memory_mb or '?'} MB, {state}")
         if g.profiles:
             lines.append("  profiles: " + ", ".join(f"{p.name} ({p.sms} SMs, x{p.instance_count})" for p in g.profiles))
     lines.extend(f"NVML could not read {problem}; left out" for problem in inv.problems)

@@ -86,6 +86,9 @@ STATE = pytest.StashKey[RunState]()
 BENCH = pytest.StashKey[MigBench]()
 ITEM_RECORDS = pytest.StashKey[list[ResultRecord]]()
 
+#: Image formats --mig-scaling-plot writes.
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+
 #: Seconds of back-to-back work over which board energy is read after each timing (normal, quick):
 #: several times the energy counter's update period, so that a figure is a measurement.
 ENERGY_WINDOW_S = {"normal": 3.0, "quick": 1.5}
@@ -155,7 +158,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--mig-scaling-basis", dest="mig_scaling_basis", choices=("slices", "sms", "memory"),
                 default="slices", help=HELP_SCALING_BASIS)
     parser.addini("mig_profile", HELP_PROFILE, default=None)
-    parser.addini("mig_require_gpu", HELP_REQUIRE_GPU, type="bool", default=False)
+    parser.addini("mig_require_gpu", HELP_REQUIRE_GPU, default="")  # read by _ini_bool, to name the option
     parser.addini("mig_baseline_dir", HELP_BASELINE_DIR, default="baselines")
     parser.addini("mig_tolerance", HELP_TOLERANCE, default="")
     parser.addini("mig_baseline_keep", HELP_KEEP, default="")
@@ -163,16 +166,65 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("mig_su_coefficients", HELP_SU, default="")
 
 
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0", "")
+
+
+def _ini_bool(config: pytest.Config, name: str) -> bool:
+    text = str(config.getini(name) or "").strip().lower()
+    if text in _TRUE or text in _FALSE:
+        return text in _TRUE
+    raise pytest.UsageError(f"ini option {name}: '{config.getini(name)}' is not true or false; use true or false.")
+
+
+def _given(value: str | None, where: str, what: str) -> str | None:
+    """A setting that was given must say something: an empty one is a mistake (an unset shell variable
+    in `--mig-profile "$P"`), not a reason to measure whatever comes first."""
+    if value is None:
+        return None
+    if not value.strip():
+        raise pytest.UsageError(f"{where} is empty: give {what} (is the shell variable it came from unset?)")
+    return value.strip()
+
+
 def _options(config: pytest.Config) -> Options:
-    profile = config.getoption("mig_profile") or os.environ.get("PYTEST_MIG_PROFILE") or config.getini("mig_profile")
+    what = "a profile such as 1g.10gb, 'full' or 'all'"
+    profile = (_given(config.getoption("mig_profile"), "--mig-profile", what)
+               or _given(os.environ.get("PYTEST_MIG_PROFILE"), "PYTEST_MIG_PROFILE", what)
+               or str(config.getini("mig_profile") or "").strip() or None)
+    device = _given(config.getoption("mig_device"), "--mig-device",
+                    "a MIG-<uuid>, GPU-<uuid>, a GPU index N or N:M")
     require = config.getoption("mig_require_gpu")
     if require is None:
-        try:
-            require = bool(config.getini("mig_require_gpu"))
-        except ValueError as exc:
-            raise pytest.UsageError(f"ini option mig_require_gpu: {exc}; use true or false.") from None
-    return Options(profile=profile or None, device=config.getoption("mig_device"),
-                   emulate=bool(config.getoption("mig_emulate")), require_gpu=bool(require))
+        require = _ini_bool(config, "mig_require_gpu")
+    return Options(profile=profile, device=device, emulate=bool(config.getoption("mig_emulate")),
+                   require_gpu=bool(require))
+
+
+def check_output_paths(config: pytest.Config) -> None:
+    """Every file or folder the run will write is checked now, not after an hour of benchmarks."""
+    paths = [("--mig-report", config.getoption("mig_report")), ("--mig-scaling-plot", config.getoption("mig_scaling_plot"))]
+    results = config.getoption("mig_results")
+    if results and results != "none":
+        paths.append(("--mig-results", results))
+    for option, value in paths:
+        if value:
+            _check_writable(option, Path(value), Path(value).parent)
+    if config.getoption("mig_save_baseline"):
+        folder = baseline_dir(config)
+        _check_writable("--mig-baseline-dir", folder, folder)
+
+
+def _check_writable(option: str, path: Path, folder: Path) -> None:
+    """The folder must be one this user can write, or one that can be made in such a folder."""
+    folder = folder if str(folder) else Path(".")
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise pytest.UsageError(f"{option} {path}: {probe} is a file, not a folder, so nothing can be written there.")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        where = "" if probe == folder else f" (the nearest existing folder of {folder})"
+        raise pytest.UsageError(f"{option} {path}: the folder {probe}{where} is not writable by this user.")
 
 
 def baseline_dir(config: pytest.Config) -> Path:
@@ -287,7 +339,11 @@ def pytest_configure(config: pytest.Config) -> None:
                                     "saved as a baseline; drop --mig-save-baseline")
         if t.sms and slow >= t.sms:
             raise pytest.UsageError(f"--mig-slowdown-sms {slow}: the GPU has {t.sms} SMs; ask for fewer")
-    if config.getoption("mig_scaling_plot"):
+    plot = config.getoption("mig_scaling_plot")
+    if plot:
+        if Path(plot).suffix.lower() not in PLOT_SUFFIXES:
+            raise pytest.UsageError(f"--mig-scaling-plot {plot}: cannot tell the image format from "
+                                    f"'{Path(plot).suffix or 'no suffix'}'; use one of {', '.join(PLOT_SUFFIXES)}")
         try:
             import matplotlib  # noqa: F401
         except ImportError:
@@ -301,6 +357,7 @@ def pytest_configure(config: pytest.Config) -> None:
             report_format(report)
         except ReportError as exc:
             raise pytest.UsageError(f"--mig-report {exc}") from None
+    check_output_paths(config)
     # pytest-benchmark times rounds with our CUDA-event clock unless the user chose a timer.
     if getattr(config.option, "benchmark_timer", None) in (None, "time.perf_counter"):
         config.option.benchmark_timer = "pytest_mig.measure.gpu_clock"
@@ -394,6 +451,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip what does not fit its Target (every test, with or without mig_device); scaling checks last."""
     state = config.stash.get(STATE, None)
+    for item in items:
+        _marker_tolerance(item)  # a malformed marker is a usage error now, with the test's id, not after it ran
     if state is not None:
         for item in items:
             reason = _skip_reason(item, _item_target(item, state.plan))
@@ -546,14 +605,31 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     return result
 
 
-def _marker_tolerance(item: pytest.Item) -> float | None:
+def _marker_tolerance(item: pytest.Item) -> Any:
+    """The mig_tolerance marker's fraction (or {metric: fraction}); a malformed one is a usage error
+    naming the test."""
     marker = item.get_closest_marker("mig_tolerance")
     if not marker:
         return None
-    tolerance = marker.kwargs.get("tolerance", marker.args[0] if marker.args else None)
-    if isinstance(tolerance, str):
-        tolerance = _tolerance(tolerance)
-    return tolerance
+    raw = marker.kwargs.get("tolerance", marker.args[0] if marker.args else None)
+    example = "e.g. @pytest.mark.mig_tolerance(0.05), mig_tolerance('5%') or mig_tolerance({'fp16_tflops': 0.03})"
+    values = raw if isinstance(raw, dict) else {None: raw}
+    out: dict[Any, float] = {}
+    for key, value in values.items():
+        try:
+            if value is None or isinstance(value, bool) or not isinstance(value, (int, float, str)):
+                raise ValueError(f"'{value}' is not a tolerance")
+            out[key] = _tolerance(str(value)) if isinstance(value, str) else _tolerance_value(float(value))
+        except Exception as exc:
+            raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.mig_tolerance({raw!r}) is not a tolerance below "
+                                    f"100% ({exc}); {example}.") from None
+    return out[None] if None in out else out
+
+
+def _tolerance_value(value: float) -> float:
+    if not math.isfinite(value) or not 0 <= value < 1:
+        raise ValueError(f"{value:g} is outside 0 up to 1 (a fraction: 0.05 is 5%)")
+    return value
 
 
 def _judge(item: pytest.Item, records: list[ResultRecord]) -> list[str]:

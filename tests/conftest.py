@@ -18,6 +18,7 @@ import pytest
 import fake_pynvml
 import topologies as topo
 from pytest_mig import emulation, nvml, target
+from pytest_mig import verdict as _verdict  # noqa: F401  (numpy and scipy are imported once, before in-process runs)
 from pytest_mig.measure import Timer
 from pytest_mig.profiles import lookup_model
 from pytest_mig.target import CudaProps, Target

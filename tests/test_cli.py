@@ -57,6 +57,8 @@ def test_devices_lists_gpus_instances_and_profiles(capsys: pytest.CaptureFixture
     assert lines[1].startswith("GPU 0: NVIDIA A100-SXM4-40GB, 40960 MiB, MIG on, GPU-")
     instances = [line.split() for line in lines if line.strip().startswith("MIG ")]
     assert [i[1] for i in instances] == ["3g.20gb", "2g.10gb", "1g.5gb", "1g.5gb"]
+    slots = [i[i.index("--mig-device") + 1].rstrip(",") for i in instances]  # what --mig-device N:M takes
+    assert len(set(slots)) == 4 and all(slot.startswith("0:") for slot in slots)
     busy = next(line for line in lines if topologies.A100_40_1G_BUSY in line)
     assert f"busy (pids {topologies.A100_40_BUSY_PID})" in busy and "14 SMs" in busy
     assert any(line.startswith("GPU 1: NVIDIA A100-SXM4-40GB") and "MIG off" in line for line in lines)

@@ -101,7 +101,7 @@ def test_help_lists_the_mig_options_and_ini_settings(pytester: pytest.Pytester) 
         "*--mig-tolerance=MIG_TOLERANCE*",
         "*the largest change a figure may hide*",
     ])
-    result.stdout.fnmatch_lines(["*mig_profile (string):*", "*mig_require_gpu (bool):*", "*mig_baseline_keep*",
+    result.stdout.fnmatch_lines(["*mig_profile (string):*", "*mig_require_gpu (string):*", "*mig_baseline_keep*",
                                  "*mig_confirm*"])
 
 
@@ -219,9 +219,8 @@ def test_require_gpu_from_the_ini_file(pytester: pytest.Pytester, machine: Calla
 def test_a_malformed_ini_boolean_is_a_usage_error(pytester: pytest.Pytester, machine: Callable[..., None]) -> None:
     machine("no-gpu")
     pytester.makeini("[pytest]\nmig_require_gpu = maybe\n")
-    # pytest >= 9.2 rejects the value itself, older pytest returns it and pytest-mig does: one sentence either way
-    assert usage_error(run(pytester)) in ("ini option mig_require_gpu: invalid truth value 'maybe'; use true or false.",
-                                          "invalid truth value 'maybe'")
+    # read by pytest-mig itself (not as pytest's "bool" type), so the sentence names the option
+    assert usage_error(run(pytester)) == "ini option mig_require_gpu: 'maybe' is not true or false; use true or false."
 
 
 # ------------------------------------------------------------------------------------------------
@@ -520,6 +519,16 @@ def test_markers_on_the_cpu(pytester: pytest.Pytester, machine: Callable[..., No
                             "@pytest.mark.mig_min_sms(32); got (-4,)."),
         ("mig_profiles", "@pytest.mark.mig_profiles needs the profiles the test runs on, e.g. "
                          "@pytest.mark.mig_profiles('1g.10gb', 'full')."),
+        ("mig_tolerance('abc')", "@pytest.mark.mig_tolerance('abc') is not a tolerance below 100% (tolerance 'abc' "
+                                 "is not a number: write a percentage such as 5% or a fraction such as 0.05); e.g. "
+                                 "@pytest.mark.mig_tolerance(0.05), mig_tolerance('5%') or "
+                                 "mig_tolerance({'fp16_tflops': 0.03})."),
+        ("mig_tolerance(5)", "@pytest.mark.mig_tolerance(5) is not a tolerance below 100% (5 is outside 0 up to 1 "
+                             "(a fraction: 0.05 is 5%)); e.g. @pytest.mark.mig_tolerance(0.05), mig_tolerance('5%') "
+                             "or mig_tolerance({'fp16_tflops': 0.03})."),
+        ("mig_tolerance(-0.5)", "@pytest.mark.mig_tolerance(-0.5) is not a tolerance below 100% (-0.5 is outside 0 "
+                                "up to 1 (a fraction: 0.05 is 5%)); e.g. @pytest.mark.mig_tolerance(0.05), "
+                                "mig_tolerance('5%') or mig_tolerance({'fp16_tflops': 0.03})."),
     ],
 )
 def test_a_malformed_marker_is_a_usage_error(pytester: pytest.Pytester, machine: Callable[..., None],
@@ -527,6 +536,69 @@ def test_a_malformed_marker_is_a_usage_error(pytester: pytest.Pytester, machine:
     machine("no-gpu")
     pytester.makepyfile(test_bad=f"import pytest\n\n@pytest.mark.{marker}\ndef test_x():\n    pass\n")
     assert usage_error(run(pytester)) == f"test_bad.py::test_x: {sentence}"
+
+
+@pytest.mark.parametrize("where", ["cpu", "gpu"])
+@pytest.mark.parametrize(
+    ("args", "env", "sentence"),
+    [
+        (["--mig-profile="], {}, "--mig-profile is empty: give a profile such as 1g.10gb, 'full' or 'all' (is the "
+                                 "shell variable it came from unset?)"),
+        (["--mig-profile", " "], {}, "--mig-profile is empty: give a profile such as 1g.10gb, 'full' or 'all' (is the "
+                                     "shell variable it came from unset?)"),
+        ([], {"PYTEST_MIG_PROFILE": " "}, "PYTEST_MIG_PROFILE is empty: give a profile such as 1g.10gb, 'full' or "
+                                          "'all' (is the shell variable it came from unset?)"),
+        (["--mig-device="], {}, "--mig-device is empty: give a MIG-<uuid>, GPU-<uuid>, a GPU index N or N:M (is the "
+                                "shell variable it came from unset?)"),
+        (["-o", "mig_require_gpu=maybe"], {}, "ini option mig_require_gpu: 'maybe' is not true or false; use true or "
+                                              "false."),
+        (["-o", "mig_tolerance=abc"], {}, "ini option mig_tolerance: tolerance 'abc' is not a number: write a "
+                                          "percentage such as 5% or a fraction such as 0.05"),
+        (["-o", "mig_tolerance=5"], {}, "ini option mig_tolerance: tolerance '5' is ambiguous: write 5% or 0.05"),
+        (["--mig-scaling-plot", "x.bmp"], {}, "--mig-scaling-plot x.bmp: cannot tell the image format from '.bmp'; "
+                                              "use one of .png, .svg, .pdf"),
+        (["--mig-su-coefficients", "cpu=nan"], {}, "SU coefficients 'cpu=nan': SU coefficient cpu must be a finite "
+                                                   "number >= 0, not nan"),
+        (["--mig-su-coefficients", "gpu=-16"], {}, "SU coefficients 'gpu=-16': SU coefficient gpu must be a finite "
+                                                   "number >= 0, not -16.0"),
+        (["--mig-su-coefficients", "gpu=inf"], {}, "SU coefficients 'gpu=inf': SU coefficient gpu must be a finite "
+                                                   "number >= 0, not inf"),
+        (["--mig-su-allocation", "cpus=nan"], {}, "--mig-su-allocation 'cpus=nan': 'cpus=nan' is not understood; "
+                                                  "expected 'cpus=N,ram_gb=G'"),
+    ],
+)
+def test_a_bad_setting_is_one_sentence_at_start_up_on_any_machine(
+        pytester: pytest.Pytester, machine: Callable[..., None], mig_env: pytest.MonkeyPatch, where: str,
+        args: list[str], env: dict[str, str], sentence: str) -> None:
+    machine("no-gpu") if where == "cpu" else machine("h200-mig-off", cuda="gpu0")
+    for name, value in env.items():
+        mig_env.setenv(name, value)
+    pytester.makepyfile(test_x="def test_x():\n    pass\n")
+    assert usage_error(run(pytester, *args)) == sentence
+    assert not (pytester.path / ".mig-results").exists()  # nothing ran, nothing was written
+
+
+@pytest.mark.parametrize("option", ["--mig-report", "--mig-results", "--mig-scaling-plot"])
+def test_an_output_path_that_cannot_be_written_is_said_at_start_up(pytester: pytest.Pytester,
+                                                                    machine: Callable[..., None], option: str) -> None:
+    machine("no-gpu")
+    (pytester.path / "a-file").write_text("")
+    pytester.makepyfile(test_x="def test_x():\n    pass\n")
+    name = {"--mig-report": "r.md", "--mig-results": "r.json", "--mig-scaling-plot": "p.png"}[option]
+    assert usage_error(run(pytester, option, f"a-file/{name}")) == (
+        f"{option} a-file/{name}: a-file is a file, not a folder, so nothing can be written there.")
+    assert (pytester.path / "a-file").read_text() == ""
+
+
+def test_a_baseline_folder_that_cannot_be_written_is_said_before_a_save_run(pytester: pytest.Pytester,
+                                                                            machine: Callable[..., None]) -> None:
+    machine("no-gpu")
+    (pytester.path / "a-file").write_text("")
+    pytester.makepyfile(test_x="def test_x():\n    pass\n")
+    sentence = usage_error(run(pytester, "--mig-save-baseline", "--mig-baseline-dir", "a-file/baselines"))
+    assert sentence.endswith("a-file/baselines: " + str(pytester.path / "a-file") +
+                             " is a file, not a folder, so nothing can be written there.")
+    run(pytester, "--mig-baseline-dir", "a-file/baselines").assert_outcomes(passed=1)  # only reading: fine
 
 
 # ------------------------------------------------------------------------------------------------

@@ -393,14 +393,14 @@ def test_a_report_path_without_a_known_suffix_fails_the_run(h200: Callable[..., 
     assert "Traceback" not in said
 
 
-def test_an_unwritable_results_file_is_one_line_and_the_baseline_is_still_saved(
+def test_an_unwritable_results_file_is_said_at_start_up_and_nothing_is_saved(
     h200: Callable[..., pytest.RunResult], pytester: pytest.Pytester
 ) -> None:
     (pytester.path / "a-file").write_text("")
     result = h200("--mig-results", "a-file/results.json", "--mig-save-baseline")
-    assert result.ret == pytest.ExitCode.TESTS_FAILED  # not INTERNAL_ERROR with a traceback
-    result.stdout.fnmatch_lines(["a-file/results.json: results not written (*)"])
-    assert baseline_path(pytester).exists()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR  # said before an hour of benchmarks, not after
+    assert "--mig-results a-file/results.json: a-file is a file, not a folder" in "\n".join(result.errlines)
+    assert not baseline_path(pytester).exists()
 
 
 def test_two_runs_in_the_same_second_never_share_a_results_file(tmp_path: Path) -> None:
