@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import platform
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -97,17 +98,25 @@ class Inventory:
         return [i for g in self.gpus for i in g.instances]
 
     def find_instance(self, uuid: str) -> MigInstance | None:
+        """A MIG instance by UUID, or by a prefix of one that names only it (as CUDA allows)."""
         for inst in self.instances:
             if inst.uuid == uuid or inst.uuid == f"MIG-{uuid}" or f"MIG-{inst.uuid}" == uuid:
                 return inst
-        return None
+        return _unique_prefix(uuid, self.instances)
 
     def find_gpu(self, key: str) -> Gpu | None:
-        """A GPU by NVML index ("0") or UUID ("GPU-...")."""
+        """A GPU by NVML index ("0") or UUID ("GPU-..."; a prefix that names only it, as CUDA allows)."""
         for g in self.gpus:
             if key == str(g.index) or key == g.uuid or f"GPU-{key}" == g.uuid:
                 return g
+        return _unique_prefix(key, self.gpus) if key.startswith("GPU-") else None
+
+
+def _unique_prefix(key: str, items: Any) -> Any:
+    if len(key) <= 4:  # "GPU-" or "MIG-" alone names nothing
         return None
+    found = [x for x in items if x.uuid.startswith(key)]
+    return found[0] if len(found) == 1 else None
 
 
 def _text(value: Any) -> str:
@@ -423,6 +432,31 @@ def describe_inventory(inv: Inventory) -> list[str]:
             lines.append("  profiles: " + ", ".join(f"{p.name} ({p.sms} SMs, x{p.instance_count})" for p in g.profiles))
     lines.extend(f"NVML could not read {problem}; left out" for problem in inv.problems)
     return lines
+
+
+def cuda_visible(cvd: str | None) -> list[str] | None:
+    """CUDA_VISIBLE_DEVICES read as CUDA reads it (None when unset), each entry an index ("0") or a
+    UUID ("GPU-..."/"MIG-...", a unique prefix allowed).
+
+    As measured on an H100 (driver 580, CUDA 13.0, torch 2.11, one process per value): an index is
+    read like strtol, so "0:2", "0a", " 0" and "0 " are GPU 0 (never MIG slot 2); a UUID is taken as
+    written, case and spaces included, so " GPU-..." or "gpu-..." names nothing; the first entry
+    that is empty or cannot be read ends the list (",0" shows no GPU, "0,,1" only GPU 0; "-1",
+    "none", "all" show none); an index named twice ("0,0") hides every GPU.
+    """
+    if cvd is None:
+        return None
+    entries: list[str] = []
+    for raw in cvd.split(","):
+        digits = re.match(r"\s*(\d+)", raw)
+        if digits:
+            entries.append(str(int(digits.group(1))))
+        elif raw.startswith(("GPU-", "MIG-")) and len(raw) > 4 and raw == raw.strip():
+            entries.append(raw)
+        else:
+            break
+    indices = [e for e in entries if e.isdigit()]
+    return [] if len(indices) != len(set(indices)) else entries
 
 
 def iter_visible(cvd: str | None) -> Iterator[str]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any, Literal, Mapping
 
-from .nvml import Gpu, Inventory, MigInstance, iter_visible
+from .nvml import Gpu, Inventory, MigInstance, cuda_visible
 from .profiles import ALL, CPU, FULL, GpuModel, ProfileError, ProfileSpec, ladder, lookup_model, model_slug, parse_profile
 
 TargetKind = Literal["mig", "full", "emulated", "cpu"]
@@ -304,6 +304,11 @@ def plan_run(opts: Options, inv: Inventory, env: Mapping[str, str]) -> Plan:
     cvd = env.get("CUDA_VISIBLE_DEVICES")
     if cvd is not None and cvd.strip().lower() in _HIDDEN:
         return _cpu_plan(f"CUDA_VISIBLE_DEVICES={cvd!r} hides every GPU", opts)
+    visible = cuda_visible(cvd) or []
+    if cvd is not None and not visible:
+        raise SelectionError(f"CUDA_VISIBLE_DEVICES={cvd!r} shows CUDA no device: CUDA reads indices and exact "
+                             f"GPU-/MIG- UUIDs separated by commas, with no spaces around a UUID, stops at the first "
+                             f"entry it cannot read and hides everything when an index is named twice.")
     if inv.error:
         return _cpu_plan(inv.error, opts)
     if not inv.gpus:
@@ -312,7 +317,6 @@ def plan_run(opts: Options, inv: Inventory, env: Mapping[str, str]) -> Plan:
     # The device the scheduler or the user named, if any.
     named: tuple[Gpu, MigInstance | None] | None = None
     chosen_by = "plugin"
-    visible = list(iter_visible(cvd))
     if visible:
         named = _resolve_visible(visible[0], inv)
         if named is None:
@@ -334,6 +338,9 @@ def plan_run(opts: Options, inv: Inventory, env: Mapping[str, str]) -> Plan:
             visible = []
     pin = None if visible else (named[1].uuid if named and named[1] else (named[0].uuid if named else None))
     header = [f"NVML could not read {problem}; that GPU is left out" for problem in inv.problems]
+    if len(visible) > 1 and named is not None:
+        header.append(f"CUDA_VISIBLE_DEVICES={cvd} shows {len(visible)} devices; a benchmark measures only the "
+                      f"first, {visible[0]}")
     if named is not None and named[1] is not None and named[1].busy_pids:
         header.append(f"{named[1].uuid} is in use by pid {', '.join(map(str, named[1].busy_pids))}: "
                       "its figures may be disturbed")

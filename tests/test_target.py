@@ -195,12 +195,39 @@ def test_the_pre_r470_form_of_a_mig_device_is_understood(plan: PlanFn) -> None:
 
 
 @pytest.mark.parametrize("cvd", ["MIG-00000000-0000-0000-0000-000000000000", f"MIG-{topo.A100_40_GPU0}/2",
-                                 f"MIG-{topo.A100_40_GPU0}/7/0", "5", "GPU-nope", "0:9"])
+                                 f"MIG-{topo.A100_40_GPU0}/7/0", "5", "GPU-nope", "5,0"])
 def test_a_scheduler_pin_naming_nothing_here_is_refused(refused: Callable[..., str], cvd: str) -> None:
     msg = refused("a100-40gb-mixed", {"CUDA_VISIBLE_DEVICES": cvd}, profile="1g.5gb")
     assert msg.startswith(f"CUDA_VISIBLE_DEVICES={cvd} names no GPU or MIG instance on this machine (NVML sees: "
                           "GPU 0 (NVIDIA A100-SXM4-40GB): 3g.20gb x1, 2g.10gb x1, 1g.5gb x2; "
                           "GPU 1 (NVIDIA A100-SXM4-40GB): MIG off).")
+
+
+@pytest.mark.parametrize("cvd", ["0:9", "0a", " 0", "0 ", "0,,1", "0,-1"])
+def test_cuda_visible_devices_is_read_as_cuda_reads_it(plan: PlanFn, cvd: str) -> None:
+    """Measured on an H100 (driver 580, torch 2.11): an index is read like strtol, so "0:9" is GPU 0,
+    never MIG slot 9; the first entry CUDA cannot read ends the list."""
+    p = plan("a100-40gb-mixed", {"CUDA_VISIBLE_DEVICES": cvd}, profile="1g.5gb")
+    assert only(p).uuid == topo.A100_40_1G_FREE  # GPU 0, narrowed to its free 1g.5gb slice, as for "0"
+    assert not any("shows 2 devices" in line for line in p.header)
+
+
+@pytest.mark.parametrize("cvd", [f" {topo.A100_40_3G} ", f"{topo.A100_40_3G} ", topo.A100_40_3G.lower(),
+                                 ",0", "0,0", "all", "GPU-", topo.A100_40_3G.replace("MIG-", "mig-")])
+def test_a_value_that_shows_cuda_no_device_is_refused(refused: Callable[..., str], cvd: str) -> None:
+    assert refused("a100-40gb-mixed", {"CUDA_VISIBLE_DEVICES": cvd}) == (
+        f"CUDA_VISIBLE_DEVICES={cvd!r} shows CUDA no device: CUDA reads indices and exact GPU-/MIG- UUIDs "
+        f"separated by commas, with no spaces around a UUID, stops at the first entry it cannot read and hides "
+        f"everything when an index is named twice.")
+
+
+def test_a_unique_uuid_prefix_names_its_device_and_several_devices_are_said(plan: PlanFn) -> None:
+    t = only(plan("a100-40gb-mixed", {"CUDA_VISIBLE_DEVICES": topo.A100_40_3G[:12]}, profile="3g.20gb"))
+    assert t.uuid == topo.A100_40_3G
+    p = plan("a100-40gb-mixed", {"CUDA_VISIBLE_DEVICES": f"{topo.A100_40_3G},1"}, profile="3g.20gb")
+    assert only(p).uuid == topo.A100_40_3G
+    assert f"CUDA_VISIBLE_DEVICES={topo.A100_40_3G},1 shows 2 devices; a benchmark measures only the first, " \
+           f"{topo.A100_40_3G}" in p.header
 
 
 def test_a_scheduler_pin_to_a_whole_gpu_with_mig_on_is_narrowed_to_a_slice(plan: PlanFn) -> None:
