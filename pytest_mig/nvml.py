@@ -81,6 +81,15 @@ class Gpu:
     instances: tuple[MigInstance, ...] = ()
     profiles: tuple[ProfileInfo, ...] = ()
     compute_capability: tuple[int, int] | None = None
+    mig_pending: bool | None = None  # the MIG mode after the next GPU reset, where it differs from now
+    busy_pids: tuple[int, ...] = ()  # compute processes on the whole GPU (MIG off)
+
+    def state_words(self) -> str:
+        """'MIG on', 'MIG off', 'no MIG', with a pending change said as one."""
+        mig = {True: "MIG on", False: "MIG off", None: "no MIG"}[self.mig_enabled]
+        if self.mig_pending is not None:
+            mig += f" (MIG {'on' if self.mig_pending else 'off'} pending: a GPU reset is due before it applies)"
+        return mig
 
 
 @dataclass(frozen=True)
@@ -276,7 +285,10 @@ def discover() -> Inventory:
             except Exception as exc:  # a GPU that is lost, or needs a reset: leave it out and say why
                 problems.append(f"GPU {i}: {_nvml_reason(nv, exc)}")
                 continue
-            mig_enabled = None if mode is None else bool(int(mode[0]) == int(getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1)))
+            on = int(getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1))
+            mig_enabled = None if mode is None else bool(int(mode[0]) == on)
+            pending = None if mode is None or int(mode[1]) == int(mode[0]) else bool(int(mode[1]) == on)
+            procs = [] if mig_enabled else (_try(nv.nvmlDeviceGetComputeRunningProcesses, h, default=[]) or [])
             mem = _try(nv.nvmlDeviceGetMemoryInfo, h)
             cc = _try(nv.nvmlDeviceGetCudaComputeCapability, h)
             gpus.append(Gpu(
@@ -288,6 +300,8 @@ def discover() -> Inventory:
                 instances=_instances(nv, i, h) if mig_enabled else (),
                 profiles=_profile_table(nv, h) if mig_enabled is not None else (),
                 compute_capability=(int(cc[0]), int(cc[1])) if cc else None,
+                mig_pending=pending,
+                busy_pids=tuple(int(p.pid) for p in procs),
             ))
         if problems and not gpus:
             return Inventory(error="NVML could not read any GPU: " + "; ".join(problems))
@@ -422,8 +436,8 @@ def describe_inventory(inv: Inventory) -> list[str]:
         return ["No GPU: NVML found no NVIDIA GPU on this machine."]
     lines = [f"driver {inv.driver or '?'}, CUDA driver {_cuda_version_text(inv.cuda_driver) or '?'}"]
     for g in inv.gpus:
-        mig = {True: "MIG on", False: "MIG off", None: "no MIG"}[g.mig_enabled]
-        lines.append(f"GPU {g.index}: {g.name}, {g.memory_mib} MiB, {mig}, {g.uuid}")
+        busy = f", busy (pids {', '.join(map(str, g.busy_pids))})" if g.busy_pids else ""
+        lines.append(f"GPU {g.index}: {g.name}, {g.memory_mib} MiB, {g.state_words()}, {g.uuid}{busy}")
         for inst in g.instances:
             state = "free" if inst.free else f"busy (pids {', '.join(map(str, inst.busy_pids))})"
             lines.append(f"  MIG {inst.profile:<12} {inst.uuid}  --mig-device {g.index}:{inst.mig_index}, "

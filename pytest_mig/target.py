@@ -289,7 +289,32 @@ def _emulated_target(gpu: Gpu, spec: ProfileSpec, chosen_by: str) -> Target:
 
 
 def plan_run(opts: Options, inv: Inventory, env: Mapping[str, str]) -> Plan:
-    """Choose the Target(s) of a run.  Raises SelectionError for every user mistake."""
+    """Choose the Target(s) of a run.  Raises SelectionError for every user mistake.
+
+    A refusal also names what NVML could not read (a lost GPU may be the one that held the slices
+    or the index asked for) and any pending MIG mode change (a reset is due before it applies);
+    a whole GPU that other processes are using is warned about in the header, as a slice is.
+    """
+    try:
+        plan = _plan_run(opts, inv, env)
+    except SelectionError as exc:
+        extra = [f"NVML could not read {p} (a lost GPU needs a reset by an administrator)" for p in inv.problems]
+        extra += [f"GPU {g.index} has a pending MIG mode change: {g.state_words()}" for g in inv.gpus
+                  if g.mig_pending is not None]
+        if not extra:
+            raise
+        raise SelectionError(f"{str(exc).rstrip('.')}. Also: {'; '.join(extra)}.") from None
+    for t in plan.targets:
+        gpu = next((g for g in inv.gpus if g.index == t.gpu_index), None)
+        if t.kind == FULL and gpu is not None and gpu.busy_pids:
+            line = (f"GPU {gpu.index} is in use by pid {', '.join(map(str, gpu.busy_pids))}: its figures may be "
+                    f"disturbed")
+            if line not in plan.header:
+                plan.header.append(line)
+    return plan
+
+
+def _plan_run(opts: Options, inv: Inventory, env: Mapping[str, str]) -> Plan:
     profile = opts.profile.strip() if opts.profile else None
     if profile and profile.lower() not in (FULL, ALL):
         try:

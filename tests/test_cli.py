@@ -67,6 +67,15 @@ def test_devices_lists_gpus_instances_and_profiles(capsys: pytest.CaptureFixture
         assert name in profiles
 
 
+def test_devices_shows_a_pending_mig_mode_and_a_busy_whole_gpu(capsys: pytest.CaptureFixture[str],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    t = topologies.with_mig_mode(topologies.get_topology("h200-mig-off"), 0, current=0, pending=1)
+    fake_pynvml.install(monkeypatch, topologies.with_busy(topologies.with_all_free(t), topologies.H200_GPU0, pid=77))
+    code, out, _ = run(capsys, "devices")
+    assert code == 0
+    assert "MIG off (MIG on pending: a GPU reset is due before it applies)" in out and "busy (pids 77)" in out
+
+
 def test_devices_on_a_gpu_with_mig_off(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     fake_pynvml.install(monkeypatch, "h200-mig-off")
     code, out, _ = run(capsys, "devices")

@@ -503,6 +503,37 @@ def test_a_gpu_nvml_cannot_read_is_left_out(plan: PlanFn, function: str) -> None
     assert p.header == ["NVML could not read GPU 0: NVMLError_GpuIsLost: GPU is lost; that GPU is left out"]
 
 
+def test_a_lost_gpu_is_named_when_nothing_else_fits(refused: Callable[..., str]) -> None:
+    """GPU 0 held the MIG slices; it is lost, so the profile is not found: the sentence says why."""
+    t = topo.with_error(topo.get_topology("a100-40gb-mixed"), "nvmlDeviceGetUUID", GPU_IS_LOST, topo.A100_40_GPU0)
+    msg = refused(t, profile="1g.5gb")
+    assert msg.endswith("Also: NVML could not read GPU 0: NVMLError_GpuIsLost: GPU is lost (a lost GPU needs a reset "
+                        "by an administrator).")
+    msg = refused(t, {"CUDA_VISIBLE_DEVICES": "0"}, profile="1g.5gb")
+    assert msg.startswith("CUDA_VISIBLE_DEVICES=0 names no GPU or MIG instance on this machine")
+    assert "NVML could not read GPU 0: NVMLError_GpuIsLost" in msg
+
+
+def test_a_pending_mig_mode_change_is_shown_as_pending(refused: Callable[..., str],
+                                                       discover: Callable[[Any], nvml.Inventory]) -> None:
+    t = topo.with_mig_mode(topo.get_topology("h200-mig-off"), 0, current=0, pending=1)
+    (gpu,) = discover(t).gpus
+    assert gpu.mig_enabled is False and gpu.mig_pending is True
+    assert gpu.state_words() == "MIG off (MIG on pending: a GPU reset is due before it applies)"
+    msg = refused(t, profile="1g.18gb")
+    assert msg.endswith("Also: GPU 0 has a pending MIG mode change: MIG off (MIG on pending: a GPU reset is due "
+                        "before it applies).")
+    assert discover(topo.get_topology("h200-mig-off")).gpus[0].mig_pending is None  # nothing pending
+
+
+def test_a_whole_gpu_in_use_is_warned_about_as_a_slice_is(plan: PlanFn) -> None:
+    busy = topo.with_busy(topo.with_all_free(topo.get_topology("h200-mig-off")), topo.H200_GPU0, pid=4242)
+    p = plan(busy, profile="full")
+    assert "GPU 0 is in use by pid 4242: its figures may be disturbed" in p.header
+    assert not any("in use" in line for line in plan(topo.with_all_free(topo.get_topology("h200-mig-off")),
+                                                     profile="full").header)
+
+
 def test_a_mig_mode_nvml_does_not_support_means_a_gpu_without_mig(discover: Callable[[Any], nvml.Inventory]) -> None:
     inv = discover("l40s-no-mig")
     assert [(g.name, g.mig_enabled) for g in inv.gpus] == [("NVIDIA L40S", None)] and inv.problems == ()
