@@ -345,6 +345,8 @@ def fingerprint(gpu_index: int | None) -> dict[str, Any]:
         mem = _try(nv.nvmlDeviceGetMemoryInfo, h)
         fp.update({
             "gpu_name": _try(lambda: _text(nv.nvmlDeviceGetName(h))),
+            # the board itself: figures such as energy per unit of work differ between boards of one model
+            "gpu_uuid": _try(lambda: _text(nv.nvmlDeviceGetUUID(h))),
             "memory_total_mib": int(mem.total) // 2**20 if mem is not None else None,
             "driver": _try(lambda: _text(nv.nvmlSystemGetDriverVersion())),
             "cuda_driver": _cuda_version_text(_try(lambda: int(nv.nvmlSystemGetCudaDriverVersion_v2()))),

@@ -67,6 +67,7 @@ FINGERPRINT_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("torch", "torch", ""),
     ("python", "Python", ""),
     ("gpu_name", "GPU", ""),
+    ("gpu_uuid", "GPU board", ""),
     ("memory_total_mib", "memory", " MiB"),
     ("cpu_model", "CPU", ""),
 )

@@ -181,6 +181,9 @@ def test_fingerprint_diff_text() -> None:
     assert fingerprint_diff(FP_OLD, dict(FP_OLD)) == []
     assert fingerprint_diff({"cuda_driver": 12040}, {"cuda_driver": 13000}) == ["CUDA driver 12.4 -> 13.0"]
     assert fingerprint_diff({}, {"driver": "1"}) == []  # unknown before: not called a change
+    # another board of the same model: said, since energy per unit of work differs between boards
+    assert fingerprint_diff({**FP_OLD, "gpu_uuid": "GPU-aaa"}, {**FP_OLD, "gpu_uuid": "GPU-bbb"}) == [
+        "GPU board GPU-aaa -> GPU-bbb"]
     assert judged(90.0, fingerprint={**FP_OLD, "driver": "560.35"}).message.endswith(
         "since the baseline: driver 550.54 -> 560.35")
 

@@ -115,6 +115,7 @@ def test_each_save_adds_a_run_to_the_history_one_line_each_and_keeps_the_last_n(
                                                                                     "full", False)
     (fp,) = doc["fingerprints"].values()
     assert fp["driver"] == "580.159.04" and fp["memory_total_mib"] == 143771
+    assert fp["gpu_uuid"] == topologies.H200_GPU0  # the board: boards of one model share a baseline file
     rate = entry(path)
     assert (rate["unit"], rate["direction"], rate["kind"], rate["tolerance"]) == ("items/s", "higher", "compute", None)
     (run,) = rate["runs"]
