@@ -14,7 +14,7 @@ import importlib
 import platform
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 #: NVML's GPU-instance profile enums (NVML_GPU_INSTANCE_PROFILE_*): 1, 2, 3, 4, 7, 8, 6 slices,
 #: then 1-slice +me (REV1), 2-slice REV1, 1-slice double memory (REV2), and the newer ones.
@@ -473,11 +473,3 @@ def cuda_visible(cvd: str | None) -> list[str] | None:
             break
     indices = [e for e in entries if e.isdigit()]
     return [] if len(indices) != len(set(indices)) else entries
-
-
-def iter_visible(cvd: str | None) -> Iterator[str]:
-    """Entries of a CUDA_VISIBLE_DEVICES value, stripped; empty when unset."""
-    if cvd is None:
-        return iter(())
-    return (p.strip() for p in cvd.split(",") if p.strip())
-

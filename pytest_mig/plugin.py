@@ -1,13 +1,13 @@
 """pytest-mig's pytest hooks and fixtures, in the order pytest calls them.
 
-Hooks stay thin: choosing and pinning the device lives in target.py, NVML in nvml.py, emulation in
+Hooks stay thin: reading and checking options, ini values and markers lives in settings.py,
+choosing and pinning the device in target.py, NVML in nvml.py, emulation in
 emulation.py, timing in measure.py/bench.py, verdicts in baselines.py/verdict.py/scaling.py,
 reports in report.py.  Precedence of settings: marker > command line > environment > ini.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from dataclasses import dataclass, field, replace
@@ -21,6 +21,22 @@ from . import target as _target
 from .bench import MigBench
 from .measure import Metric, Telemetry
 from .results import ResultRecord, ResultsFileError, write_results
+from .settings import (
+    PLOT_SUFFIXES,
+    baseline_dir,
+    baseline_keep,
+    check_output_paths,
+    confirm_count,
+    count_arg,
+    default_results_path,
+    explicit_tolerance,
+    marker_tolerance,
+    options,
+    positive_int_arg,
+    su_allocation,
+    su_coefficients,
+    tolerance_arg,
+)
 from .target import Options, Plan, SelectionError, Target, pin, plan_run, verify
 from .workloads import DoesNotFit
 
@@ -86,50 +102,12 @@ STATE = pytest.StashKey[RunState]()
 BENCH = pytest.StashKey[MigBench]()
 ITEM_RECORDS = pytest.StashKey[list[ResultRecord]]()
 
-#: Image formats --mig-scaling-plot writes.
-PLOT_SUFFIXES = (".png", ".svg", ".pdf")
-
 #: Seconds of back-to-back work over which board energy is read after each timing (normal, quick):
 #: several times the energy counter's update period, so that a figure is a measurement.
 ENERGY_WINDOW_S = {"normal": 3.0, "quick": 1.5}
 
 
 # --------------------------------------------------------------------------- options
-
-
-def _tolerance(text: str) -> float:
-    """verdict.parse_tolerance's reading ('5%' or '0.05'), below 100%, as an argparse type."""
-    import argparse
-
-    from .verdict import parse_tolerance
-
-    try:
-        value = parse_tolerance(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if value >= 1:
-        raise argparse.ArgumentTypeError(f"tolerance {text} is out of range: it must be at least 0 and below 100%")
-    return value
-
-
-def _whole(text: str, least: int) -> int:
-    import argparse
-
-    try:
-        value = int(str(text).strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
-    if value < least:
-        raise argparse.ArgumentTypeError(f"{value} is too small: use {least} or more")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    return _whole(text, 1)
-
-
-def _count(text: str) -> int:
-    return _whole(text, 0)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -141,10 +119,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--mig-quick", dest="mig_quick", action="store_true", default=False, help=HELP_QUICK)
     g.addoption("--mig-save-baseline", dest="mig_save_baseline", action="store_true", default=False, help=HELP_SAVE)
     g.addoption("--mig-baseline-dir", dest="mig_baseline_dir", default=None, help=HELP_BASELINE_DIR)
-    g.addoption("--mig-baseline-keep", dest="mig_baseline_keep", type=_positive_int, default=None, help=HELP_KEEP)
-    g.addoption("--mig-confirm", dest="mig_confirm", type=_count, default=None, help=HELP_CONFIRM)
-    g.addoption("--mig-slowdown-sms", dest="mig_slowdown_sms", type=_positive_int, default=None, help=HELP_SLOWDOWN)
-    g.addoption("--mig-tolerance", dest="mig_tolerance", type=_tolerance, default=None,
+    g.addoption("--mig-baseline-keep", dest="mig_baseline_keep", type=positive_int_arg, default=None, help=HELP_KEEP)
+    g.addoption("--mig-confirm", dest="mig_confirm", type=count_arg, default=None, help=HELP_CONFIRM)
+    g.addoption("--mig-slowdown-sms", dest="mig_slowdown_sms", type=positive_int_arg, default=None, help=HELP_SLOWDOWN)
+    g.addoption("--mig-tolerance", dest="mig_tolerance", type=tolerance_arg, default=None,
                 help=HELP_TOLERANCE.replace("%", "%%"))  # argparse %-formats option help (not ini help)
     g.addoption("--mig-fail-on-improvement", dest="mig_fail_on_improvement", action="store_true", default=False,
                 help=HELP_IMPROVEMENT)
@@ -166,150 +144,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("mig_su_coefficients", HELP_SU, default="")
 
 
-_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0", "")
-
-
-def _ini_bool(config: pytest.Config, name: str) -> bool:
-    text = str(config.getini(name) or "").strip().lower()
-    if text in _TRUE or text in _FALSE:
-        return text in _TRUE
-    raise pytest.UsageError(f"ini option {name}: '{config.getini(name)}' is not true or false; use true or false.")
-
-
-def _given(value: str | None, where: str, what: str) -> str | None:
-    """A setting that was given must say something: an empty one is a mistake (an unset shell variable
-    in `--mig-profile "$P"`), not a reason to measure whatever comes first."""
-    if value is None:
-        return None
-    if not value.strip():
-        raise pytest.UsageError(f"{where} is empty: give {what} (is the shell variable it came from unset?)")
-    return value.strip()
-
-
-def _options(config: pytest.Config) -> Options:
-    what = "a profile such as 1g.10gb, 'full' or 'all'"
-    profile = (_given(config.getoption("mig_profile"), "--mig-profile", what)
-               or _given(os.environ.get("PYTEST_MIG_PROFILE"), "PYTEST_MIG_PROFILE", what)
-               or str(config.getini("mig_profile") or "").strip() or None)
-    device = _given(config.getoption("mig_device"), "--mig-device",
-                    "a MIG-<uuid>, GPU-<uuid>, a GPU index N or N:M")
-    require = config.getoption("mig_require_gpu")
-    if require is None:
-        require = _ini_bool(config, "mig_require_gpu")
-    return Options(profile=profile, device=device, emulate=bool(config.getoption("mig_emulate")),
-                   require_gpu=bool(require))
-
-
-def check_output_paths(config: pytest.Config) -> None:
-    """Every file or folder the run will write is checked now, not after an hour of benchmarks."""
-    paths = [("--mig-report", config.getoption("mig_report")), ("--mig-scaling-plot", config.getoption("mig_scaling_plot"))]
-    results = config.getoption("mig_results")
-    if results and results != "none":
-        paths.append(("--mig-results", results))
-    for option, value in paths:
-        if value:
-            _check_writable(option, Path(value), Path(value).parent)
-    if config.getoption("mig_save_baseline"):
-        folder = baseline_dir(config)
-        _check_writable("--mig-baseline-dir", folder, folder)
-
-
-def _check_writable(option: str, path: Path, folder: Path) -> None:
-    """The folder must be one this user can write, or one that can be made in such a folder."""
-    folder = folder if str(folder) else Path(".")
-    probe = folder
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if not probe.is_dir():
-        raise pytest.UsageError(f"{option} {path}: {probe} is a file, not a folder, so nothing can be written there.")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        where = "" if probe == folder else f" (the nearest existing folder of {folder})"
-        raise pytest.UsageError(f"{option} {path}: the folder {probe}{where} is not writable by this user.")
-
-
-def baseline_dir(config: pytest.Config) -> Path:
-    d = config.getoption("mig_baseline_dir") or config.getini("mig_baseline_dir") or "baselines"
-    p = Path(d)
-    return p if p.is_absolute() else Path(config.rootpath) / p
-
-
-def explicit_tolerance(config: pytest.Config) -> float | None:
-    """The tolerance a site set (command line, else ini); None: thresholds come from the noise alone."""
-    cli = config.getoption("mig_tolerance")
-    if cli is not None:
-        return float(cli)
-    text = str(config.getini("mig_tolerance") or "").strip()
-    if not text:
-        return None
-    try:
-        return _tolerance(text)
-    except Exception as exc:
-        raise pytest.UsageError(f"ini option mig_tolerance: {exc}") from None
-
-
-def _ini_count(config: pytest.Config, option: str, ini: str, default: int, least: int) -> int:
-    value = config.getoption(option)
-    if value is not None:
-        return int(value)
-    text = str(config.getini(ini) or "").strip()
-    if not text:
-        return default
-    try:
-        return _whole(text, least)
-    except Exception as exc:
-        raise pytest.UsageError(f"ini option {ini}: {exc}") from None
-
-
-def confirm_count(config: pytest.Config) -> int:
-    """How many times a figure beyond its threshold is re-measured before its test fails."""
-    return _ini_count(config, "mig_confirm", "mig_confirm", 2, 0)
-
-
-def baseline_keep(config: pytest.Config) -> int | None:
-    """Runs kept per figure when saving (None: the file's own setting)."""
-    if config.getoption("mig_baseline_keep") is None and not str(config.getini("mig_baseline_keep") or "").strip():
-        return None
-    return _ini_count(config, "mig_baseline_keep", "mig_baseline_keep", 10, 1)
-
-
-def su_coefficients(config: pytest.Config) -> Any:
-    from .cost import WULVER, SUCoefficients
-
-    text = config.getoption("mig_su_coefficients") or config.getini("mig_su_coefficients")
-    if not text:
-        return WULVER
-    try:
-        return SUCoefficients.from_string(str(text))
-    except ValueError as exc:
-        raise pytest.UsageError(str(exc)) from None
-
-
-def su_allocation(config: pytest.Config, env: Any = os.environ) -> tuple[float, float]:
-    """(CPUs, RAM GB) billed with the GPU: the option, else Slurm's allocation, else 1 CPU and 4 GB."""
-    text = config.getoption("mig_su_allocation")
-    cpus, ram = 1.0, 4.0
-    if not text:
-        try:
-            cpus = float(env.get("SLURM_CPUS_PER_TASK") or 1)
-            ram = float(env["SLURM_MEM_PER_NODE"]) / 1024 if env.get("SLURM_MEM_PER_NODE") else 4.0
-        except ValueError:
-            return 1.0, 4.0
-        if not (math.isfinite(cpus) and math.isfinite(ram) and cpus > 0 and ram > 0):
-            return 1.0, 4.0
-        return cpus, ram
-    form = "expected 'cpus=N,ram_gb=G'"
-    values = {"cpus": cpus, "ram_gb": ram}
-    for part in (p.strip() for p in str(text).split(",") if p.strip()):
-        key, _, raw = part.partition("=")
-        try:
-            if key.strip() not in values or not math.isfinite(float(raw)) or float(raw) <= 0:
-                raise ValueError
-            values[key.strip()] = float(raw)
-        except ValueError:
-            raise pytest.UsageError(f"--mig-su-allocation '{text}': '{part}' is not understood; {form}") from None
-    return values["cpus"], values["ram_gb"]
-
-
 # --------------------------------------------------------------------------- configure, session start, header
 
 
@@ -317,7 +151,7 @@ def su_allocation(config: pytest.Config, env: Any = os.environ) -> tuple[float, 
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS:
         config.addinivalue_line("markers", line)
-    opts = _options(config)
+    opts = options(config)
     try:
         plan = plan_run(opts, nvml.discover(), os.environ)
         pin(plan, os.environ)
@@ -452,7 +286,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Skip what does not fit its Target (every test, with or without mig_device); scaling checks last."""
     state = config.stash.get(STATE, None)
     for item in items:
-        _marker_tolerance(item)  # a malformed marker is a usage error now, with the test's id, not after it ran
+        marker_tolerance(item)  # a malformed marker is a usage error now, with the test's id, not after it ran
     if state is not None:
         for item in items:
             reason = _skip_reason(item, _item_target(item, state.plan))
@@ -605,33 +439,6 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     return result
 
 
-def _marker_tolerance(item: pytest.Item) -> Any:
-    """The mig_tolerance marker's fraction (or {metric: fraction}); a malformed one is a usage error
-    naming the test."""
-    marker = item.get_closest_marker("mig_tolerance")
-    if not marker:
-        return None
-    raw = marker.kwargs.get("tolerance", marker.args[0] if marker.args else None)
-    example = "e.g. @pytest.mark.mig_tolerance(0.05), mig_tolerance('5%') or mig_tolerance({'fp16_tflops': 0.03})"
-    values = raw if isinstance(raw, dict) else {None: raw}
-    out: dict[Any, float] = {}
-    for key, value in values.items():
-        try:
-            if value is None or isinstance(value, bool) or not isinstance(value, (int, float, str)):
-                raise ValueError(f"'{value}' is not a tolerance")
-            out[key] = _tolerance(str(value)) if isinstance(value, str) else _tolerance_value(float(value))
-        except Exception as exc:
-            raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.mig_tolerance({raw!r}) is not a tolerance below "
-                                    f"100% ({exc}); {example}.") from None
-    return out[None] if None in out else out
-
-
-def _tolerance_value(value: float) -> float:
-    if not math.isfinite(value) or not 0 <= value < 1:
-        raise ValueError(f"{value:g} is outside 0 up to 1 (a fraction: 0.05 is 5%)")
-    return value
-
-
 def _judge(item: pytest.Item, records: list[ResultRecord]) -> list[str]:
     """Compare this test's records with their stored histories, re-measuring a figure beyond its
     threshold before it fails; the lines of every failing verdict."""
@@ -645,7 +452,7 @@ def _judge(item: pytest.Item, records: list[ResultRecord]) -> list[str]:
     if state.judge is None:
         state.judge = Judge(BaselineStore(baseline_dir(config)),
                             improvement_fails=bool(config.getoption("mig_fail_on_improvement")))
-    tolerance = _marker_tolerance(item)
+    tolerance = marker_tolerance(item)
     if tolerance is None:
         tolerance = explicit_tolerance(config)
     try:
@@ -746,15 +553,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         _save_baseline(config, state)
     if state.errors and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
-
-def default_results_path(root: Path) -> Path:
-    """``.mig-results/results-<UTC time to the microsecond>-<pid>.json``: two runs finishing in the
-    same second (two slices of one node) never write the same file."""
-    import datetime as _dt
-
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
-    return root / ".mig-results" / f"results-{stamp}-{os.getpid()}.json"
 
 
 def _save_baseline(config: pytest.Config, state: RunState) -> None:

@@ -1,0 +1,235 @@
+"""pytest-mig's settings: reading and checking every option, ini value and marker value, once, when
+pytest starts (precedence: marker > command line > environment > ini).
+
+A user's mistake here is one sentence, raised as pytest.UsageError (or argparse.ArgumentTypeError
+for an option's type) before anything is measured: never a traceback, never a failure after the run.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .target import Options
+
+#: Image formats --mig-scaling-plot writes.
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+def tolerance_arg(text: str) -> float:
+    """verdict.parse_tolerance's reading ('5%' or '0.05'), below 100%, as an argparse type."""
+    import argparse
+
+    from .verdict import parse_tolerance
+
+    try:
+        value = parse_tolerance(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"tolerance {text} is out of range: it must be at least 0 and below 100%")
+    return value
+
+
+def whole_number(text: str, least: int) -> int:
+    import argparse
+
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"{value} is too small: use {least} or more")
+    return value
+
+
+def positive_int_arg(text: str) -> int:
+    return whole_number(text, 1)
+
+
+def count_arg(text: str) -> int:
+    return whole_number(text, 0)
+
+
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0", "")
+
+
+def ini_bool(config: pytest.Config, name: str) -> bool:
+    text = str(config.getini(name) or "").strip().lower()
+    if text in _TRUE or text in _FALSE:
+        return text in _TRUE
+    raise pytest.UsageError(f"ini option {name}: '{config.getini(name)}' is not true or false; use true or false.")
+
+
+def given(value: str | None, where: str, what: str) -> str | None:
+    """A setting that was given must say something: an empty one is a mistake (an unset shell variable
+    in `--mig-profile "$P"`), not a reason to measure whatever comes first."""
+    if value is None:
+        return None
+    if not value.strip():
+        raise pytest.UsageError(f"{where} is empty: give {what} (is the shell variable it came from unset?)")
+    return value.strip()
+
+
+def options(config: pytest.Config) -> Options:
+    what = "a profile such as 1g.10gb, 'full' or 'all'"
+    profile = (given(config.getoption("mig_profile"), "--mig-profile", what)
+               or given(os.environ.get("PYTEST_MIG_PROFILE"), "PYTEST_MIG_PROFILE", what)
+               or str(config.getini("mig_profile") or "").strip() or None)
+    device = given(config.getoption("mig_device"), "--mig-device",
+                    "a MIG-<uuid>, GPU-<uuid>, a GPU index N or N:M")
+    require = config.getoption("mig_require_gpu")
+    if require is None:
+        require = ini_bool(config, "mig_require_gpu")
+    return Options(profile=profile, device=device, emulate=bool(config.getoption("mig_emulate")),
+                   require_gpu=bool(require))
+
+
+def check_output_paths(config: pytest.Config) -> None:
+    """Every file or folder the run will write is checked now, not after an hour of benchmarks."""
+    paths = [("--mig-report", config.getoption("mig_report")), ("--mig-scaling-plot", config.getoption("mig_scaling_plot"))]
+    results = config.getoption("mig_results")
+    if results and results != "none":
+        paths.append(("--mig-results", results))
+    for option, value in paths:
+        if value:
+            check_writable(option, Path(value), Path(value).parent)
+    if config.getoption("mig_save_baseline"):
+        folder = baseline_dir(config)
+        check_writable("--mig-baseline-dir", folder, folder)
+
+
+def check_writable(option: str, path: Path, folder: Path) -> None:
+    """The folder must be one this user can write, or one that can be made in such a folder."""
+    folder = folder if str(folder) else Path(".")
+    probe = folder
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise pytest.UsageError(f"{option} {path}: {probe} is a file, not a folder, so nothing can be written there.")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        where = "" if probe == folder else f" (the nearest existing folder of {folder})"
+        raise pytest.UsageError(f"{option} {path}: the folder {probe}{where} is not writable by this user.")
+
+
+def baseline_dir(config: pytest.Config) -> Path:
+    d = config.getoption("mig_baseline_dir") or config.getini("mig_baseline_dir") or "baselines"
+    p = Path(d)
+    return p if p.is_absolute() else Path(config.rootpath) / p
+
+
+def explicit_tolerance(config: pytest.Config) -> float | None:
+    """The tolerance a site set (command line, else ini); None: thresholds come from the noise alone."""
+    cli = config.getoption("mig_tolerance")
+    if cli is not None:
+        return float(cli)
+    text = str(config.getini("mig_tolerance") or "").strip()
+    if not text:
+        return None
+    try:
+        return tolerance_arg(text)
+    except Exception as exc:
+        raise pytest.UsageError(f"ini option mig_tolerance: {exc}") from None
+
+
+def ini_count(config: pytest.Config, option: str, ini: str, default: int, least: int) -> int:
+    value = config.getoption(option)
+    if value is not None:
+        return int(value)
+    text = str(config.getini(ini) or "").strip()
+    if not text:
+        return default
+    try:
+        return whole_number(text, least)
+    except Exception as exc:
+        raise pytest.UsageError(f"ini option {ini}: {exc}") from None
+
+
+def confirm_count(config: pytest.Config) -> int:
+    """How many times a figure beyond its threshold is re-measured before its test fails."""
+    return ini_count(config, "mig_confirm", "mig_confirm", 2, 0)
+
+
+def baseline_keep(config: pytest.Config) -> int | None:
+    """Runs kept per figure when saving (None: the file's own setting)."""
+    if config.getoption("mig_baseline_keep") is None and not str(config.getini("mig_baseline_keep") or "").strip():
+        return None
+    return ini_count(config, "mig_baseline_keep", "mig_baseline_keep", 10, 1)
+
+
+def su_coefficients(config: pytest.Config) -> Any:
+    from .cost import WULVER, SUCoefficients
+
+    text = config.getoption("mig_su_coefficients") or config.getini("mig_su_coefficients")
+    if not text:
+        return WULVER
+    try:
+        return SUCoefficients.from_string(str(text))
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def su_allocation(config: pytest.Config, env: Any = os.environ) -> tuple[float, float]:
+    """(CPUs, RAM GB) billed with the GPU: the option, else Slurm's allocation, else 1 CPU and 4 GB."""
+    text = config.getoption("mig_su_allocation")
+    cpus, ram = 1.0, 4.0
+    if not text:
+        try:
+            cpus = float(env.get("SLURM_CPUS_PER_TASK") or 1)
+            ram = float(env["SLURM_MEM_PER_NODE"]) / 1024 if env.get("SLURM_MEM_PER_NODE") else 4.0
+        except ValueError:
+            return 1.0, 4.0
+        if not (math.isfinite(cpus) and math.isfinite(ram) and cpus > 0 and ram > 0):
+            return 1.0, 4.0
+        return cpus, ram
+    form = "expected 'cpus=N,ram_gb=G'"
+    values = {"cpus": cpus, "ram_gb": ram}
+    for part in (p.strip() for p in str(text).split(",") if p.strip()):
+        key, _, raw = part.partition("=")
+        try:
+            if key.strip() not in values or not math.isfinite(float(raw)) or float(raw) <= 0:
+                raise ValueError
+            values[key.strip()] = float(raw)
+        except ValueError:
+            raise pytest.UsageError(f"--mig-su-allocation '{text}': '{part}' is not understood; {form}") from None
+    return values["cpus"], values["ram_gb"]
+
+
+def marker_tolerance(item: pytest.Item) -> Any:
+    """The mig_tolerance marker's fraction (or {metric: fraction}); a malformed one is a usage error
+    naming the test."""
+    marker = item.get_closest_marker("mig_tolerance")
+    if not marker:
+        return None
+    raw = marker.kwargs.get("tolerance", marker.args[0] if marker.args else None)
+    example = "e.g. @pytest.mark.mig_tolerance(0.05), mig_tolerance('5%') or mig_tolerance({'fp16_tflops': 0.03})"
+    values = raw if isinstance(raw, dict) else {None: raw}
+    out: dict[Any, float] = {}
+    for key, value in values.items():
+        try:
+            if value is None or isinstance(value, bool) or not isinstance(value, (int, float, str)):
+                raise ValueError(f"'{value}' is not a tolerance")
+            out[key] = tolerance_arg(str(value)) if isinstance(value, str) else tolerance_value(float(value))
+        except Exception as exc:
+            raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.mig_tolerance({raw!r}) is not a tolerance below "
+                                    f"100% ({exc}); {example}.") from None
+    return out[None] if None in out else out
+
+
+def tolerance_value(value: float) -> float:
+    if not math.isfinite(value) or not 0 <= value < 1:
+        raise ValueError(f"{value:g} is outside 0 up to 1 (a fraction: 0.05 is 5%)")
+    return value
+
+
+def default_results_path(root: Path) -> Path:
+    """``.mig-results/results-<UTC time to the microsecond>-<pid>.json``: two runs finishing in the
+    same second (two slices of one node) never write the same file."""
+    import datetime as _dt
+
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+    return root / ".mig-results" / f"results-{stamp}-{os.getpid()}.json"
