@@ -325,11 +325,6 @@ def entry_from_records(records: Iterable[ResultRecord], tolerance: float | None 
                          tolerance=tolerance, runs=[run_from_record(r) for r in recs], mode=recs[-1].mode)
 
 
-def entry_from_record(record: ResultRecord, tolerance: float | None = None) -> BaselineEntry:
-    """A history of one run: this record."""
-    return entry_from_records([record], tolerance)
-
-
 def meta_from_record(record: ResultRecord, path: Path | None = None) -> BaselineMeta:
     """The meta a baseline recorded from this record's Target would carry."""
     t = record.target

@@ -34,7 +34,8 @@ from .report import (
     write_report,
 )
 from .results import ResultRecord, ResultsFileError, read_results
-from .verdict import Verdict, compare, confirm, explain_clock, format_number, parse_tolerance
+from .settings import tolerance_arg
+from .verdict import Verdict, compare, confirm, explain_clock, format_number
 
 PROG = "pytest-mig"
 
@@ -44,13 +45,6 @@ REPORT_COLUMNS = ("test", "metric", "gpu", "profile", "node", "value", "unit", "
 
 class CliError(Exception):
     """A user's mistake on the command line: printed as one sentence, exit status 2."""
-
-
-def _tolerance_arg(text: str) -> float:
-    try:
-        return parse_tolerance(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _factor_arg(text: str) -> float:
@@ -84,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
                                       "nothing could be compared.")
     cmp_.add_argument("files", nargs="+", type=Path, metavar="FILE",
                       help="OLD1 [OLD2 ...] NEW: earlier results files, then the one to judge")
-    cmp_.add_argument("--tolerance", type=_tolerance_arg, default=None, metavar="PCT",
+    cmp_.add_argument("--tolerance", type=tolerance_arg, default=None, metavar="PCT",
                       help="cap every threshold at this change, e.g. 5%% or 0.05 (default: thresholds from "
                            "the noise of the history, figures that cannot hold 5%% are too noisy to gate)")
     cmp_.add_argument("--fail-on-improvement", action="store_true",

@@ -21,18 +21,16 @@ PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 
 
 def tolerance_arg(text: str) -> float:
-    """verdict.parse_tolerance's reading ('5%' or '0.05'), below 100%, as an argparse type."""
+    """verdict.parse_tolerance's reading ('5%' or '0.05', below 100%) as an argparse type (the plugin's
+    options and the pytest-mig command's)."""
     import argparse
 
     from .verdict import parse_tolerance
 
     try:
-        value = parse_tolerance(text)
+        return parse_tolerance(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-    if value >= 1:
-        raise argparse.ArgumentTypeError(f"tolerance {text} is out of range: it must be at least 0 and below 100%")
-    return value
 
 
 def whole_number(text: str, least: int) -> int:

@@ -23,8 +23,9 @@ The rule (one place, used by the plugin, ``pytest-mig compare`` and ``pytest-mig
 The message names the metric, value, baseline, change, threshold and where it came from, the
 smallest detectable change, and what differs in the fingerprint since the baseline was recorded,
 e.g. ``fp16_tflops 652.1 TFLOPS, baseline 699.0 TFLOPS (median of 10 runs): -6.7%, threshold 2.1%
-(5 x run-to-run sigma 0.42%), detects >= 2.9%; confirmed by re-measuring: 651.0, 653.4 TFLOPS;
-since the baseline: driver 550.54 -> 560.35``.
+(5 x run-to-run sigma 0.42% over 10 runs), detects >= 3%; confirmed: every re-measurement is beyond
+the threshold, 651.0, 653.4 TFLOPS (median of 3 -6.8%); since the baseline: driver 550.54 -> 560.35``
+(an illustration of the form; README quotes a real one).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from .baselines import (
     meta_from_record,
     throttle_reasons,
 )
-from .noise import DETECT_Z, K, MIN_RUNS, Band, band
+from .noise import DETECT_Z, FLOOR, K, MIN_RUNS, band
 from .results import ResultRecord
 
 Outcome = Literal["pass", "regressed", "improved", "noisy", "transient", "no-baseline", "incomparable", "info"]
@@ -217,18 +218,21 @@ def _worse(value: float, center: float, direction: str) -> float:
     return -change if direction == "higher" else change
 
 
-def _band_text(b: Band) -> str:
-    if b.basis == "few-runs":
-        return (f"threshold {_pct(b.threshold)}: only {b.runs} run(s) in the baseline, too few to measure its "
+def _band_text(v: Verdict) -> str:
+    """The threshold of a compared verdict, where it came from, and the smallest change it detects."""
+    threshold = _pct(v.threshold or 0.0)
+    if v.basis == "few-runs":
+        return (f"threshold {threshold}: only {v.runs} run(s) in the baseline, too few to measure its "
                 f"noise, so a conservative band until {MIN_RUNS} runs (pytest-mig calibrate)")
-    sig = f"run-to-run sigma {_pct(b.sigma or 0.0)}"
-    if b.basis == "tolerance":
-        head = f"threshold {_pct(b.threshold)} (the tolerance set; {sig} alone would give {_pct(max(K * (b.sigma or 0), 0.01))})"
-    elif b.basis == "floor":
-        head = f"threshold {_pct(b.threshold)} (the floor; {sig} over {b.runs} runs)"
+    sig = f"run-to-run sigma {_pct(v.sigma or 0.0)}"
+    if v.basis == "tolerance":
+        alone = _pct(max(K * (v.sigma or 0.0), FLOOR))
+        head = f"threshold {threshold} (the tolerance set; {sig} alone would give {alone})"
+    elif v.basis == "floor":
+        head = f"threshold {threshold} (the floor; {sig} over {v.runs} runs)"
     else:
-        head = f"threshold {_pct(b.threshold)} ({K:g} x {sig} over {b.runs} runs)"
-    return f"{head}, detects >= {_pct(b.detectable)}"
+        head = f"threshold {threshold} ({K:g} x {sig} over {v.runs} runs)"
+    return f"{head}, detects >= {_pct(v.detectable or 0.0)}"
 
 
 def compare(
@@ -319,8 +323,7 @@ def _message(v: Verdict, record: ResultRecord, e: BaselineEntry) -> str:
         msg += (f"too noisy to gate (run-to-run CV {_pct(sigma)} over {v.runs} runs: its threshold would be "
                 f"{_pct(v.threshold or 0)}, more than the {_pct(v.tolerance or 0)} tolerance); reported, not judged")
     else:
-        msg += _band_text(Band(v.baseline or 0, v.runs or 0, v.sigma, v.threshold or 0, v.detectable or 0,
-                               bool(v.gates), v.basis or "noise", v.tolerance or 0))
+        msg += _band_text(v)
     if v.confirmations:
         values = [v.value or 0.0] + list(v.confirmations)
         shown = ", ".join(format_number(x) for x in v.confirmations)
