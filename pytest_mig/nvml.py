@@ -83,6 +83,8 @@ class Gpu:
     compute_capability: tuple[int, int] | None = None
     mig_pending: bool | None = None  # the MIG mode after the next GPU reset, where it differs from now
     busy_pids: tuple[int, ...] = ()  # compute processes on the whole GPU (MIG off)
+    serial: str | None = None  # the board's serial number, as printed on it (to pull the right board)
+    pci_bus_id: str | None = None  # "00000000:07:00.0"
 
     def state_words(self) -> str:
         """'MIG on', 'MIG off', 'no MIG', with a pending change said as one."""
@@ -185,6 +187,16 @@ def _try(fn: Callable[..., Any], *args: Any, default: Any = None) -> Any:
         return fn(*args)
     except Exception:
         return default
+
+
+#: Public names for the readers beside this module (health.py): the session and the guarded call.
+Session = _Session
+try_call = _try
+
+
+def running_processes(nv: Any, handle: Any) -> list[int]:
+    """The pids of the compute processes on a GPU or MIG device (raises on an NVML error)."""
+    return [int(p.pid) for p in (nv.nvmlDeviceGetComputeRunningProcesses(handle) or [])]
 
 
 def _profile_name_from_attributes(attrs: Any) -> str | None:
@@ -302,6 +314,8 @@ def discover() -> Inventory:
                 compute_capability=(int(cc[0]), int(cc[1])) if cc else None,
                 mig_pending=pending,
                 busy_pids=tuple(int(p.pid) for p in procs),
+                serial=_try(lambda: _text(nv.nvmlDeviceGetSerial(h))),
+                pci_bus_id=_try(lambda: _text(nv.nvmlDeviceGetPciInfo(h).busId)),
             ))
         if problems and not gpus:
             return Inventory(error="NVML could not read any GPU: " + "; ".join(problems))
@@ -410,14 +424,27 @@ class BoardReader:
         mj = _try(self._nv.nvmlDeviceGetTotalEnergyConsumption, self._h) if self.available else None
         return None if mj is None else float(int(mj))
 
+    @staticmethod
+    def reasons(nv: Any, h: Any) -> list[str]:
+        """The clock event (throttle) reasons active now, by name."""
+        reasons_fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+            nv, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
+        mask = _try(reasons_fn, h) if reasons_fn else None
+        return throttle_names(int(mask)) if mask is not None else []
+
+    def pcie(self) -> dict[str, int] | None:
+        """The PCIe link's current generation and width now (None where NVML cannot tell)."""
+        if not self.available:
+            return None
+        gen = _try(self._nv.nvmlDeviceGetCurrPcieLinkGeneration, self._h)
+        width = _try(self._nv.nvmlDeviceGetCurrPcieLinkWidth, self._h)
+        return None if gen is None or width is None else {"gen": int(gen), "width": int(width)}
+
     def clocks(self) -> dict[str, Any]:
         if not self.available:
             return {}
         nv, h = self._nv, self._h
-        reasons_fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
-            nv, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
-        mask = _try(reasons_fn, h) if reasons_fn else None
-        names = throttle_names(int(mask)) if mask is not None else []
+        names = self.reasons(nv, h)
         return {
             "sm_clock_mhz": _try(lambda: int(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))),
             "mem_clock_mhz": _try(lambda: int(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM))),

@@ -95,6 +95,7 @@ class RunState:
     baseline_errors: list[str] = field(default_factory=list)
     sections: list[tuple[str, str]] = field(default_factory=list)  # (title, text) for the terminal summary
     su: Any = None  # cost.SUCoefficients of the run
+    health: Any = None  # health.Watch of the device (None on the CPU or without NVML)
     allocation: tuple[float, float] = (1.0, 4.0)  # (CPUs, RAM GB) billed with the GPU
 
 
@@ -208,11 +209,19 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         plan.targets = [replace(t, fingerprint=state.fingerprint, verified="CPU run: nothing to verify")
                         for t in plan.targets]
         return
+    from .health import Reader, Watch
+
+    reader = Reader(first.gpu_index, first.uuid) if first.gpu_index is not None else None
+    before_cuda = (reader.processes() or []) if reader is not None else []  # read before this process starts CUDA
     try:
         props = _target.cuda_props()  # looked up on the module, so that tests can stand in for CUDA
         plan.targets = [replace(verify(t, props), fingerprint=state.fingerprint) for t in plan.targets]
     except SelectionError as exc:
         raise pytest.UsageError(str(exc)) from None
+    if reader is not None and reader.available:
+        state.health = Watch(reader, before_cuda)
+    elif reader is not None:
+        reader.close()
     if first.gpu_index is not None:
         board = nvml.BoardReader(first.gpu_index)
         state.board = board if board.available else None
@@ -261,6 +270,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         lines.append(f"pytest-mig: green contexts, SMs asked -> obtained: {got}")
     lines.append(f"pytest-mig: check: {t.verified}")
     slow = config.getoption("mig_slowdown_sms")
+    if state.health is not None:
+        lines.extend(f"pytest-mig: {line}" for line in state.health.header())
     if slow:
         lines.append(f"pytest-mig: SLOWED ON PURPOSE: every test runs on {slow} of the GPU's {t.sms} SMs (a green "
                      f"context) and is judged as the whole GPU (--mig-slowdown-sms, detection experiments)")
@@ -423,13 +434,23 @@ def mig_run_results(pytestconfig: pytest.Config) -> list[ResultRecord]:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    watch = item.config.stash[STATE].health if STATE in item.config.stash else None
+    if watch is not None:
+        watch.before_test()
     try:
         result = yield
     except DoesNotFit as exc:
         # reported at the test's own location, not at this line of the plugin
         raise pytest.skip.Exception(str(exc), _use_item_location=True) from None
+    finally:
+        health = watch.after_test() if watch is not None else None
     records = item.stash.get(ITEM_RECORDS, [])
-    failures = _judge(item, records)
+    for rec in records:
+        rec.health = health
+    failures = _judge(item, records, health)
+    from .health import failing
+
+    failures += failing(health)  # a health sign alone fails the test (an XID, uncorrected ECC errors)
     if records:  # metrics, units and verdicts as JUnit XML properties for CI dashboards
         from .report import junit_properties
 
@@ -439,7 +460,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     return result
 
 
-def _judge(item: pytest.Item, records: list[ResultRecord]) -> list[str]:
+def _judge(item: pytest.Item, records: list[ResultRecord], health: dict[str, Any] | None = None) -> list[str]:
     """Compare this test's records with their stored histories, re-measuring a figure beyond its
     threshold before it fails; the lines of every failing verdict."""
     if not records:
@@ -464,6 +485,9 @@ def _judge(item: pytest.Item, records: list[ResultRecord]) -> list[str]:
             verdicts = [state.judge.confirm(r, v, again.get(r.metric.name, [])) if v.failed else v
                         for r, v in zip(records, verdicts)]
         explain_clock(records, verdicts)
+        from .health import annotate
+
+        annotate(verdicts, records, health)  # a regression measured beside a health sign names it
     except BaselineError as exc:
         msg = str(exc)
         if msg not in state.baseline_errors:
@@ -529,6 +553,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if state.board is not None:
         state.board.close()
         state.board = None
+    if state.health is not None:  # a health sign alone fails the run, as DCGM's diagnostics do
+        for sign in state.health.finish():
+            (state.errors if sign.level == "fail" else state.messages).append(f"health {sign.level.upper()}: {sign.text}")
+        state.health = None
+        if state.errors and session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if not state.records:
         return
     t = state.plan.targets[0]
@@ -587,6 +617,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         terminalreporter.section(title)
         terminalreporter.write_line(text)
     if not state.records:
+        for msg in state.messages + state.errors:  # health signs of a run that recorded nothing
+            terminalreporter.write_line(msg, red=msg in state.errors)
         return
     from .report import summary_table
 

@@ -39,6 +39,7 @@ class ResultRecord:
     node: str = field(default_factory=lambda: os.uname().nodename)
     verdict: dict[str, Any] | None = None  # filled by the verdict layer
     mode: str = "normal"  # "normal" or "quick" (--mig-quick): see MODES
+    health: dict[str, Any] | None = None  # the test's health readings and signs (health.Watch.after_test)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -54,6 +55,7 @@ class ResultRecord:
             "node": self.node,
             "verdict": self.verdict,
             "mode": self.mode,
+            "health": self.health,
         }
 
     @classmethod
@@ -69,6 +71,7 @@ class ResultRecord:
             node=str(d.get("node", "")),
             verdict=d.get("verdict"),
             mode=str(d.get("mode") or "normal"),  # files written before modes were recorded: normal runs
+            health=d.get("health"),
         )
 
 

@@ -45,6 +45,8 @@ class Target:
     verified: str = "not checked"  # outcome of the SM/memory check, in words
     notes: list[str] = field(default_factory=list)
     compute_capability: tuple[int, int] | None = None
+    board: dict[str, Any] = field(default_factory=dict)  # the parent GPU: gpu_uuid, serial, pci_bus_id
+    instance: dict[str, Any] = field(default_factory=dict)  # a MIG instance: gpu_instance_id, compute_instance_id
 
     @property
     def is_cpu(self) -> bool:
@@ -118,6 +120,10 @@ class Target:
             "memory_bytes": self.memory_bytes,
             "verified": self.verified,
             "emulated": self.emulated,
+            # which board, so that a report can name the one to pull (index, bus id, serial)
+            "gpu_index": self.gpu_index,
+            **self.board,
+            **self.instance,
         }
 
 
@@ -266,11 +272,15 @@ def _green_contexts_supported() -> tuple[bool, str]:
     return True, ""
 
 
+def _board(gpu: Gpu) -> dict[str, Any]:
+    return {"gpu_uuid": gpu.uuid, "gpu_serial": gpu.serial, "pci_bus_id": gpu.pci_bus_id}
+
+
 def _full_target(gpu: Gpu, chosen_by: str) -> Target:
     model = lookup_model(gpu.name, gpu.memory_mib)
     return Target(kind="full", profile=FULL, chosen_by=chosen_by, gpu_name=gpu.name, uuid=gpu.uuid,
                   gpu_index=gpu.index, sms=model.sms if model else None, memory_bytes=gpu.memory_mib * 2**20,
-                  compute_capability=gpu.compute_capability)
+                  compute_capability=gpu.compute_capability, board=_board(gpu))
 
 
 def _mig_target(gpu: Gpu, inst: MigInstance, chosen_by: str) -> Target:
@@ -279,13 +289,15 @@ def _mig_target(gpu: Gpu, inst: MigInstance, chosen_by: str) -> Target:
     return Target(kind="mig", profile=inst.profile, chosen_by=chosen_by, gpu_name=gpu.name, uuid=inst.uuid,
                   gpu_index=gpu.index, sms=inst.sms or (spec.sms if spec else None),
                   memory_bytes=(inst.memory_mb * 2**20) if inst.memory_mb else (spec.memory_bytes if spec else None),
-                  spec=spec, compute_capability=gpu.compute_capability)
+                  spec=spec, compute_capability=gpu.compute_capability, board=_board(gpu),
+                  instance={"mig_index": inst.mig_index, "gpu_instance_id": inst.gpu_instance_id,
+                            "compute_instance_id": inst.compute_instance_id})
 
 
 def _emulated_target(gpu: Gpu, spec: ProfileSpec, chosen_by: str) -> Target:
     return Target(kind="emulated", profile=spec.name, chosen_by=chosen_by, gpu_name=gpu.name, uuid=gpu.uuid,
                   gpu_index=gpu.index, sms=spec.sms, memory_bytes=spec.memory_bytes, spec=spec,
-                  compute_capability=gpu.compute_capability)
+                  compute_capability=gpu.compute_capability, board=_board(gpu))
 
 
 def plan_run(opts: Options, inv: Inventory, env: Mapping[str, str]) -> Plan:

@@ -179,6 +179,14 @@ NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE_REV1 = 0x7
 NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE_NVL = 0x8
 NVML_COMPUTE_INSTANCE_PROFILE_COUNT = 0x9
 
+NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
+NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+NVML_VOLATILE_ECC = 0
+NVML_AGGREGATE_ECC = 1
+NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = 0
+NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 1
+nvmlEventTypeXidCriticalError = 0x0000000000000008
+
 nvmlClocksEventReasonGpuIdle = 0x0000000000000001
 nvmlClocksEventReasonApplicationsClocksSetting = 0x0000000000000002
 nvmlClocksEventReasonUserDefinedClocks = nvmlClocksEventReasonApplicationsClocksSetting
@@ -967,6 +975,87 @@ class FakeNvml:
         return c_nvmlUtilization_t(gpu=gpu_pct, memory=mem_pct)
 
 
+    # -- health: serial, ECC, remapped rows, retired pages, PCIe link, XID events -------------------
+
+    @_api(_BOARD_LEVEL)
+    def nvmlDeviceGetSerial(self, handle: Any) -> str:
+        return self._gpu(handle).serial
+
+    @_api(_BOARD_LEVEL)
+    def nvmlDeviceGetTotalEccErrors(self, handle: Any, errorType: int, counterType: int) -> int:
+        gpu = self._gpu(handle)
+        if gpu.ecc_mode[0] != 1:
+            _raise(NVML_ERROR_NOT_SUPPORTED)
+        if errorType not in (NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_MEMORY_ERROR_TYPE_UNCORRECTED) \
+                or counterType not in (NVML_VOLATILE_ECC, NVML_AGGREGATE_ECC):
+            _raise(NVML_ERROR_INVALID_ARGUMENT)
+        return gpu.ecc_counts[2 * counterType + errorType]
+
+    @_api(_BOARD_LEVEL)
+    def nvmlDeviceGetRemappedRows(self, device: Any) -> tuple[int, int, int, int]:
+        rows = self._gpu(device).remapped_rows
+        if rows is None:
+            _raise(NVML_ERROR_NOT_SUPPORTED)
+        return rows
+
+    @_api(_BOARD_LEVEL)
+    def nvmlDeviceGetRetiredPages(self, device: Any, sourceFilter: int) -> list[int]:
+        gpu = self._gpu(device)
+        if gpu.remapped_rows is not None:  # Ampere on: pages are not retired, rows are remapped
+            _raise(NVML_ERROR_NOT_SUPPORTED)
+        count = gpu.retired_pages[0 if sourceFilter == NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS else 1]
+        return [0x1000 * (i + 1) for i in range(count)]
+
+    @_api(_BOARD_LEVEL)
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, device: Any) -> int:
+        gpu = self._gpu(device)
+        if gpu.remapped_rows is not None:
+            _raise(NVML_ERROR_NOT_SUPPORTED)
+        return gpu.retired_pages[2]
+
+    @_api(_BOARD_LEVEL)
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: Any) -> int:
+        return self._gpu(handle).pcie_link[0]
+
+    @_api(_BOARD_LEVEL)
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: Any) -> int:
+        return self._gpu(handle).pcie_link[1]
+
+    @_api(_BOARD_LEVEL)
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: Any) -> int:
+        return self._gpu(handle).pcie_link[2]
+
+    @_api(_BOARD_LEVEL)
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: Any) -> int:
+        return self._gpu(handle).pcie_link[3]
+
+    @_api()
+    def nvmlEventSetCreate(self) -> Any:
+        self._event_sets = getattr(self, "_event_sets", {})
+        key = len(self._event_sets) + 1
+        self._event_sets[key] = []
+        return c_void_p(key)
+
+    @_api(_PARENT_ONLY)
+    def nvmlDeviceRegisterEvents(self, handle: Any, eventTypes: int, eventSet: Any) -> None:
+        gpu = self._gpu(handle)
+        if eventTypes & nvmlEventTypeXidCriticalError:
+            self._event_sets[eventSet.value].extend(gpu.xids)
+
+    @_api()
+    def nvmlEventSetWait_v2(self, eventSet: Any, timeoutms: int) -> Any:
+        pending = self._event_sets.get(eventSet.value)
+        if pending is None:
+            _raise(NVML_ERROR_INVALID_ARGUMENT)
+        if not pending:
+            _raise(NVML_ERROR_TIMEOUT)
+        return nvmlFriendlyObject({"eventType": nvmlEventTypeXidCriticalError, "eventData": pending.pop(0)})
+
+    @_api()
+    def nvmlEventSetFree(self, eventSet: Any) -> None:
+        self._event_sets.pop(eventSet.value, None)
+
+
 def _normalise_bus_id(bus_id: str) -> str:
     """'0000:07:00.0' or '00000000:07:00.0' -> '00000000:07:00.0' (upper-case hex)."""
     domain, _, rest = bus_id.strip().upper().partition(":")
@@ -977,7 +1066,7 @@ def _normalise_bus_id(bus_id: str) -> str:
 API_FUNCTIONS: tuple[str, ...] = tuple(name for name in vars(FakeNvml) if name.startswith("nvml"))
 
 _MODULE_LEVEL_NAMES = (
-    [n for n in list(globals()) if n.startswith(("NVML_", "nvmlClocks"))]
+    [n for n in list(globals()) if n.startswith(("NVML_", "nvmlClocks", "nvmlEventType"))]
     + ["nvmlMemory_v2", "nvmlGpuInstanceProfileInfo_v2", "NVMLError", "NVMLLibraryMismatchError",
        "nvmlExceptionClass", "nvmlFriendlyObject", "nvmlStructToFriendlyObject",
        "struct_c_nvmlDevice_t", "c_nvmlDevice_t", "c_nvmlMemory_t", "c_nvmlMemory_v2_t",

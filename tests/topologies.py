@@ -133,6 +133,16 @@ class Gpu:
     pci_bus_id: str = "00000000:07:00.0"
     pci_device_id: int = 0
     pci_subsystem_id: int = 0
+    serial: str = "1650123456789"
+    # health: ECC error counts (volatile corrected, volatile uncorrected, aggregate corrected, aggregate
+    # uncorrected); remapped rows (correctable, uncorrectable, pending, failure), None before Ampere;
+    # retired pages (single-bit, double-bit, pending), read where remapped rows are not supported;
+    # the PCIe link (current gen, width, max gen, max width); XIDs an event set returns, in order
+    ecc_counts: tuple[int, int, int, int] = (0, 0, 0, 0)
+    remapped_rows: tuple[int, int, int, int] | None = (0, 0, 0, 0)
+    retired_pages: tuple[int, int, int] = (0, 0, 0)
+    pcie_link: tuple[int, int, int, int] = (4, 16, 4, 16)
+    xids: tuple[int, ...] = ()
     errors: tuple[tuple[str, int], ...] = ()  # apply to this GPU's handle and its MIG handles
 
     @property
