@@ -70,8 +70,10 @@ class MigBench:
         quick: bool = False,
         su: SUCoefficients = WULVER,
         allocation: tuple[float, float] = (1.0, 4.0),
+        read_link: Callable[[], dict[str, int] | None] | None = None,
     ) -> None:
         self.benchmark = benchmark
+        self.read_link = read_link  # the board's PCIe link now (gen, width, max_gen, max_width), or None
         self.target = target
         self.quick = quick
         self.su = su

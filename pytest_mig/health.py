@@ -104,19 +104,6 @@ def _retired(nv: Any, h: Any) -> dict[str, Any] | None:
             "pending": bool(int(pending)) if pending is not None else False}
 
 
-def _pcie(nv: Any, h: Any) -> dict[str, int] | None:
-    values = {
-        "gen": nvml.try_call(nv.nvmlDeviceGetCurrPcieLinkGeneration, h),
-        "width": nvml.try_call(nv.nvmlDeviceGetCurrPcieLinkWidth, h),
-        # the most this GPU in this slot can do (a Gen5 GPU in a Gen4 slot is not downtrained)
-        "max_gen": nvml.try_call(nv.nvmlDeviceGetMaxPcieLinkGeneration, h),
-        "max_width": nvml.try_call(nv.nvmlDeviceGetMaxPcieLinkWidth, h),
-    }
-    if any(v is None for v in values.values()):
-        return None
-    return {k: int(v) for k, v in values.items()}
-
-
 class Reader:
     """Reads the health of the device a run is pinned to; keeps NVML open and an XID event set.
 
@@ -203,7 +190,7 @@ class Reader:
             snap.retired_pages = _retired(nv, h)
             if snap.retired_pages is None:
                 snap.unavailable.append("remapped rows and retired pages")
-        snap.pcie = _pcie(nv, h)
+        snap.pcie = nvml.BoardReader.link(nv, h)
         if snap.pcie is None:
             snap.unavailable.append("PCIe link")
         snap.clock_events = [r for r in nvml.BoardReader.reasons(nv, h) if r in HW_REASONS]

@@ -433,12 +433,17 @@ class BoardReader:
         return throttle_names(int(mask)) if mask is not None else []
 
     def pcie(self) -> dict[str, int] | None:
-        """The PCIe link's current generation and width now (None where NVML cannot tell)."""
-        if not self.available:
-            return None
-        gen = _try(self._nv.nvmlDeviceGetCurrPcieLinkGeneration, self._h)
-        width = _try(self._nv.nvmlDeviceGetCurrPcieLinkWidth, self._h)
-        return None if gen is None or width is None else {"gen": int(gen), "width": int(width)}
+        """The PCIe link now and at most: gen, width, max_gen, max_width (None where NVML cannot tell)."""
+        return self.link(self._nv, self._h) if self.available else None
+
+    @staticmethod
+    def link(nv: Any, h: Any) -> dict[str, int] | None:
+        """The PCIe link of a GPU handle: current and maximum (for this GPU in this slot) gen and width."""
+        values = {"gen": _try(nv.nvmlDeviceGetCurrPcieLinkGeneration, h),
+                  "width": _try(nv.nvmlDeviceGetCurrPcieLinkWidth, h),
+                  "max_gen": _try(nv.nvmlDeviceGetMaxPcieLinkGeneration, h),
+                  "max_width": _try(nv.nvmlDeviceGetMaxPcieLinkWidth, h)}
+        return None if any(v is None for v in values.values()) else {k: int(v) for k, v in values.items()}
 
     def clocks(self) -> dict[str, Any]:
         if not self.available:

@@ -42,7 +42,8 @@ from .workloads import DoesNotFit
 
 HELP_PROFILE = ("MIG profile to pin the run to: 1g.10gb, 1g.10gb+me, 1c.3g.40gb, ..., 'full' (a whole GPU with MIG "
                 "off) or 'all' (every profile of this GPU, with --mig-emulate). Env: PYTEST_MIG_PROFILE.")
-HELP_DEVICE = "one MIG instance or GPU: MIG-<uuid>, GPU-<uuid>, an NVML GPU index N, or N:M (MIG slot M of GPU N)."
+HELP_DEVICE = ("one MIG instance or GPU: MIG-<uuid>, GPU-<uuid>, an NVML GPU index N, or N:M (MIG slot M of GPU N); "
+               "'all': every GPU and slice of the node at once, one worker each, merged into one report.")
 HELP_EMULATE = ("approximate the profile on a GPU whose MIG mode is off: a green context with the profile's SM count "
                 "and a memory cap; results are labelled 'emulated' and never compared with real slices.")
 HELP_REQUIRE_GPU = "fail (instead of running on the CPU) when no usable GPU is found; for nightly GPU runners."
@@ -143,6 +144,29 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("mig_baseline_keep", HELP_KEEP, default="")
     parser.addini("mig_confirm", HELP_CONFIRM, default="")
     parser.addini("mig_su_coefficients", HELP_SU, default="")
+
+
+# --------------------------------------------------------------------------- node mode
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> int | None:
+    """``--mig-device all``: one worker per GPU or slice of the node, at once, merged (node.py)."""
+    device = config.getoption("mig_device")
+    if device is None or device.strip().lower() != "all" or config.option.help or config.option.version:
+        return None
+    import sys
+
+    from . import node
+
+    opts = options(config)
+    try:
+        return node.main(config.invocation_params.args, nvml.discover(), opts.profile, opts.emulate,
+                         config.getoption("mig_results"), config.getoption("mig_report"), sys.stdout,
+                         Path(config.rootpath))
+    except SelectionError as exc:
+        print(f"ERROR: {exc}", file=sys.stderr)
+        return int(pytest.ExitCode.USAGE_ERROR)
 
 
 # --------------------------------------------------------------------------- configure, session start, header
@@ -410,7 +434,8 @@ def mig_bench(request: pytest.FixtureRequest, benchmark: Any, mig_device: Target
         records.append(rec)
         state.records.append(rec)
 
-    bench = MigBench(benchmark, mig_device, telemetry, sink, quick=quick, su=state.su, allocation=state.allocation)
+    bench = MigBench(benchmark, mig_device, telemetry, sink, quick=quick, su=state.su, allocation=state.allocation,
+                     read_link=state.board.pcie if state.board is not None else None)
     item.stash[BENCH] = bench
     return bench
 

@@ -1,0 +1,124 @@
+"""Host-device bandwidth: host-to-device, device-to-host and both at once, from pinned memory.
+
+Transfers are large (1 GiB, 256 MiB in quick mode, never more than a quarter of the Target's
+memory) so that the per-copy set-up vanishes and the link is saturated, as NVIDIA's
+``bandwidthTest`` and nvbandwidth do; the host side is pinned (page-locked), as theirs is, so the
+copy engines move the data by DMA.  Bidirectional runs both copies on two streams at once and
+counts the bytes of both directions.
+
+Each figure is put against the PCIe link's theoretical rate per direction from the generation and
+width NVML reports as the link's maximum (:func:`pytest_mig.health.link_gbs`), read while copies
+are in flight (links drop generation when idle).  A link trained down to x8 shows as about 50% of
+that, and the link read under load is in each figure's info.  Every copy is checked: the bytes
+that arrive are the bytes that were sent.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from ..health import link_gbs
+from ..measure import Metric, Timer
+from ..target import Target
+from . import DoesNotFit, WorkloadError
+
+#: Bytes per transfer (normal, quick), and the share of the Target's memory two buffers may take.
+TRANSFER_BYTES = {False: 2**30, True: 2**28}
+MEMORY_SHARE = 0.25
+#: (warm-up, repeats) of each direction.
+EFFORT = {False: (3, 20), True: (2, 8)}
+
+
+def transfer_bytes(budget_bytes: int, quick: bool) -> int:
+    """The transfer size: the mode's, within a share of the Target's memory, in whole MiB."""
+    n = min(TRANSFER_BYTES[quick], int(budget_bytes * MEMORY_SHARE)) // 2**20 * 2**20
+    if n < 2**26:
+        raise DoesNotFit(f"host-device bandwidth: {n / 2**20:.0f} MiB buffers are too small to saturate a link")
+    return n
+
+
+def _link_under_load(copy: Callable[[], Any], read_link: Callable[[], dict[str, int] | None] | None,
+                     calls: int = 8) -> dict[str, int] | None:
+    """The link's state read while ``calls`` copies are queued on the GPU (the best of three reads)."""
+    if read_link is None:
+        return None
+    for _ in range(calls):
+        copy()  # asynchronous: the host reads NVML while the copy engines work
+    seen = [x for x in (read_link() for _ in range(3)) if x]
+    torch.cuda.synchronize()
+    return max(seen, key=lambda x: (x.get("gen", 0), x.get("width", 0))) if seen else None
+
+
+def run_host_copies(target: Target, timer: Timer, *, quick: bool = False,
+                    read_link: Callable[[], dict[str, int] | None] | None = None) -> list[Metric]:
+    """H2D, D2H and bidirectional bandwidth in GB/s, each against the link's theoretical rate."""
+    if target.is_cpu or not torch.cuda.is_available():
+        raise DoesNotFit("host-device bandwidth needs a GPU: there is no link to measure on the CPU")
+    n = transfer_bytes(target.memory_budget(), quick)
+    dev_src = (torch.arange(n, device=target.device, dtype=torch.int32) % 251).to(torch.uint8)
+    dev_dst = torch.empty(n, dtype=torch.uint8, device=target.device)
+    host_src = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    host_src.copy_(dev_src)
+    host_dst = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    torch.cuda.synchronize()
+    up, down = torch.cuda.Stream(), torch.cuda.Stream()
+
+    def h2d() -> None:
+        dev_dst.copy_(host_src, non_blocking=True)
+
+    def d2h() -> None:
+        host_dst.copy_(dev_src, non_blocking=True)
+
+    def both() -> None:
+        main = torch.cuda.current_stream()
+        up.wait_stream(main)
+        down.wait_stream(main)
+        with torch.cuda.stream(up):
+            h2d()
+        with torch.cuda.stream(down):
+            d2h()
+        main.wait_stream(up)
+        main.wait_stream(down)
+
+    link = _link_under_load(h2d, read_link)
+    warmup, repeats = EFFORT[quick]
+    out: list[Metric] = []
+    rates: dict[str, float] = {}
+    for name, fn, moved in (("h2d", h2d, n), ("d2h", d2h, n), ("bidir", both, 2 * n)):
+        dev_dst.zero_()
+        host_dst.zero_()
+        timing = timer(fn, warmup=warmup, repeats=repeats, energy=False)
+        torch.cuda.synchronize()
+        _verify(name, dev_src, dev_dst, host_src, host_dst)
+        samples = timing.rate_samples(moved / 1e9)
+        rates[name] = moved / 1e9 / timing.median
+        info: dict[str, Any] = {"bytes": moved, "pinned": True, **timing.clock_info()}
+        if link:
+            info["link_under_load"] = link
+        out.append(Metric(f"{name}_gbs", rates[name], "GB/s", "higher", samples, kind="memory", info=info))
+    out += _link_fractions(rates, link)
+    return out
+
+
+def _verify(name: str, dev_src: torch.Tensor, dev_dst: torch.Tensor, host_src: torch.Tensor,
+            host_dst: torch.Tensor) -> None:
+    """The bytes that arrived are those sent (a fast copy of the wrong bytes is a failure)."""
+    if name in ("h2d", "bidir") and not torch.equal(dev_dst, dev_src):
+        raise WorkloadError(f"host-device bandwidth: the {name} copy to the GPU delivered other bytes than were sent")
+    if name in ("d2h", "bidir") and not torch.equal(host_dst, host_src):
+        raise WorkloadError(f"host-device bandwidth: the {name} copy to the host delivered other bytes than were sent")
+
+
+def _link_fractions(rates: dict[str, float], link: dict[str, int] | None) -> list[Metric]:
+    """Each direction's share of the link's theoretical rate per direction (informational)."""
+    if not link:
+        return []
+    full = link_gbs(link.get("max_gen"), link.get("max_width"))
+    now = link_gbs(link.get("gen"), link.get("width"))
+    if not full:
+        return []
+    info = {"link_gbs": round(full, 2), "link_now_gbs": round(now, 2) if now else None, "link_under_load": link}
+    return [Metric(f"{name}_fraction_of_link", rates[name] / (full * (2 if name == "bidir" else 1)), "fraction",
+                   "higher", [], kind="info", info=dict(info), compare=False) for name in ("h2d", "d2h", "bidir")]
