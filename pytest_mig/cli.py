@@ -180,6 +180,18 @@ def cmd_report(files: Sequence[Path], out_path: Path | None, factor: float, fail
     print(f"{len(records)} metric(s) from {len(files)} file(s), {len(nodes)} node(s): {', '.join(nodes)}", file=out)
     for o in outliers:
         print(o.line(), file=out)
+    from .fleet import find_device_outliers, slices_vs_one
+
+    # a board far off the others of its model and profile (records that name their board; a node
+    # already flagged as a whole is not flagged again as its device)
+    flagged = {(o.node, o.test, o.metric) for o in outliers}
+    devices = [d for d in find_device_outliers(r for r in records if r.target.get("gpu_index") is not None)
+               if (d.node, d.test, d.metric) not in flagged]
+    for d in devices:
+        print(d.line(), file=out)
+    for row in slices_vs_one(records):  # Wulver's 1g.10gb:3 against 3g.40gb
+        print(row.line(), file=out)
+    outliers = [*outliers, *devices]
     if out_path is not None:
         write_report(out_path, frame)
         print(f"report written to {out_path}", file=out)

@@ -224,3 +224,22 @@ def test_merged_results_keep_every_device_s_identity(tmp_path: Path) -> None:
     write_results(tmp_path / "r.json", [rec(1.0, 5)])
     target = json.loads((tmp_path / "r.json").read_text())["records"][0]["target"]
     assert (target["gpu_index"], target["pci_bus_id"], target["gpu_serial"]) == (5, "00000000:1D:00.0", "serial-5")
+
+
+def test_the_report_command_names_outlier_devices_and_puts_k_slices_against_one(tmp_path: Path) -> None:
+    import io
+
+    from pytest_mig.cli import cmd_report
+    from pytest_mig.results import write_results
+
+    slices = [rec(100.0, 0, profile="1g.10gb", uuid=f"MIG-{i}") for i in range(3)]
+    write_results(tmp_path / "1g.json", slices)
+    write_results(tmp_path / "3g.json", [rec(330.0, 0, profile="3g.40gb", uuid="MIG-big")])
+    write_results(tmp_path / "gpus.json", [rec(700.0, i) for i in range(3)] + [rec(600.0, 3)])
+    out = io.StringIO()
+    code = cmd_report([tmp_path / "1g.json", tmp_path / "3g.json", tmp_path / "gpus.json"], None, 1.5, True, out)
+    text = out.getvalue()
+    assert "OUTLIER GPU 3 (bus 00000000:1B:00.0, serial serial-3) on n1: bench.py::test_gemm[bf16] bf16_tflops 600.0 " \
+           "TFLOPS is 16.7% worse than the median 700.0 TFLOPS of 3 other" in text
+    assert "1g.10gb x3 together 300.0 TFLOPS, 3g.40gb alone 330.0 TFLOPS: ratio 0.91" in text
+    assert code == 1  # --fail-on-outlier: an outlier device fails the report too
