@@ -27,6 +27,7 @@ def allocated_gpus(plan: Plan, model: str | None) -> list[str]:
     return [g.uuid for g in inv.gpus if g.mig_enabled is not True and g.name == model and not g.busy_pids]
 
 
+@pytest.mark.filterwarnings("ignore::pytest_benchmark.logger.PytestBenchmarkWarning")  # timed in its ranks
 def test_ddp_scaling(mig_bench: MigBench, mig_plan: Plan, tmp_path) -> None:
     t = mig_bench.target
     if t.is_cpu or t.kind != "full" or os.environ.get("PYTEST_MIG_NODE_WORKER"):
