@@ -70,10 +70,10 @@ def devices(inv: Inventory, profile: str | None, emulate: bool, cvd: str | None)
         elif profile in (None, "", FULL):
             out.append(Device(g.uuid, g.index, name, g.busy_pids))
     visible = cuda_visible(cvd)
-    if visible is not None:
-        shown = set(visible)
-        out = [d for d in out if d.uuid in shown or str(d.gpu_index) in shown
-               or any(d.uuid.startswith(v) for v in shown if v.startswith(("GPU-", "MIG-")))]
+    if visible is not None:  # each entry resolved as the single-device run resolves it (index, UUID, prefix)
+        slices = {i.uuid for i in (inv.find_instance(v) for v in visible if v.startswith("MIG-")) if i}
+        gpus = {g.index for g in (inv.find_gpu(v) for v in visible if not v.startswith("MIG-")) if g}
+        out = [d for d in out if d.uuid in slices or d.gpu_index in gpus]
     if not out:
         what = f"no {profile} instance" if profile and profile != FULL else "no device"
         raise SelectionError(f"--mig-device all found {what} on this node"

@@ -459,7 +459,8 @@ def mig_run_results(pytestconfig: pytest.Config) -> list[ResultRecord]:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
-    watch = item.config.stash[STATE].health if STATE in item.config.stash else None
+    state = item.config.stash.get(STATE, None)
+    watch = state.health if state is not None else None
     if watch is not None:
         watch.before_test()
     try:
