@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from . import nvml
+from . import mps, nvml
 from . import target as _target
 from .bench import MigBench
 from .measure import Metric, Telemetry
@@ -579,6 +579,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if state.board is not None:
         state.board.close()
         state.board = None
+    mps.shutdown()  # the MPS daemon an engine's emulation started, if any (a site's own is left alone)
     if state.health is not None:  # a health sign alone fails the run, as DCGM's diagnostics do
         for sign in state.health.finish():
             (state.errors if sign.level == "fail" else state.messages).append(f"health {sign.level.upper()}: {sign.text}")

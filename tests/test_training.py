@@ -1,9 +1,10 @@
-"""The training workload on the CPU: record shape, the loss checks, MFU arithmetic, memory planning,
-the max-batch search and LoRA.
+"""The training workload on the CPU: the transformers models it builds, peft's LoRA and the QLoRA
+wiring, record shape, the loss checks, MFU arithmetic, memory planning and the max-batch search.
 
 Nothing here measures speed.  The CPU runs the CPU-sized models (2 layers, d=64) in fp32; GPU-only
 paths are exercised through pure functions (memory estimates against 10 GB and 141 GB Targets, MFU
 on a 16-SM slice from a fake timing, the batch search against a fake out-of-memory predicate).
+QLoRA needs bitsandbytes' CUDA kernels: its settings are checked here, its run on the GPU.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 from pytest_mig.measure import Metric, Telemetry, Timer, Timing
 from pytest_mig.target import Target
 from pytest_mig.workloads import DoesNotFit, WorkloadError
+from pytest_mig.workloads import hf
 from pytest_mig.workloads import training as tr
 
 GIB = 2**30
@@ -115,17 +117,31 @@ def test_an_optimizer_step_that_does_nothing_fails(cpu, timer, monkeypatch):
 
 
 def test_adapters_whose_update_never_reaches_the_output_fail(cpu, timer, monkeypatch):
-    def muted(self, x):
-        return self.base(x) + 0.0 * torch.nn.functional.linear(torch.nn.functional.linear(x, self.lora_a), self.lora_b)
+    from peft.tuners.lora import LoraModel
 
-    monkeypatch.setattr(tr.LoRALinear, "forward", muted)
+    real = LoraModel.__init__
+
+    def muted(self, *args, **kwargs):  # every adapter's scaling at zero: B A x never reaches the output
+        real(self, *args, **kwargs)
+        for module in self.model.modules():
+            if hasattr(module, "scaling") and isinstance(module.scaling, dict):
+                module.scaling = {k: 0.0 for k in module.scaling}
+
+    monkeypatch.setattr(LoraModel, "__init__", muted)
     with pytest.raises(WorkloadError, match="did not fall"):
         tr.run_training(cpu, timer, config="gpt2-small", mode="lora", quick=True)
 
 
 def test_a_wrong_loss_fails_the_chance_check(cpu, timer, monkeypatch):
-    real = tr.Decoder.forward
-    monkeypatch.setattr(tr.Decoder, "forward", lambda self, idx, targets: 3.0 * real(self, idx, targets))
+    real = tr._Trainer.step
+
+    def tripled(self, tokens):
+        loss = real(self, tokens)
+        if self.first_loss is not None and len(self.losses) == 0 and self.first_loss == float(loss):
+            self.first_loss *= 3.0
+        return loss
+
+    monkeypatch.setattr(tr._Trainer, "step", tripled)
     with pytest.raises(WorkloadError, match="untrained model"):
         tr.run_training(cpu, timer, config="gpt2-small", mode="full", quick=True)
 
@@ -162,9 +178,11 @@ def test_flops_per_token_by_hand():
     assert tr.lora_params(cfg) == n_lora == 2_359_296
     assert tr.model_flops_per_token(cfg, "lora") == 4 * n + 6 * n_lora + attention
 
-    qwen = tr.CONFIGS["qwen1.5b"]  # 12 query heads of 128, 2 key/value heads: QKV is 1536 -> 2048
-    q_block = 1536 * 2048 + 1536 * 1536 + 1536 * 2 * 8960 + 8960 * 1536
+    qwen = tr.CONFIGS["qwen1.5b"]  # 12 query heads of 128, 2 key/value heads: q 1536, k and v 256 each
+    q_block = 1536 * 1536 + 2 * 1536 * 256 + 1536 * 1536 + 2 * 1536 * 8960 + 8960 * 1536
     assert qwen.matmul_params() == 28 * q_block + 151936 * 1536
+    q_lora = 28 * 16 * (2 * (1536 + 1536) + 2 * (1536 + 256) + 2 * (1536 + 8960) + (8960 + 1536))
+    assert tr.lora_params(qwen) == q_lora  # one adapter per q, k, v, o, gate, up, down projection
 
 
 def test_mfu_on_a_slice_uses_its_share_of_the_datasheet():
@@ -237,7 +255,7 @@ def test_does_not_fit_is_raised_before_anything_is_allocated(timer, monkeypatch)
 
 
 def test_out_of_memory_at_run_time_is_a_skip_with_the_reason(cpu, timer, monkeypatch):
-    def oom(self, x, y):
+    def oom(self, tokens):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 30.70 GiB")
 
     monkeypatch.setattr(tr._Trainer, "step", oom)
@@ -314,32 +332,32 @@ def test_is_oom():
     assert not tr.is_oom(ValueError("out of memory"))  # not a runtime error: a bug, not the device
 
 
-# --- LoRA ------------------------------------------------------------------------------------------
+# --- the models transformers builds, LoRA through peft, QLoRA's settings ---------------------------
 
 
 @pytest.mark.parametrize("config, expected", [("gpt2-small", 2 * 16 * ((64 + 192) + (64 + 64) + (64 + 256) + (256 + 64))),
-                                              ("qwen1.5b", 2 * 16 * ((64 + 128) + (64 + 64) + (64 + 344) + (172 + 64)))])
+                                              ("qwen1.5b", 2 * 16 * (2 * (64 + 64) + 2 * (64 + 32) + 2 * (64 + 172) + (172 + 64)))])
 def test_lora_trains_only_the_adapters(config, expected):
     cfg = tr.CONFIGS[config].tiny()
-    torch.manual_seed(0)
-    model = tr.Decoder(cfg)
-    x, y = tr.CycleTask(cfg.vocab, cfg.seq_len, "cpu").batch(2)
+    model = hf.build_model(cfg, "cpu", torch.float32, seed=0)
+    tokens = tr.CycleTask(cfg.vocab, cfg.seq_len, "cpu").batch(2)
     with torch.no_grad():
-        before = model(x, y)
+        before = model(input_ids=tokens, labels=tokens).loss
     base = {name: p.detach().clone() for name, p in model.named_parameters()}
 
-    trainable = tr.add_lora(model)
-    assert trainable == expected == tr.lora_params(cfg)
+    model = hf.add_lora(model, cfg)
+    assert hf.trainable_count(model) == expected == tr.lora_params(cfg)
     with torch.no_grad():
-        assert model(x, y) == pytest.approx(float(before))  # B = 0: training starts from the base model
-    model(x, y).backward()
+        assert model(input_ids=tokens, labels=tokens).loss == pytest.approx(float(before))  # B = 0: starts at the base
+    model(input_ids=tokens, labels=tokens).loss.backward()
     with_grad = {name for name, p in model.named_parameters() if p.grad is not None}
     assert with_grad == {name for name, p in model.named_parameters() if "lora_" in name}
-    assert len(with_grad) == 2 * 4 * cfg.n_layers  # A and B of four projections per block
-    assert all(not p.requires_grad for name, p in model.named_parameters() if "lora_" not in name)
-    assert all(float(p.grad.abs().sum()) > 0 for name, p in model.named_parameters() if name.endswith("lora_b"))
-    frozen = {name.replace(".base", ""): p for name, p in model.named_parameters() if "lora_" not in name}
+    assert len(with_grad) == 2 * len(cfg.projections()) * cfg.n_layers  # A and B of every projection
+    assert all(float(p.grad.abs().sum()) > 0 for name, p in model.named_parameters() if "lora_B" in name)
+    frozen = {name.replace("base_model.model.", "").replace(".base_layer", ""): p
+              for name, p in model.named_parameters() if "lora_" not in name}
     assert set(frozen) == set(base)
+    assert all(not p.requires_grad for p in frozen.values())
 
 
 def test_lora_run_reports_the_adapter_count(cpu, timer):
@@ -347,21 +365,32 @@ def test_lora_run_reports_the_adapter_count(cpu, timer):
     by_name = {m.name: m for m in metrics}
     cfg = tr.CONFIGS["gpt2-small"].tiny()
     assert by_name["trainable_params"].value == tr.lora_params(cfg)
-    assert by_name["tokens_per_s"].info["lora_rank"] == tr.LORA.rank
-
-
-# --- the model and the task ------------------------------------------------------------------------
+    info = by_name["tokens_per_s"].info
+    assert info["lora_rank"] == tr.LORA.rank and info["lora_targets"] == ["c_attn", "c_proj", "c_fc"]
+    assert set(info["engine"]) == {"transformers", "peft"} and not info["gradient_checkpointing"]
 
 
 @pytest.mark.parametrize("config", tr.CONFIG_NAMES)
-def test_parameter_counts(config):
+def test_transformers_builds_the_published_shapes(config):
     cfg = tr.CONFIGS[config]
     with torch.device("meta"):  # the real sizes, without the memory
-        model = tr.Decoder(cfg)
+        model = hf.build_model(cfg, "meta", torch.float32, seed=0)
     assert sum(p.numel() for p in model.parameters()) == cfg.param_count()
-    tiny = tr.Decoder(cfg.tiny())
+    assert type(model).__name__ == {"gpt2": "GPT2LMHeadModel", "qwen2": "Qwen2ForCausalLM"}[cfg.layout]
+    assert model.config._attn_implementation == "sdpa" and model.config.use_cache is False
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight  # tied
+    tiny = hf.build_model(cfg.tiny(), "cpu", torch.float32, seed=0)
     assert sum(p.numel() for p in tiny.parameters()) == cfg.tiny().param_count()
-    assert tiny.head.weight is tiny.embed.weight
+    names = {n.rsplit(".", 1)[-1] for n, _ in tiny.named_modules()}
+    assert set(hf.LORA_TARGETS[cfg.layout]) <= names  # every LoRA target exists in the model
+
+
+def test_the_same_seed_builds_the_same_model():
+    cfg = tr.CONFIGS["qwen1.5b"].tiny()
+    a, b = (hf.build_model(cfg, "cpu", torch.float32, seed=7) for _ in range(2))
+    c = hf.build_model(cfg, "cpu", torch.float32, seed=8)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    assert not all(torch.equal(p, q) for p, q in zip(a.parameters(), c.parameters()))
 
 
 def test_published_model_sizes():
@@ -369,16 +398,37 @@ def test_published_model_sizes():
     assert 1.5e9 < tr.CONFIGS["qwen1.5b"].param_count() < 1.6e9  # Qwen2.5-1.5B: 1.54B
 
 
+@pytest.mark.skipif(not hf.installed("transformers"), reason="transformers is not installed")
+def test_qlora_is_wulvers_setting():
+    q = hf.qlora_quantization()
+    assert q.load_in_4bit and not q.load_in_8bit
+    assert q.bnb_4bit_quant_type == "nf4" and q.bnb_4bit_compute_dtype == torch.bfloat16
+    lc = hf.lora_config(tr.CONFIGS["qwen1.5b"])
+    assert (lc.r, lc.lora_alpha, lc.lora_dropout, lc.bias) == (16, 32, 0.0, "none")
+    assert set(lc.target_modules) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    assert hf.lora_config(tr.CONFIGS["gpt2-small"]).fan_in_fan_out  # GPT-2's Conv1D weights are transposed
+
+
+def test_qlora_memory_counts_fp32_casts_and_checkpointing():
+    cfg = tr.CONFIGS["qwen1.5b"]
+    q, lo = tr.estimate_memory(cfg, "qlora", 2), tr.estimate_memory(cfg, "lora", 2)
+    n_other = cfg.param_count() - (cfg.matmul_params() - cfg.vocab * cfg.d_model)
+    assert q.weights > 4.0 * n_other  # the embedding and norms in fp32 (prepare_model_for_kbit_training)
+    assert q.weights < lo.weights  # NF4 projections
+    assert q.activations < lo.activations / 5  # gradient checkpointing keeps one layer's activations
+    assert q.gradients == lo.gradients and q.optimizer == lo.optimizer
+
+
 def test_cycle_task_is_a_function_of_the_current_token():
     task = tr.CycleTask(vocab=1000, seq_len=50, device="cpu", alphabet=37)
-    x, y = task.batch(16)
-    assert x.shape == y.shape == (16, 50)
-    assert torch.equal(x[:, 1:], y[:, :-1])  # targets are the inputs shifted by one
+    tokens = task.batch(16)
+    assert tokens.shape == (16, 50) and tokens.dtype == torch.int64
     successor = {}
-    for a, b in zip(x.flatten().tolist(), y.flatten().tolist()):
-        assert successor.setdefault(a, b) == b
+    for row in tokens.tolist():
+        for a, b in zip(row, row[1:]):
+            assert successor.setdefault(a, b) == b
     assert set(successor) <= set(task.cycle.tolist()) and len(task.cycle) == 37
-    assert len(set(x[:, 0].tolist())) > 1  # sequences start at different points
+    assert len(set(tokens[:, 0].tolist())) > 1  # sequences start at different points
 
 
 # --- what cannot run -------------------------------------------------------------------------------
@@ -394,13 +444,23 @@ def test_unknown_names(cpu, timer):
 
 
 def test_qlora_and_compile_need_what_they_need(cpu, timer, monkeypatch):
-    with pytest.raises(DoesNotFit, match="QLoRA needs bitsandbytes' 4-bit CUDA kernels"):
+    with pytest.raises(DoesNotFit, match="QLoRA needs bitsandbytes' 4-bit CUDA kernels; this run is on the CPU"):
         tr.run_training(cpu, timer, mode="qlora")
     with pytest.raises(DoesNotFit, match="GPUs only"):
         tr.run_training(cpu, timer, compile_model=True)
-    monkeypatch.setattr(tr, "bitsandbytes_available", lambda: False)
-    with pytest.raises(DoesNotFit, match="not installed"):
+    monkeypatch.setattr(hf, "installed", lambda module: module != "bitsandbytes")
+    with pytest.raises(DoesNotFit, match=r"^qlora training needs bitsandbytes, which is not installed: "
+                                         r"pip install 'pytest-mig\[qlora\]'"):
         tr.check_runnable(_slice(**H100_1G), "qlora")
+    tr.check_runnable(_slice(**H100_1G), "lora")  # LoRA does not need it
+
+
+def test_missing_engines_name_the_pip_line(monkeypatch):
+    monkeypatch.setattr(hf, "installed", lambda module: False)
+    assert hf.missing("full") == "full training needs transformers, which is not installed: pip install transformers peft"
+    assert hf.missing("qlora").startswith("qlora training needs transformers, peft, bitsandbytes, which are not installed")
+    monkeypatch.setattr(hf, "installed", lambda module: True)
+    assert hf.missing("qlora") is None
 
 
 def test_metric_kinds_are_known():

@@ -110,21 +110,21 @@ def _rank_main(out: Path, quick: bool) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from .training import CONFIGS, SEED, CycleTask, Decoder
+    from . import hf
+    from .training import CONFIGS, SEED, CycleTask
 
     dist.init_process_group("nccl", device_id=torch.device("cuda:0"))
     rank, world = dist.get_rank(), dist.get_world_size()
     cfg = CONFIGS["gpt2-small"]
-    torch.manual_seed(SEED)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
-    with torch.device("cuda:0"):
-        model = Decoder(cfg)
+    # transformers' GPT-2, the same initial weights on every rank (DDP also broadcasts rank 0's)
+    model = hf.build_model(cfg, "cuda:0", torch.float32, seed=SEED)
     ddp = DistributedDataParallel(model, device_ids=[0])
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
     task = CycleTask(cfg.vocab, cfg.seq_len, "cuda:0", seed=SEED + rank)
     warmup, steps = STEPS[quick]
     losses, times = [], []
     for i in range(warmup + steps):
-        x, y = task.batch(BATCH)
+        tokens_in = task.batch(BATCH)
         if i == warmup:
             dist.barrier()
             torch.cuda.synchronize()
@@ -132,7 +132,7 @@ def _rank_main(out: Path, quick: bool) -> None:
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = ddp(x, y)
+            loss = ddp(input_ids=tokens_in, labels=tokens_in).loss
         loss.backward()
         opt.step()
         if i >= warmup:

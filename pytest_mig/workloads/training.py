@@ -1,16 +1,13 @@
-"""Transformer training throughput: a GPT-style decoder, full fine-tune, LoRA and QLoRA, under bf16 autocast.
+"""Transformer training throughput through the field's own stack: transformers, peft and bitsandbytes.
 
-What is measured (reference/measurement.md, "Training"; the Wulver and Columbia/IBM seeds):
+What is measured (reference/measurement.md, "Training"; the Wulver, SparkTrainer and Columbia/IBM seeds):
 
-- A decoder written here (no downloads): pre-norm blocks, fused QKV projection, causal attention
-  through ``F.scaled_dot_product_attention`` (fused flash kernels on a GPU), and either the GPT-2 layout
-  (LayerNorm, GELU MLP, learned positions, biases) or the Qwen2.5 layout (RMSNorm, SwiGLU, RoPE,
-  grouped-query attention, bias on QKV only).  :data:`CONFIGS` holds a GPT-2-small-class model
-  (124M) and a Qwen2.5-1.5B-class model (1.54B, Wulver's fine-tuning workload) with their real
-  vocabularies, so the LM head and the loss cost what they cost in the real models.
-- bf16 autocast with fp32 master weights and fused AdamW for a full fine-tune; for LoRA a frozen
-  bf16 base with fp32 rank-r adapters on every projection of every block (a fused projection
-  such as QKV gets one adapter); QLoRA stores the frozen projections in bitsandbytes NF4.
+- The models are built by ``transformers`` from the configurations of GPT-2 small and
+  Qwen2.5-1.5B (:mod:`.hf`: random weights, no downloads, SDPA attention).  Full fine-tune: fp32
+  master weights under bf16 autocast and fused AdamW, as the Trainer's ``bf16=True`` runs it.
+  LoRA: ``peft`` adapters on every attention and MLP projection of a frozen bf16 base.  QLoRA,
+  Wulver's setup: the base loaded in bitsandbytes NF4 with bf16 compute,
+  ``prepare_model_for_kbit_training`` (gradient checkpointing on), then LoRA.
 - Batch policies: ``fixed`` (a small constant batch, the same on every profile so profiles compare
   at equal work per step; Columbia/IBM found small constant batches are where MIG gains most) and
   ``maxbatch`` (Columbia/IBM's method: the largest batch that fits the slice, found by trying real
@@ -25,17 +22,20 @@ of every matmul (blocks and LM head; embedding look-ups are not matmuls) forward
 plus ``6`` per adapter weight; attention scores and values add ``12 L d_attn T`` (forward and
 backward, the full T x T square as nanoGPT counts it, although the causal kernels skip half).
 Divided by the Target's bf16 dense datasheet peak, already scaled to its SMs
-(:meth:`Target.peak_tflops`).  Recomputation is not counted: nothing is recomputed here.
+(:meth:`Target.peak_tflops`).  QLoRA's recomputation (gradient checkpointing) is not counted:
+MFU counts the model's FLOPs, not the hardware's.
 
 Correctness: the tokens follow a hidden cycle over a subset of the vocabulary (each token is
-followed by its successor), a task with a loss floor of zero that a working model learns at once.
-The first loss must sit near chance (ln vocab), and the loss must fall over the measured steps by
-:data:`MIN_LOSS_DROP`; otherwise :class:`WorkloadError` (a fast wrong answer is a failure).
+followed by its successor), a task with a loss floor of zero that a working model learns at once;
+the loss is the model's own (``labels=input_ids``).  The first loss must sit near chance
+(ln vocab), and the loss must fall over the measured steps by :data:`MIN_LOSS_DROP`; otherwise
+:class:`WorkloadError` (a fast wrong answer is a failure).
 
 A case that cannot fit the Target raises :class:`DoesNotFit` before anything is allocated, from
 :func:`estimate_memory` (weights, gradients, optimizer state, activations, logits) against
-:meth:`Target.memory_budget`; an out-of-memory error at run time is reported the same way.
-On the CPU every config runs as a tiny model of the same layout in fp32.
+:meth:`Target.memory_budget`; an out-of-memory error at run time is reported the same way.  A
+missing engine is a DoesNotFit with the ``pip install`` line.  On the CPU every config runs as a
+tiny model of the same layout in fp32.
 """
 
 from __future__ import annotations
@@ -44,112 +44,18 @@ import gc
 import importlib.util
 import math
 import statistics
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Literal
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 from ..measure import Metric, Timer, Timing, energy_metrics, percentile
 from ..target import Target
-from . import DoesNotFit, WorkloadError
+from . import DoesNotFit, WorkloadError, hf
+from .hf import CONFIG_NAMES, CONFIGS, LORA, LoraSpec, ModelConfig
 
 MODES: tuple[str, ...] = ("full", "lora", "qlora")
 BATCH_POLICIES: tuple[str, ...] = ("fixed", "maxbatch")
-
-# --------------------------------------------------------------------------- configurations
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """One decoder: its shape, its layout and the batch it trains with by default."""
-
-    name: str
-    vocab: int
-    d_model: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    d_ff: int
-    seq_len: int
-    fixed_batch: int  # sequences per step of the ``fixed`` policy
-    layout: Literal["gpt2", "qwen2"] = "gpt2"
-    rope_theta: float = 1e6
-    norm_eps: float = 1e-5
-    init_std: float = 0.02
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
-
-    @property
-    def kv_dim(self) -> int:
-        return self.n_kv_heads * self.head_dim
-
-    @property
-    def qkv_dim(self) -> int:
-        return self.d_model + 2 * self.kv_dim
-
-    def projections(self) -> list[tuple[int, int]]:
-        """(in, out) of every projection in one block, in order: QKV, attention out, MLP in, MLP out."""
-        mlp_in = 2 * self.d_ff if self.layout == "qwen2" else self.d_ff
-        return [(self.d_model, self.qkv_dim), (self.d_model, self.d_model), (self.d_model, mlp_in),
-                (self.d_ff, self.d_model)]
-
-    def matmul_params(self) -> int:
-        """Weights that take part in a matmul per token: every block projection plus the LM head."""
-        per_block = sum(i * o for i, o in self.projections())
-        return self.n_layers * per_block + self.vocab * self.d_model
-
-    def param_count(self) -> int:
-        """Every parameter (the LM head is tied to the token embedding, so counted once)."""
-        d = self.d_model
-        per_block = sum(i * o for i, o in self.projections())
-        if self.layout == "gpt2":
-            per_block += sum(o for _, o in self.projections()) + 4 * d  # biases, two LayerNorms
-            extra = self.seq_len * d + 2 * d  # learned positions, final LayerNorm
-        else:
-            per_block += self.qkv_dim + 2 * d  # QKV bias, two RMSNorms
-            extra = d
-        return self.n_layers * per_block + self.vocab * d + extra
-
-    def tiny(self) -> ModelConfig:
-        """The same layout at CPU size: 2 layers, d=64, sequences of 32, a 256-token vocabulary."""
-        heads, kv = 4, (2 if self.n_kv_heads < self.n_heads else 4)
-        d_ff = 172 if self.layout == "qwen2" else 256
-        return replace(self, name=f"{self.name} (CPU-sized)", vocab=256, d_model=64, n_layers=2, n_heads=heads,
-                       n_kv_heads=kv, d_ff=d_ff, seq_len=32, fixed_batch=4, init_std=TINY_INIT_STD)
-
-
-#: Initial weight scale of the CPU-sized models: with 0.02 a frozen 64-wide embedding cannot give
-#: logits far from zero, so LoRA, which cannot change it, could hardly lower the loss.
-TINY_INIT_STD = 0.1
-
-#: GPT-2 small (124M; vocabulary padded from 50257 to a multiple of 64, as nanoGPT does, for whole
-#: tensor-core tiles in the LM head) and Qwen2.5-1.5B (1.54B; 12 query and 2 key/value heads of 128).
-#: Fixed batches are small, so that a case fits a 10 GB slice wherever its weights and optimizer state do.
-CONFIGS: dict[str, ModelConfig] = {
-    c.name: c
-    for c in (
-        ModelConfig("gpt2-small", vocab=50304, d_model=768, n_layers=12, n_heads=12, n_kv_heads=12, d_ff=3072,
-                    seq_len=1024, fixed_batch=4, layout="gpt2"),
-        ModelConfig("qwen1.5b", vocab=151936, d_model=1536, n_layers=28, n_heads=12, n_kv_heads=2, d_ff=8960,
-                    seq_len=512, fixed_batch=2, layout="qwen2", rope_theta=1e6, norm_eps=1e-6),
-    )
-}
-CONFIG_NAMES: tuple[str, ...] = tuple(CONFIGS)
-
-
-@dataclass(frozen=True)
-class LoraConfig:
-    """Rank and scaling of the adapters (PEFT's usual rank 16, alpha 32)."""
-
-    rank: int = 16
-    alpha: float = 32.0
-
-
-LORA = LoraConfig()
 
 
 @dataclass(frozen=True)
@@ -191,8 +97,6 @@ DATA_POOL = 4
 SEED = 20240611
 
 _OOM_ERROR: type[BaseException] = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
-#: scaled_dot_product_attention takes grouped key/value heads itself from PyTorch 2.5 on.
-_SDPA_GQA = tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 5)
 
 # --------------------------------------------------------------------------- memory planning
 
@@ -226,7 +130,7 @@ class MemoryEstimate:
         return {k: round(v / 1e9, 3) for k, v in parts.items()}
 
 
-def lora_params(cfg: ModelConfig, lora: LoraConfig = LORA) -> int:
+def lora_params(cfg: ModelConfig, lora: LoraSpec = LORA) -> int:
     """Adapter weights: rank x (in + out) for every projection of every block."""
     return cfg.n_layers * sum(lora.rank * (i + o) for i, o in cfg.projections())
 
@@ -235,21 +139,28 @@ def activation_bytes_per_token(cfg: ModelConfig, mode: str, *, cpu: bool = False
     """Bytes one token's activations keep for backward, over all layers.
 
     Per layer, the tensors autograd saves: the two norm inputs (the residual stream, fp32 under
-    autocast with fp32 weights), the bf16 inputs of the QKV and MLP-in projections, the QKV output
-    (v is a view of it) and, with RoPE, the rotated q and k, the attention output and its
-    re-laid-out copy that the output projection saves, and the MLP's hidden activations (GELU: its
-    input and output; SwiGLU: the gate/up output, the activated gate and their product).  With LoRA
-    the adapters keep their own bf16 copies of the QKV and MLP-in inputs, while the residual stream
-    of the bf16 base is half as wide: the sum is the same.  On the CPU everything is fp32.
+    autocast with fp32 weights) and their fp32 statistics, the bf16 inputs of the projections,
+    q, k and v (and, with RoPE, their rotated copies), the attention output and the output
+    projection's input, and the MLP's hidden activations (GPT-2's GELU: its input, output and the
+    intermediates of transformers' elementwise tanh approximation; SwiGLU: gate and up outputs, the
+    activated gate and their product).  With LoRA each adapter keeps its
+    rank-r intermediate.  QLoRA runs with gradient checkpointing (``prepare_model_for_kbit_training``):
+    only each layer's fp32 input is kept, and one layer's activations are rebuilt at a time.  On
+    the CPU everything is fp32.
     """
     d, ff = cfg.d_model, cfg.d_ff
     a = 4 if cpu else 2  # bytes per activation element
-    per_layer = 2 * 4 * d + 2 * a * d  # norm inputs; QKV and MLP-in projection inputs
+    per_layer = 2 * 4 * d + 2 * a * d  # norm inputs (fp32); projection inputs
     per_layer += a * cfg.qkv_dim + (a * (d + cfg.kv_dim) if cfg.layout == "qwen2" else 0)
     per_layer += 2 * a * d  # attention output and the output projection's input
-    per_layer += a * (2 * ff if cfg.layout == "gpt2" else 4 * ff)  # MLP
+    # MLP.  GPT-2's tanh GELU is a chain of elementwise ops in transformers, each saving its input:
+    # on the H100 a GPT-2 step at batch 48 x 1024 held 20.7 GB more than two ff-wide tensors per
+    # layer explain, about six more.  SwiGLU: gate and up outputs, the activated gate, their product.
+    per_layer += a * (8 * ff if cfg.layout == "gpt2" else 4 * ff)
     if mode in ("lora", "qlora"):  # each adapter keeps its rank-r intermediate
         per_layer += a * LORA.rank * len(cfg.projections())
+    if mode == "qlora":  # checkpointed: every layer's input, plus one layer rebuilt for its backward
+        return float(cfg.n_layers * 4 * d + per_layer)
     return float(cfg.n_layers * per_layer)
 
 
@@ -264,12 +175,13 @@ def estimate_memory(cfg: ModelConfig, mode: str, batch: int, *, cpu: bool = Fals
         grads, optim = 4.0 * n_all, 8.0 * n_all
     else:
         n_lora = lora_params(cfg)
-        base_bytes = 4.0 if cpu else 2.0
-        if mode == "qlora":  # NF4 projections: half a byte per weight plus block scales, and one dequantised weight
+        if mode == "qlora":
+            # NF4 projections (half a byte per weight plus block scales) and one dequantised weight;
+            # prepare_model_for_kbit_training casts every other weight (embedding, norms) to fp32.
             largest = max(i * o for i, o in cfg.projections())
-            base = (n_all - n_proj) * base_bytes + n_proj * (0.5 + 4 / 64) + 2.0 * largest
+            base = (n_all - n_proj) * 4.0 + n_proj * (0.5 + 4 / 64) + 2.0 * largest
         else:
-            base = n_all * base_bytes
+            base = n_all * (4.0 if cpu else 2.0)
         weights = base + 4.0 * n_lora
         grads, optim = 4.0 * n_lora, 8.0 * n_lora
     acts = tokens * activation_bytes_per_token(cfg, mode, cpu=cpu)
@@ -297,7 +209,7 @@ def check_fits(cfg: ModelConfig, mode: str, batch: int, budget: int, *, cpu: boo
 # --------------------------------------------------------------------------- FLOPs and MFU
 
 
-def model_flops_per_token(cfg: ModelConfig, mode: str, *, lora: LoraConfig = LORA) -> float:
+def model_flops_per_token(cfg: ModelConfig, mode: str, *, lora: LoraSpec = LORA) -> float:
     """Model FLOPs of one training token (forward and backward), the numerator of MFU.
 
     Full: ``6 N + 12 L d T`` with N the matmul weights (blocks and LM head).  LoRA/QLoRA: frozen
@@ -316,190 +228,6 @@ MFU_FORMULA = "6 N + 12 L d T FLOPs per token (LoRA: 4 N + 6 N_lora + 12 L d T);
 def mfu_percent(tokens_per_s: float, flops_per_token: float, peak_tflops: float) -> float:
     """Model FLOPs utilisation in percent of the peak."""
     return 100.0 * tokens_per_s * flops_per_token / (peak_tflops * 1e12)
-
-
-# --------------------------------------------------------------------------- the model
-
-
-class _Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.cfg = cfg
-        bias = True  # GPT-2 has biases everywhere, Qwen2 on QKV only
-        self.qkv = nn.Linear(cfg.d_model, cfg.qkv_dim, bias=bias, dtype=dtype)
-        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.layout == "gpt2", dtype=dtype)
-
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-        cfg = self.cfg
-        b, t, _ = x.shape
-        hd = cfg.head_dim
-        q, k, v = self.qkv(x).split((cfg.d_model, cfg.kv_dim, cfg.kv_dim), dim=-1)
-        q = q.view(b, t, cfg.n_heads, hd).transpose(1, 2)
-        k = k.view(b, t, cfg.n_kv_heads, hd).transpose(1, 2)
-        v = v.view(b, t, cfg.n_kv_heads, hd).transpose(1, 2)
-        if rope is not None:
-            q, k = _apply_rope(q, *rope), _apply_rope(k, *rope)
-        if cfg.n_kv_heads == cfg.n_heads:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        elif _SDPA_GQA:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        else:  # pragma: no cover - PyTorch < 2.5
-            rep = cfg.n_heads // cfg.n_kv_heads
-            y = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(b, t, cfg.d_model))
-
-
-def _rope_tables(cfg: ModelConfig, device: torch.device | str | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of rotary embeddings, (T, head_dim), rotate-half layout as in Llama/Qwen."""
-    hd = cfg.head_dim
-    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float32, device=device) / hd))
-    ang = torch.outer(torch.arange(cfg.seq_len, dtype=torch.float32, device=device), inv)
-    ang = torch.cat((ang, ang), dim=-1)
-    return ang.cos(), ang.sin()
-
-
-def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    t = x.shape[-2]
-    return x * cos[:t].to(x.dtype) + rotated * sin[:t].to(x.dtype)
-
-
-class _Mlp(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.swiglu = cfg.layout == "qwen2"
-        bias = cfg.layout == "gpt2"
-        width = 2 * cfg.d_ff if self.swiglu else cfg.d_ff
-        self.fc = nn.Linear(cfg.d_model, width, bias=bias, dtype=dtype)
-        self.proj = nn.Linear(cfg.d_ff, cfg.d_model, bias=bias, dtype=dtype)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.fc(x)
-        if self.swiglu:
-            gate, up = h.chunk(2, dim=-1)
-            return self.proj(F.silu(gate) * up)
-        return self.proj(F.gelu(h, approximate="tanh"))
-
-
-def _norm(cfg: ModelConfig, dtype: torch.dtype) -> nn.Module:
-    if cfg.layout == "gpt2":
-        return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, dtype=dtype)
-    return nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps, dtype=dtype)
-
-
-class _Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.norm1, self.attn = _norm(cfg, dtype), _Attention(cfg, dtype)
-        self.norm2, self.mlp = _norm(cfg, dtype), _Mlp(cfg, dtype)
-
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), rope)
-        return x + self.mlp(self.norm2(x))
-
-
-class Decoder(nn.Module):
-    """A GPT-style decoder-only language model; ``forward(idx, targets)`` returns the mean loss."""
-
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> None:
-        super().__init__()
-        self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab, cfg.d_model, dtype=dtype)
-        self.pos = nn.Embedding(cfg.seq_len, cfg.d_model, dtype=dtype) if cfg.layout == "gpt2" else None
-        self.blocks = nn.ModuleList(_Block(cfg, dtype) for _ in range(cfg.n_layers))
-        self.norm = _norm(cfg, dtype)
-        self.head = nn.Linear(cfg.d_model, cfg.vocab, bias=False, dtype=dtype)
-        self.head.weight = self.embed.weight  # tied, as in GPT-2 and Qwen2.5-1.5B
-        self.rope: tuple[torch.Tensor, torch.Tensor] | None = None
-        if cfg.layout == "qwen2":
-            self.rope = _rope_tables(cfg, self.embed.weight.device)
-        self._init_weights()
-
-    @torch.no_grad()
-    def _init_weights(self) -> None:
-        """GPT-2's initialisation: N(0, 0.02), output projections scaled by 1/sqrt(2 L), zero biases."""
-        std = self.cfg.init_std
-        for name, p in self.named_parameters():
-            if p.dim() >= 2:
-                scale = 1.0 / math.sqrt(2 * self.cfg.n_layers) if name.endswith("proj.weight") else 1.0
-                p.normal_(0.0, std * scale)
-            elif name.endswith("bias"):
-                p.zero_()
-
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        x = self.embed(idx)
-        if self.pos is not None:
-            x = x + self.pos.weight[: idx.shape[1]]
-        for block in self.blocks:
-            x = block(x, self.rope)
-        logits = self.head(self.norm(x))
-        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
-
-
-class LoRALinear(nn.Module):
-    """A frozen projection plus a trainable low-rank update: ``base(x) + (alpha / r) B A x``.
-
-    A is initialised as nn.Linear's weights are and B to zero (as PEFT does), so training starts
-    from the base model exactly.
-    """
-
-    def __init__(self, base: nn.Module, in_features: int, out_features: int, lora: LoraConfig = LORA) -> None:
-        super().__init__()
-        self.base = base
-        device = next(base.parameters()).device
-        self.lora_a = nn.Parameter(torch.empty(lora.rank, in_features, device=device))
-        self.lora_b = nn.Parameter(torch.zeros(out_features, lora.rank, device=device))
-        nn.init.kaiming_uniform_(self.lora_a, a=math.sqrt(5))
-        self.scaling = lora.alpha / lora.rank
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.base(x) + F.linear(F.linear(x, self.lora_a), self.lora_b) * self.scaling
-
-
-def _projection_slots(model: Decoder) -> list[tuple[nn.Module, str, nn.Linear]]:
-    """(parent, attribute, Linear) of every projection of every block."""
-    out = []
-    for block in model.blocks:
-        for parent in (block.attn, block.mlp):
-            for attr in ("qkv", "fc", "proj"):
-                lin = getattr(parent, attr, None)
-                if isinstance(lin, nn.Linear):
-                    out.append((parent, attr, lin))
-    return out
-
-
-def add_lora(model: Decoder, lora: LoraConfig = LORA, *, quantize: Callable[[nn.Linear], nn.Module] | None = None) -> int:
-    """Freeze ``model`` and wrap every block projection in a LoRALinear; returns the trainable count.
-
-    ``quantize`` replaces each frozen projection first (QLoRA: an NF4 Linear4bit).
-    """
-    for p in model.parameters():
-        p.requires_grad_(False)
-    for parent, attr, lin in _projection_slots(model):
-        base: nn.Module = quantize(lin) if quantize is not None else lin
-        setattr(parent, attr, LoRALinear(base, lin.in_features, lin.out_features, lora))
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
-def bitsandbytes_available() -> bool:
-    return importlib.util.find_spec("bitsandbytes") is not None
-
-
-def _nf4(device: str) -> Callable[[nn.Linear], nn.Module]:
-    """A function that turns a frozen Linear into bitsandbytes' NF4 Linear4bit on ``device``."""
-    import bitsandbytes as bnb  # type: ignore[import-not-found]
-
-    def quantize(lin: nn.Linear) -> nn.Module:
-        q = bnb.nn.Linear4bit(lin.in_features, lin.out_features, bias=lin.bias is not None,
-                              compute_dtype=torch.bfloat16, compress_statistics=True, quant_type="nf4")
-        q.load_state_dict({k: v.detach().to("cpu") for k, v in lin.state_dict().items()})
-        q = q.to(device)  # bitsandbytes quantises on the move to the GPU
-        for p in q.parameters():
-            p.requires_grad_(False)
-        return q
-
-    return quantize
 
 
 # --------------------------------------------------------------------------- data
@@ -521,12 +249,11 @@ class CycleTask:
         self.seq_len = seq_len
         self.device = device
 
-    def batch(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Inputs and targets, (n, T) each, as int64 on the device."""
+    def batch(self, n: int) -> torch.Tensor:
+        """(n, T) token ids, int64 on the device: inputs, and labels (the model shifts them itself)."""
         starts = torch.randint(self.alphabet, (n, 1), generator=self.gen).to(self.device)
-        pos = (starts + torch.arange(self.seq_len + 1, device=self.device)) % self.alphabet
-        tokens = self.cycle[pos]
-        return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+        pos = (starts + torch.arange(self.seq_len, device=self.device)) % self.alphabet
+        return self.cycle[pos].contiguous()
 
 
 # --------------------------------------------------------------------------- max-batch search
@@ -640,25 +367,26 @@ def check_initial_loss(loss: float, vocab: int, *, tolerance: float = INITIAL_LO
 
 
 class _Trainer:
-    """A model, its optimizer, the task, and one training step."""
+    """A transformers model (with peft adapters for LoRA/QLoRA), its optimizer, the task, one step."""
 
     def __init__(self, cfg: ModelConfig, mode: str, device: str) -> None:
         self.cfg, self.mode, self.device = cfg, mode, device
         cuda = device.startswith("cuda")
         self.amp = cuda  # bf16 autocast on a GPU; fp32 on the CPU
-        torch.manual_seed(SEED)
-        base_dtype = torch.bfloat16 if (cuda and mode != "full") else torch.float32
-        with torch.device(device):
-            model = Decoder(cfg, dtype=base_dtype)
-        if mode == "full":
-            self.trainable = sum(p.numel() for p in model.parameters())
+        if mode == "qlora":
+            model = hf.build_qlora(cfg, device, seed=SEED)
+            gc.collect()
+            torch.cuda.empty_cache()
         else:
-            self.trainable = add_lora(model, quantize=_nf4(device) if mode == "qlora" else None)
-            if mode == "qlora":
-                gc.collect()
-                torch.cuda.empty_cache()
+            base_dtype = torch.bfloat16 if (cuda and mode == "lora") else torch.float32
+            model = hf.build_model(cfg, device, base_dtype, seed=SEED)
+            if mode == "lora":
+                model = hf.add_lora(model, cfg)
+        model.train()
+        self.trainable = hf.trainable_count(model)
+        self.gradient_checkpointing = hf.checkpointing(model)
         self.model = model
-        self.step_model: Callable[..., torch.Tensor] = model
+        self.step_model: Callable[..., Any] = model
         params = [p for p in model.parameters() if p.requires_grad]
         groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": WEIGHT_DECAY},
                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
@@ -669,10 +397,10 @@ class _Trainer:
         self.losses: list[torch.Tensor] = []
         self.first_loss: float | None = None
 
-    def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
         self.opt.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.amp):
-            loss = self.step_model(x, y)
+            loss = self.step_model(input_ids=tokens, labels=tokens).loss
         loss.backward()
         self.opt.step()
         loss = loss.detach()
@@ -682,7 +410,7 @@ class _Trainer:
 
     def compile(self) -> None:
         """Run the model through torch.compile from the next step on (compiled at that step's shapes)."""
-        self.step_model = torch.compile(self.model)  # type: ignore[assignment]
+        self.step_model = torch.compile(self.model)
 
     def set_lr(self, lr: float) -> None:
         for g in self.opt.param_groups:
@@ -698,10 +426,10 @@ class _Trainer:
         if cuda:
             _release(self.device)
             torch.cuda.reset_peak_memory_stats()
-        x, y = self.task.batch(batch)
+        tokens = self.task.batch(batch)
         self.set_lr(0.0)
         try:
-            self.step(x, y)
+            self.step(tokens)
             if cuda:
                 torch.cuda.synchronize()
         finally:
@@ -718,9 +446,9 @@ class _Trainer:
         counter = [0]
 
         def step() -> None:
-            x, y = pool[counter[0] % len(pool)]
+            tokens = pool[counter[0] % len(pool)]
             counter[0] += 1
-            self.losses.append(self.step(x, y))  # no host sync inside the timed step
+            self.losses.append(self.step(tokens))  # no host sync inside the timed step
 
         return step
 
@@ -745,11 +473,11 @@ def resolve_config(config: str, target: Target) -> ModelConfig:
 
 def check_runnable(target: Target, mode: str, *, compile_model: bool = False) -> None:
     """Raise DoesNotFit, with the reason, where ``mode`` cannot run on this Target at all."""
-    if mode == "qlora":
-        if target.is_cpu:
-            raise DoesNotFit("QLoRA needs bitsandbytes' 4-bit CUDA kernels; this run is on the CPU")
-        if not bitsandbytes_available():
-            raise DoesNotFit("QLoRA needs bitsandbytes, which is not installed (pip install 'pytest-mig[qlora]')")
+    if mode == "qlora" and target.is_cpu:
+        raise DoesNotFit("QLoRA needs bitsandbytes' 4-bit CUDA kernels; this run is on the CPU")
+    absent = hf.missing(mode)
+    if absent:
+        raise DoesNotFit(absent)
     if compile_model:
         if target.is_cpu:
             raise DoesNotFit("the torch.compile case runs on GPUs only (on the CPU it would measure the C++ compiler)")
@@ -827,10 +555,14 @@ def run_training(
             "precision": "fp32" if target.is_cpu else "bf16 autocast", "compiled": compile_model,
             "initial_loss": round(trainer.first_loss, 4), "loss_first": round(measured[0], 4),
             "loss_last": round(measured[-1], 4), "loss_drop": round(drop, 4), "steps": len(measured),
-            "warmup": effort.warmup, "lr": trainer.lr,
+            "warmup": effort.warmup, "lr": trainer.lr, "engine": _engine_versions(mode),
+            "attention": "sdpa", "gradient_checkpointing": trainer.gradient_checkpointing,
         }
         if mode != "full":
             info["lora_rank"] = LORA.rank
+            info["lora_targets"] = list(hf.LORA_TARGETS[cfg.layout])
+        if mode == "qlora":
+            info["quantization"] = "bitsandbytes NF4, bf16 compute"
         trainable = trainer.trainable
     finally:
         if trainer is not None:
@@ -838,6 +570,20 @@ def run_training(
         del trainer
         _release(device)
     return _metrics(target, cfg, mode, run, info, trainable)
+
+
+def _engine_versions(mode: str) -> dict[str, str]:
+    """Versions of the packages the mode ran through (they go into the record beside torch's)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    names = ["transformers"] + (["peft"] if mode != "full" else []) + (["bitsandbytes"] if mode == "qlora" else [])
+    out = {}
+    for name in names:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:  # pragma: no cover - checked before the run
+            out[name] = "unknown"
+    return out
 
 
 def _train(trainer: _Trainer, target: Target, timer: Timer, batch: str, effort: Effort, compile_model: bool) -> _Run:
@@ -953,13 +699,9 @@ __all__ = [
     "MODES",
     "BatchSearch",
     "CycleTask",
-    "Decoder",
-    "LoRALinear",
-    "LoraConfig",
+    "LoraSpec",
     "MemoryEstimate",
     "ModelConfig",
-    "add_lora",
-    "bitsandbytes_available",
     "check_fits",
     "check_initial_loss",
     "check_loss",
