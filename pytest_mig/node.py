@@ -26,13 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence, TextIO
 
+from . import exports
 from .nvml import Inventory, cuda_visible
 from .profiles import ALL, FULL
 from .results import ResultRecord, ResultsFileError, read_results, write_results
 from .target import SelectionError
 
 #: Options a worker must not get from the command line: the node runner writes these itself.
-OWN_OPTIONS = ("--mig-device", "--mig-results", "--mig-report", "--mig-scaling-plot")
+OWN_OPTIONS = ("--mig-device", "--mig-results", "--mig-report", "--mig-scaling-plot", "--mig-export")
 #: Options whose file each worker gets its own copy of (the device's index in the name).
 PER_WORKER_FILES = ("--junitxml", "--junit-xml", "--benchmark-json")
 
@@ -166,7 +167,7 @@ def merge(workers: Sequence[Worker], out: TextIO) -> tuple[list[ResultRecord], l
 
 
 def main(args: Sequence[str], inv: Inventory, profile: str | None, emulate: bool, results: str | None,
-         report: str | None, out: TextIO, rootdir: Path) -> int:
+         report: str | None, out: TextIO, rootdir: Path, exports_to: Sequence[tuple[str, Path]] = ()) -> int:
     """Run ``args`` on every device, merge and report; the exit status of the whole node."""
     from .fleet import device_rows, find_device_outliers, provider_figures, provider_lines
     from .report import frame_table, write_report
@@ -194,6 +195,11 @@ def main(args: Sequence[str], inv: Inventory, profile: str | None, emulate: bool
         if report:
             write_report(Path(report), records)
             print(f"pytest-mig node: report: {report}", file=out)
+        try:  # the node's merged figures, every device's rows labelled by its own GPU
+            for line in exports.write(exports_to, records):
+                print(f"pytest-mig node: {line}", file=out)
+        except exports.ExportError as exc:
+            problems.append(str(exc))
     for p in problems:
         print(f"pytest-mig node: {p}", file=out)
     codes = [w.returncode for w in workers if w.proc is not None]

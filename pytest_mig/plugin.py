@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from . import mps, nvml
+from . import exports, mps, nvml
 from . import target as _target
 from .bench import MigBench
 from .measure import Metric, Telemetry
@@ -26,6 +26,7 @@ from .settings import (
     baseline_dir,
     baseline_keep,
     check_output_paths,
+    export_arg,
     confirm_count,
     count_arg,
     default_results_path,
@@ -130,6 +131,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help=HELP_IMPROVEMENT)
     g.addoption("--mig-report", dest="mig_report", default=None, help=HELP_REPORT)
     g.addoption("--mig-results", dest="mig_results", default=None, help=HELP_RESULTS)
+    g.addoption("--mig-export", dest="mig_export", type=export_arg, action="append", default=[],
+                help="also write the figures as github=DIR (github-action-benchmark JSON) or prometheus=FILE.prom "
+                     "(node_exporter textfile, DCGM-style labels); repeatable.")
     g.addoption("--mig-scaling-results", dest="mig_scaling_results", nargs="+", default=[], help=HELP_SCALING_RESULTS)
     g.addoption("--mig-su-coefficients", dest="mig_su_coefficients", default=None, help=HELP_SU)
     g.addoption("--mig-su-allocation", dest="mig_su_allocation", default=None, help=HELP_ALLOCATION)
@@ -163,7 +167,7 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
     try:
         return node.main(config.invocation_params.args, nvml.discover(), opts.profile, opts.emulate,
                          config.getoption("mig_results"), config.getoption("mig_report"), sys.stdout,
-                         Path(config.rootpath))
+                         Path(config.rootpath), config.getoption("mig_export"))
     except SelectionError as exc:
         print(f"ERROR: {exc}", file=sys.stderr)
         return int(pytest.ExitCode.USAGE_ERROR)
@@ -596,6 +600,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             write_results(path, state.records, meta={"target": t.to_dict(), "fingerprint": state.fingerprint})
             state.messages.append(f"results: {path}")
         except ResultsFileError as exc:  # the report and the baseline are still written
+            state.errors.append(str(exc))
+    if config.getoption("mig_export"):
+        try:
+            state.messages.extend(exports.write(config.getoption("mig_export"), state.records))
+        except exports.ExportError as exc:
             state.errors.append(str(exc))
     report = config.getoption("mig_report")
     if report:

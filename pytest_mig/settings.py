@@ -53,6 +53,18 @@ def count_arg(text: str) -> int:
     return whole_number(text, 0)
 
 
+def export_arg(text: str) -> tuple[str, Path]:
+    """``--mig-export KIND=PATH``: a malformed one is a usage error in one sentence."""
+    import argparse
+
+    from .exports import parse_export
+
+    try:
+        return parse_export(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0", "")
 
 
@@ -96,6 +108,9 @@ def check_output_paths(config: pytest.Config) -> None:
     for option, value in paths:
         if value:
             check_writable(option, Path(value), Path(value).parent)
+    for kind, path in config.getoption("mig_export") or []:
+        folder = path if kind == "github" else path.parent
+        check_writable(f"--mig-export {kind}=", path, folder)
     if config.getoption("mig_save_baseline"):
         folder = baseline_dir(config)
         check_writable("--mig-baseline-dir", folder, folder)

@@ -67,7 +67,7 @@ def test_mistakes_are_one_sentence(monkeypatch: pytest.MonkeyPatch, topology: st
 def test_a_worker_gets_the_user_s_options_pinned_to_its_device() -> None:
     d = Device("MIG-abc", 0, "GPU 0 1g.10gb MIG-abc")
     args = ["benchmarks", "--mig-device", "all", "--mig-results=night.json", "--mig-report", "r.md", "-k", "gemm",
-            "--junitxml=out/junit.xml", "--mig-quick"]
+            "--junitxml=out/junit.xml", "--mig-quick", "--mig-export", "prometheus=n.prom", "--mig-export=github=gab"]
     assert worker_args(args, d, Path("/tmp/d2.json"), 2) == [
         "benchmarks", "-k", "gemm", "--junitxml=out/junit.device2.xml", "--mig-quick",
         "--mig-device", "MIG-abc", "--mig-results", "/tmp/d2.json"]
@@ -108,7 +108,8 @@ def node_run(pytester: pytest.Pytester, mig_env: pytest.MonkeyPatch, topology: A
 
 def test_every_slice_runs_at_once_and_merges_into_one_report(pytester: pytest.Pytester,
                                                              mig_env: pytest.MonkeyPatch) -> None:
-    result = node_run(pytester, mig_env, "h100-mig", "--mig-results", "node.json", "--mig-report", "node.md")
+    result = node_run(pytester, mig_env, "h100-mig", "--mig-results", "node.json", "--mig-report", "node.md",
+                      "--mig-export", "prometheus=node.prom")
     out = result.stdout.str()
     assert result.ret == 0, out
     assert "pytest-mig node: 7 worker(s) started" in out and out.count(": passed (1 figures") == 7
@@ -124,6 +125,9 @@ def test_every_slice_runs_at_once_and_merges_into_one_report(pytester: pytest.Py
         f"{H100} 1g.10gb device(s)*",
     ])
     assert (pytester.path / "node.md").read_text().count("test_rate") == 7
+    prom = (pytester.path / "node.prom").read_text()  # the node writes one export with every slice's figure
+    assert prom.count("PYTEST_MIG_FIGURE{") == 7 and len({line.split('UUID="')[1][:20] for line in prom.splitlines()
+                                                         if line.startswith("PYTEST_MIG_FIGURE{")}) == 7
 
 
 def test_a_busy_slice_is_named_and_the_others_still_run(pytester: pytest.Pytester, mig_env: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,101 @@
+"""Exports: github-action-benchmark's JSON and the Prometheus textfile, parsed back as JSON and with
+prometheus-client's own parser; --mig-export's usage errors; a whole run that writes both."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from pytest_mig import exports
+from pytest_mig.measure import Metric
+from pytest_mig.results import ResultRecord
+
+TARGET = {"kind": "mig", "profile": "1g.10gb", "gpu_name": "NVIDIA H100 80GB HBM3", "uuid": "MIG-1234", "gpu_index": 0,
+          "instance": {"gpu_instance_id": 9, "compute_instance_id": 0}}
+FP = {"driver": "580.159.04", "cuda": "13.0", "torch": "2.11.0"}
+
+
+def _records() -> list[ResultRecord]:
+    tflops = Metric("tflops", 101.5, "TFLOPS", "higher", [100.0, 101.5, 103.0], kind="tensor")
+    step = Metric("step_time_s", 0.25, "s", "lower", [0.25, 0.26], kind="training")
+    info = Metric("batch_size", 8, "sequences", "higher", [], kind="info", compare=False)
+    return [
+        ResultRecord("test_gemm[bf16]", tflops, TARGET, FP, verdict={"outcome": "regressed", "change_pct": -6.2}),
+        ResultRecord("test_training[x]", step, TARGET, FP, verdict={"outcome": "ok", "change_pct": 0.4}),
+        ResultRecord("test_training[x]", info, TARGET, FP),
+    ]
+
+
+def test_github_action_benchmark_json(tmp_path):
+    paths = exports.write_github(_records(), tmp_path / "gab")
+    bigger, smaller = (json.loads(p.read_text()) for p in paths)
+    assert [p.name for p in paths] == ["bigger-is-better.json", "smaller-is-better.json"]
+    assert bigger == [{"name": "test_gemm[bf16] tflops [H100 80GB HBM3 1g.10gb]", "unit": "TFLOPS", "value": 101.5,
+                       "range": pytest.approx(bigger[0]["range"]),
+                       "extra": "mode normal; verdict regressed; driver 580.159.04; cuda 13.0; torch 2.11.0"}]
+    assert bigger[0]["range"] == "± 1.5"  # the samples' standard deviation
+    assert [e["name"] for e in smaller] == ["test_training[x] step_time_s [H100 80GB HBM3 1g.10gb]"]
+    # info figures are not exported
+    assert all("batch_size" not in e["name"] for e in bigger + smaller)
+
+
+def test_prometheus_textfile_parses_back(tmp_path):
+    path = exports.write_prometheus(_records(), tmp_path / "mig.prom")
+    families = {f.name: f for f in text_string_to_metric_families(path.read_text())}
+    assert set(families) == {"PYTEST_MIG_FIGURE", "PYTEST_MIG_CHANGE_PERCENT", "PYTEST_MIG_REGRESSED",
+                             "PYTEST_MIG_LAST_RUN_TIMESTAMP_SECONDS"}
+    figures = {s.labels["metric"]: s for s in families["PYTEST_MIG_FIGURE"].samples}
+    assert set(figures) == {"tflops", "step_time_s"}
+    labels = figures["tflops"].labels
+    assert figures["tflops"].value == 101.5 and labels["unit"] == "TFLOPS"
+    assert (labels["gpu"], labels["UUID"], labels["modelName"], labels["GPU_I_PROFILE"], labels["GPU_I_ID"]) == \
+        ("0", "MIG-1234", "NVIDIA H100 80GB HBM3", "1g.10gb", "9")
+    regressed = {s.labels["metric"]: s.value for s in families["PYTEST_MIG_REGRESSED"].samples}
+    assert regressed == {"tflops": 1.0, "step_time_s": 0.0}
+    change = {s.labels["metric"]: s.value for s in families["PYTEST_MIG_CHANGE_PERCENT"].samples}
+    assert change == {"tflops": -6.2, "step_time_s": 0.4}
+    assert not list(tmp_path.glob(".mig.prom.*"))  # written through a temporary file, nothing left behind
+
+
+def test_a_nan_figure_is_not_exported():
+    nan = ResultRecord("t", Metric("x", float("nan"), "u"), TARGET, FP)
+    text = exports.prometheus_text([nan], host="h", now=1.0)
+    assert 'metric="x"' not in text and "PYTEST_MIG_LAST_RUN_TIMESTAMP_SECONDS" in text
+
+
+@pytest.mark.parametrize("text, message", [
+    ("prometheus", "give KIND=PATH"),
+    ("grafana=x.json", "'grafana' is not an export; use one of github, prometheus"),
+    ("github=", "give KIND=PATH"),
+])
+def test_parse_export_errors(text, message):
+    with pytest.raises(ValueError, match=message):
+        exports.parse_export(text)
+    assert exports.parse_export(" Prometheus = /x/y.prom") == ("prometheus", exports.Path("/x/y.prom"))
+
+
+def test_a_run_writes_both_exports(pytester):
+    pytester.makepyfile(test_bench="""
+        from pytest_mig.measure import Metric
+
+        def test_fast(mig_bench):
+            mig_bench.record(Metric("rate", 100.0, "items/s", "higher", [99.0, 100.0, 101.0], kind="compute"))
+    """)
+    result = pytester.runpytest("-p", "no:randomly", "--mig-results", "none", "--mig-export", "github=gab",
+                                "--mig-export", "prometheus=out/mig.prom")
+    result.assert_outcomes(passed=1)
+    bigger = json.loads((pytester.path / "gab" / "bigger-is-better.json").read_text())
+    assert [e["value"] for e in bigger] == [100.0]
+    text = (pytester.path / "out" / "mig.prom").read_text()
+    assert 'metric="rate"' in text and "PYTEST_MIG_LAST_RUN_TIMESTAMP_SECONDS" in text
+    result.stdout.fnmatch_lines(["*export prometheus: out/mig.prom*"])
+
+
+def test_a_bad_export_is_one_sentence_at_start_up(pytester):
+    pytester.makepyfile(test_x="def test_x():\n    pass\n")
+    result = pytester.runpytest("--mig-export", "influx=x")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--mig-export 'influx=x': 'influx' is not an export; use one of github, prometheus*"])
+    assert "Traceback" not in result.stderr.str()
