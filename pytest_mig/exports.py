@@ -22,17 +22,18 @@ results file.
 from __future__ import annotations
 
 import json
-import os
 import socket
-import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .results import ResultRecord
+from .results import ResultRecord, atomic_write_text
 
 KINDS = ("github", "prometheus")
+#: Labels of every figure's series: DCGM exporter's names for the device, then the figure's own.
+LABELS = ("gpu", "UUID", "modelName", "Hostname", "GPU_I_PROFILE", "GPU_I_ID", "emulated", "mode", "test", "metric",
+          "unit")
 
 
 class ExportError(Exception):
@@ -85,7 +86,7 @@ def write_github(records: Iterable[ResultRecord], folder: Path) -> list[Path]:
     paths = []
     for key, name in (("bigger", "bigger-is-better.json"), ("smaller", "smaller-is-better.json")):
         path = folder / name
-        _atomic_write(path, json.dumps(data[key], indent=1) + "\n")
+        atomic_write_text(path, json.dumps(data[key], indent=1) + "\n")
         paths.append(path)
     return paths
 
@@ -114,7 +115,7 @@ def prometheus_text(records: Iterable[ResultRecord], *, host: str | None = None,
 
     host = host or socket.gethostname()
     registry = CollectorRegistry()
-    names = list(_labels(_dummy(), host))
+    names = list(LABELS)
     figure = Gauge("PYTEST_MIG_FIGURE", "A figure pytest-mig measured (its unit in the unit label).", names,
                    registry=registry)
     change = Gauge("PYTEST_MIG_CHANGE_PERCENT", "Change against the stored baseline, in percent.", names,
@@ -134,28 +135,9 @@ def prometheus_text(records: Iterable[ResultRecord], *, host: str | None = None,
     return generate_latest(registry).decode()
 
 
-def _dummy() -> ResultRecord:
-    from .measure import Metric
-
-    return ResultRecord(test="", metric=Metric("x", 0.0, "u"), target={}, fingerprint={})
-
-
 def write_prometheus(records: Iterable[ResultRecord], path: Path) -> Path:
-    _atomic_write(path, prometheus_text(records))
+    atomic_write_text(path, prometheus_text(records))
     return path
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write(exports: Iterable[tuple[str, Path]], records: list[ResultRecord]) -> list[str]:

@@ -27,6 +27,7 @@ from typing import Any
 from ..measure import Metric, Timer
 from ..target import Target
 from . import DoesNotFit, WorkloadError
+from .openmm_md import mps_client_env
 
 #: Environment variable naming the GROMACS binary where it is not ``gmx`` on PATH (gmx_mpi, a module path).
 GMX_ENV = "PYTEST_MIG_GMX"
@@ -203,7 +204,7 @@ def run_gromacs(target: Target, timer: Timer | None = None, *, quick: bool = Fal
     run_env = dict(os.environ if env is None else env)
     confinement: dict[str, Any] = {}
     if target.emulated:
-        run_env, confinement = _mps_env(target, run_env)
+        run_env, confinement = mps_client_env(target, run_env, "GROMACS's mdrun")
     nb = "cpu" if target.is_cpu else "gpu"
     version = _run_gmx([gmx, "--version"], Path.cwd(), "gmx --version", run_env).stdout
     if nb == "gpu" and (gmx_gpu_support(version) or "").lower() in ("disabled", "none"):
@@ -254,12 +255,6 @@ def run_gromacs(target: Target, timer: Timer | None = None, *, quick: bool = Fal
         Metric("gmx_ns_per_day", perf.ns_per_day, "ns/day", "higher", [], kind="simulation", info=info),
         Metric("gmx_atoms", atoms, "atoms", "higher", [], kind="info", compare=False, info={"box_nm": side}),
     ]
-
-
-def _mps_env(target: Target, env: dict[str, str]) -> tuple[dict[str, str], dict[str, Any]]:
-    from .openmm_md import mps_client_env
-
-    return mps_client_env(target, env, "GROMACS's mdrun")
 
 
 def _gmx_version(log: str) -> str | None:

@@ -168,14 +168,18 @@ def build(system: MdSystem) -> tuple[Any, Any, Any]:
     return topology, positions, mm_system
 
 
+def check_cpu_precision(precision: str) -> None:
+    """OpenMM's CPU platform has one precision: the variants are a skip with the reason there."""
+    if precision != "mixed":
+        raise DoesNotFit(f"OpenMM's CPU platform has no '{precision}' precision setting; the precision variants run on GPUs")
+
+
 def platform_for(device: str, precision: str) -> tuple[Any, dict[str, str]]:
     """OpenMM's CUDA platform (device 0 of what this process sees) or its CPU platform."""
     import openmm
 
     if device == "cpu":
-        if precision != "mixed":
-            raise DoesNotFit(f"OpenMM's CPU platform has no '{precision}' precision setting; "
-                             "the precision variants run on GPUs")
+        check_cpu_precision(precision)
         return openmm.Platform.getPlatformByName("CPU"), {}
     try:
         platform = openmm.Platform.getPlatformByName("CUDA")
@@ -259,13 +263,16 @@ def simulate(request: dict[str, Any]) -> dict[str, Any]:
         context.getState(getPositions=True)  # returns once the GPU has finished the steps
         return time.perf_counter() - start
 
+    def chunk_for(per_step: float) -> int:  # steps of about effort.chunk_s, a multiple of 10
+        return max(10, int(round(effort.chunk_s / per_step, -1)))
+
     probe_steps = 20
-    per_step = run(probe_steps) / probe_steps
-    chunk = max(10, int(round(effort.chunk_s / per_step, -1)) or 10)
+    chunk = chunk_for(run(probe_steps) / probe_steps)
+    per_step = 0.0
     warm_until = time.perf_counter() + effort.warmup_s
     while time.perf_counter() < warm_until:
         per_step = run(chunk) / chunk
-    chunk = max(10, int(round(effort.chunk_s / per_step, -1)) or 10)
+    chunk = chunk_for(per_step) if per_step else chunk
     samples = [run(chunk) for _ in range(effort.repeats)]
 
     integrator.setCurrentIntegrator(1)
@@ -340,8 +347,8 @@ def run_openmm(target: Target, *, system: str = "water-23k", precision: str = "m
         raise ValueError(f"unknown OpenMM precision '{precision}': use one of {', '.join(PRECISIONS)}")
     if not installed():
         raise DoesNotFit(f"OpenMM is not installed: {install_line(not target.is_cpu)}")
-    if target.is_cpu and precision != "mixed":
-        raise DoesNotFit(f"OpenMM's CPU platform has no '{precision}' precision setting; the precision variants run on GPUs")
+    if target.is_cpu:
+        check_cpu_precision(precision)  # before a worker is started for nothing
     base = dict(os.environ if env is None else env)
     confinement: dict[str, Any] = {}
     if target.emulated:
