@@ -205,6 +205,7 @@ class Baseline:
     entries: dict[EntryKey, BaselineEntry] = field(default_factory=dict)
     updated_at: str = ""
     keep: int = DEFAULT_KEEP
+    extra: dict[str, Any] = field(default_factory=dict)  # further top-level blocks written (a reference's)
 
     def get(self, test: str, metric: str, mode: str = "normal") -> BaselineEntry | None:
         return self.entries.get((test, metric, mode))
@@ -236,6 +237,7 @@ class Baseline:
             "updated_at": self.updated_at,
             "fingerprints": fps,
             "modes": modes,
+            **self.extra,
         }
 
     def to_json(self) -> str:

@@ -6,6 +6,8 @@
     pytest-mig compare OLD... NEW            judge NEW's figures against the history the OLD results
                                              files make (oldest first), with the plugin's rule;
                                              exit 1 on a regression or when nothing could be compared
+    pytest-mig reference FILES... --out DIR  add results files' figures to a reference folder (the form
+                                             of the shipped references; --mig-reference DIR uses one)
     pytest-mig calibrate [-n RUNS] -- ARGS   run the suite RUNS times (pytest ARGS), each run saved
                                              into the baseline history; then each figure's CV,
                                              threshold, smallest detectable change and gating
@@ -84,6 +86,15 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_.add_argument("--fail-on-improvement", action="store_true",
                       help="also exit 1 when a metric improved beyond its threshold (a stale baseline)")
 
+    ref = sub.add_parser("reference", help="build a reference folder from results files",
+                         description="Add the figures of results files (oldest first) to a reference folder, "
+                                     "the form pytest-mig ships its references in: a first run with no local "
+                                     "baseline is judged against it (--mig-reference DIR). The boards' UUIDs "
+                                     "are left out; each figure's run-to-run sigma is pooled over the model's "
+                                     "profiles.")
+    ref.add_argument("files", nargs="+", type=Path, metavar="FILE", help="results JSON files (from --mig-results)")
+    ref.add_argument("--out", type=Path, required=True, metavar="DIR", help="the reference folder to add to")
+
     cal = sub.add_parser("calibrate", help="run the suite N times into the baseline history and show thresholds",
                          description="Run the suite RUNS times on this Target (each run its own pytest process), "
                                      "add every run to the baseline history, then print per figure its run-to-run "
@@ -149,6 +160,43 @@ def cmd_devices(out: TextIO) -> int:
     lines = list(describe_inventory(inv))
     for line in lines or ["no NVIDIA GPU visible"]:
         print(line, file=out)
+    for line in reference_lines([g.name for g in inv.gpus]):
+        print(line, file=out)
+    return 0
+
+
+def reference_lines(gpu_names: Sequence[str], root: Path | None = None) -> list[str]:
+    """Which GPU models have shipped references (first-night verdicts), and whether this machine's do."""
+    from .noise import REFERENCE_FLOOR
+    from .profiles import model_slug
+    from .reference import SHIPPED, ReferenceStore
+
+    models = ReferenceStore(root or SHIPPED).models()
+    lines = [f"references (figures with no local baseline are judged against them, in a band of at least "
+             f"{REFERENCE_FLOOR:.0%}):"]
+    lines += [f"  {model}: {', '.join(profiles)}" for model, profiles in models.items()] or ["  none"]
+    have = {model_slug(m) for m in models}
+    for name in dict.fromkeys(gpu_names):
+        if model_slug(name) not in have:
+            lines.append(f"  no reference for {name}: its first runs are reported, not judged, until a baseline "
+                         f"is saved (pytest-mig calibrate)")
+    return lines
+
+
+# -- reference -----------------------------------------------------------------------------------
+
+
+def cmd_reference(files: Sequence[Path], out_dir: Path, out: TextIO) -> int:
+    """Add the figures of results files to a reference folder (``--mig-reference DIR`` uses it)."""
+    from .reference import build
+
+    written = build(files, out_dir)
+    if not written:
+        print(f"no comparable figures in {len(files)} file(s); nothing written", file=out)
+        return 1
+    for line in reference_lines([], out_dir)[1:]:
+        print(line, file=out)
+    print(f"reference written: {', '.join(str(p) for p in written)}", file=out)
     return 0
 
 
@@ -293,6 +341,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_devices(out)
         if args.command == "report":
             return cmd_report(args.files, args.out, args.outlier_factor, args.fail_on_outlier, out)
+        if args.command == "reference":
+            return cmd_reference(args.files, args.out, out)
         if args.command == "compare":
             return cmd_compare(args.files, args.tolerance, args.fail_on_improvement, out)
         if args.command == "calibrate":

@@ -36,6 +36,14 @@ measures on the GPU):
   size lands beyond the threshold in 98.6% of measurements, so a verdict that needs all three
   measurements beyond (the first and two re-measurements) catches it in >= 95% of runs whether the
   three are independent (0.986^3) or not.
+* **Against a shipped reference** (:func:`reference_band`; a first night, before a site has a
+  history of its own): the reference is the median of runs of *another* board of the same model, so
+  the band must also hold what differs from board to board, which the reference's own runs cannot
+  show.  On two H100 80GB HBM3 boards (docs/detection.md) throughput figures differed by up to 4.9%
+  (fp32 GEMM) and energy per unit of work by up to 6.6%; so the threshold is at least
+  ``REFERENCE_FLOOR`` (10%), wider where the figure's run-to-run sigma across the reference's runs
+  (``K`` x sigma) is wider, and a figure whose threshold would exceed ``REFERENCE_MAX`` (12%) is too
+  noisy to judge against another board: reported, not judged.  A GPU 15% under the reference fails.
 """
 
 from __future__ import annotations
@@ -58,6 +66,10 @@ FLOOR = 0.01
 MIN_RUNS = 5
 #: The threshold while a history has fewer than MIN_RUNS runs.
 FEW_RUNS_BAND = 0.10
+#: The narrowest band against a shipped reference (another board of the model): board-to-board spread.
+REFERENCE_FLOOR = 0.10
+#: A figure whose band against a reference would be wider than this is not judged against it.
+REFERENCE_MAX = 0.12
 #: Sigmas between the threshold and a change caught in >= 95% of runs (re-measured, see the docstring).
 DETECT_Z = 2.2
 
@@ -72,7 +84,7 @@ class Band:
     threshold: float  # relative change beyond which the figure is called changed
     detectable: float  # the smallest sustained change caught in >= 95% of runs
     gates: bool  # False: too noisy to gate at the tolerance
-    basis: str  # "noise", "floor", "few-runs" or "tolerance" (capped by an explicit tolerance)
+    basis: str  # "noise", "floor", "few-runs", "tolerance" (capped by an explicit tolerance) or "reference"
     limit: float  # the tolerance the threshold was held to
 
     @property
@@ -125,4 +137,22 @@ def band(values: Sequence[float], *, tolerance: float | None = None,
     return Band(center, n, sigma, threshold, threshold + DETECT_Z * sigma, gates, basis, limit)
 
 
-__all__ = ["Band", "DETECT_Z", "FEW_RUNS_BAND", "FLOOR", "K", "MIN_RUNS", "TRIM_FROM", "band", "run_sigma"]
+def reference_band(values: Sequence[float], sigma: float | None) -> Band:
+    """The band of a figure judged against a shipped reference whose runs are ``values``.
+
+    ``sigma`` is the figure's relative run-to-run sigma across the reference's runs (pooled over the
+    model's profiles when it was built).  None (a single run: its noise unknown): the figure is
+    shown against the reference but not judged, since a noisy figure would raise false alarms.
+    """
+    xs = [float(v) for v in values if math.isfinite(v)]
+    if not xs:
+        raise ValueError("a band needs at least one finite run")
+    known = sigma is not None and math.isfinite(sigma) and sigma >= 0
+    s = float(sigma) if known else 0.0
+    threshold = max(REFERENCE_FLOOR, K * s)
+    return Band(float(statistics.median(xs)), len(xs), s if known else None, threshold, threshold + DETECT_Z * s,
+                known and threshold <= REFERENCE_MAX, "reference", REFERENCE_MAX)
+
+
+__all__ = ["Band", "DETECT_Z", "FEW_RUNS_BAND", "FLOOR", "K", "MIN_RUNS", "REFERENCE_FLOOR", "REFERENCE_MAX",
+           "TRIM_FROM", "band", "reference_band", "run_sigma"]

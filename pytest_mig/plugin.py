@@ -26,14 +26,15 @@ from .settings import (
     baseline_dir,
     baseline_keep,
     check_output_paths,
-    export_arg,
     confirm_count,
     count_arg,
     default_results_path,
     explicit_tolerance,
+    export_arg,
     marker_tolerance,
     options,
     positive_int_arg,
+    reference_store,
     su_allocation,
     su_coefficients,
     tolerance_arg,
@@ -57,6 +58,9 @@ HELP_CONFIRM = ("re-measure a figure beyond its threshold this many times before
 HELP_SLOWDOWN = ("detection experiments only: run a whole GPU's tests on just N of its SMs (a green context) and "
                  "judge them as the whole GPU, a real slowdown for measuring what the verdicts catch.")
 HELP_BASELINE_DIR = "folder of baselines/<gpu-model>/<profile>.json (default: baselines)."
+HELP_REFERENCE = ("what a figure with no local baseline is judged against: 'shipped' (default: the references "
+                  "measured for this GPU model and profile, in a 10%% band), a folder made by 'pytest-mig reference', "
+                  "or 'none'.")
 HELP_TOLERANCE = ("the largest change a figure may hide, as a fraction or percent (0.05 or 5%). Unset (default), "
                   "each figure's threshold comes from its run-to-run noise and a figure that cannot hold 5% is "
                   "reported as too noisy to gate; set, it caps every threshold.")
@@ -93,6 +97,7 @@ class RunState:
     errors: list[str] = field(default_factory=list)  # make the run fail (a baseline that could not be saved)
     unsaved: set[int] = field(default_factory=set)  # id() of records of tests that failed: never saved
     judge: Any = None  # verdict.Judge of the run (reads each baseline file once)
+    references: Any = None  # reference.ReferenceStore for figures with no local history (None: --mig-reference none)
     messages: list[str] = field(default_factory=list)
     baseline_errors: list[str] = field(default_factory=list)
     sections: list[tuple[str, str]] = field(default_factory=list)  # (title, text) for the terminal summary
@@ -122,6 +127,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--mig-quick", dest="mig_quick", action="store_true", default=False, help=HELP_QUICK)
     g.addoption("--mig-save-baseline", dest="mig_save_baseline", action="store_true", default=False, help=HELP_SAVE)
     g.addoption("--mig-baseline-dir", dest="mig_baseline_dir", default=None, help=HELP_BASELINE_DIR)
+    g.addoption("--mig-reference", dest="mig_reference", default=None, help=HELP_REFERENCE)
     g.addoption("--mig-baseline-keep", dest="mig_baseline_keep", type=positive_int_arg, default=None, help=HELP_KEEP)
     g.addoption("--mig-confirm", dest="mig_confirm", type=count_arg, default=None, help=HELP_CONFIRM)
     g.addoption("--mig-slowdown-sms", dest="mig_slowdown_sms", type=positive_int_arg, default=None, help=HELP_SLOWDOWN)
@@ -145,6 +151,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("mig_require_gpu", HELP_REQUIRE_GPU, default="")  # read by _ini_bool, to name the option
     parser.addini("mig_baseline_dir", HELP_BASELINE_DIR, default="baselines")
     parser.addini("mig_tolerance", HELP_TOLERANCE, default="")
+    parser.addini("mig_reference", HELP_REFERENCE.replace("%%", "%"), default="")
     parser.addini("mig_baseline_keep", HELP_KEEP, default="")
     parser.addini("mig_confirm", HELP_CONFIRM, default="")
     parser.addini("mig_su_coefficients", HELP_SU, default="")
@@ -191,6 +198,7 @@ def pytest_configure(config: pytest.Config) -> None:
     state = config.stash[STATE]
     state.su, state.allocation = su_coefficients(config), su_allocation(config)
     explicit_tolerance(config), confirm_count(config), baseline_keep(config)  # bad ini values: said now
+    state.references = reference_store(config)
     slow = config.getoption("mig_slowdown_sms")
     if slow is not None:
         t = plan.targets[0]
@@ -297,12 +305,42 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         got = ", ".join(f"{x.profile} {x.sms} -> {x.sms_obtained or '?'}" for x in plan.targets)
         lines.append(f"pytest-mig: green contexts, SMs asked -> obtained: {got}")
     lines.append(f"pytest-mig: check: {t.verified}")
+    lines.extend(f"pytest-mig: {line}" for line in _judged_against(config, state, plan.targets))
     slow = config.getoption("mig_slowdown_sms")
     if state.health is not None:
         lines.extend(f"pytest-mig: {line}" for line in state.health.header())
     if slow:
         lines.append(f"pytest-mig: SLOWED ON PURPOSE: every test runs on {slow} of the GPU's {t.sms} SMs (a green "
                      f"context) and is judged as the whole GPU (--mig-slowdown-sms, detection experiments)")
+    return lines
+
+
+def _judged_against(config: pytest.Config, state: RunState, targets: list[Target]) -> list[str]:
+    """What each target's figures are judged against: its local baseline file, else the reference."""
+    from .baselines import BaselineError, BaselineStore
+    from .noise import REFERENCE_FLOOR
+
+    store = BaselineStore(baseline_dir(config))
+    mode = "quick" if config.getoption("mig_quick") else "normal"
+    lines = []
+    for t in targets:
+        path = store.path_for(t.gpu_slug, t.baseline_profile)
+        if path.exists():
+            lines.append(f"verdicts for {t.baseline_profile}: against the local baseline {path}")
+            continue
+        try:
+            ref = state.references.load(t.gpu_slug, t.baseline_profile) if state.references is not None else None
+        except BaselineError as exc:
+            lines.append(f"verdicts for {t.baseline_profile}: reference unusable: {exc}")
+            continue
+        if ref is None:
+            lines.append(f"verdicts for {t.baseline_profile}: no local baseline ({path}) and no reference for "
+                         f"{t.gpu_name} {t.baseline_profile}: figures are reported, not judged; record a baseline "
+                         f"with --mig-save-baseline")
+        else:
+            lines.append(f"verdicts for {t.baseline_profile}: no local baseline yet ({path}): judged against the "
+                         f"reference, {ref.describe(mode)}, in a band of at least {REFERENCE_FLOOR:.0%} (another board); a saved "
+                         f"baseline (--mig-save-baseline, pytest-mig calibrate) takes over")
     return lines
 
 
@@ -501,7 +539,7 @@ def _judge(item: pytest.Item, records: list[ResultRecord], health: dict[str, Any
     config = item.config
     state = _state(config)
     if state.judge is None:
-        state.judge = Judge(BaselineStore(baseline_dir(config)),
+        state.judge = Judge(BaselineStore(baseline_dir(config)), references=state.references,
                             improvement_fails=bool(config.getoption("mig_fail_on_improvement")))
     tolerance = marker_tolerance(item)
     if tolerance is None:

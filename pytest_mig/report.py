@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 #: Columns of every table, in order.
 COLUMNS: tuple[str, ...] = (
     "test", "metric", "value", "unit", "baseline", "change_pct", "threshold_pct", "detectable_pct", "runs", "verdict",
-    "profile", "gpu", "node", "kind", "direction", "emulated", "mode", "timestamp",
+    "source", "profile", "gpu", "node", "kind", "direction", "emulated", "mode", "timestamp",
 )
 
 #: Report file suffixes and the format each one writes.
@@ -62,6 +62,7 @@ def _row(rec: ResultRecord) -> dict[str, Any]:
         "detectable_pct": _pct_or_none(v.get("detectable")),
         "runs": v.get("runs"),
         "verdict": str(v.get("outcome") or ""),
+        "source": v.get("source"),  # "baseline" (the site's history) or "reference" (shipped)
         "profile": _profile(rec.target),
         "gpu": _gpu(rec.target),
         "node": rec.node,
@@ -118,12 +119,18 @@ def summary_table(records: Sequence[ResultRecord], *, tablefmt: str = "simple") 
             outcome += " (throttled)"
         change = v.get("change_pct")
         row = [_short_test(r.test), r.metric.name, format_number(r.metric.value), r.metric.unit,
-               format_number(v.get("baseline")) if v.get("baseline") is not None else "-",
-               f"{change:+.1f}%" if change is not None else "-", *_band(v), outcome]
+               _baseline_cell(v), f"{change:+.1f}%" if change is not None else "-", *_band(v), outcome]
         if several:
             row.append(_profile(r.target))
         rows.append(row)
     return tabulate(rows, headers=headers, tablefmt=tablefmt, disable_numparse=True)
+
+
+def _baseline_cell(v: dict[str, Any]) -> str:
+    """The baseline a verdict compared with; ``(ref)`` when it was the shipped reference."""
+    if v.get("baseline") is None:
+        return "-"
+    return format_number(v["baseline"]) + (" (ref)" if v.get("source") == "reference" else "")
 
 
 def summary_lines(records: Sequence[ResultRecord]) -> list[str]:
@@ -183,6 +190,7 @@ def junit_properties(records: Sequence[ResultRecord]) -> list[tuple[str, Any]]:
             out.append((f"{name}.verdict", v["outcome"]))
         if v.get("baseline") is not None:
             out.append((f"{name}.baseline", v["baseline"]))
+            out.append((f"{name}.baseline_source", v.get("source") or "baseline"))
         if v.get("change_pct") is not None:
             out.append((f"{name}.change_pct", round(float(v["change_pct"]), 2)))
     if records:

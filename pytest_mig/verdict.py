@@ -45,7 +45,18 @@ from .baselines import (
     meta_from_record,
     throttle_reasons,
 )
-from .noise import DETECT_Z, FLOOR, K, MIN_RUNS, band
+from .noise import (
+    DETECT_Z,
+    FLOOR,
+    MIN_RUNS,
+    REFERENCE_FLOOR,
+    REFERENCE_MAX,
+    Band,
+    K,
+    band,
+    reference_band,
+)
+from .reference import Reference, ReferenceStore, fingerprint_beside
 from .results import ResultRecord
 
 Outcome = Literal["pass", "regressed", "improved", "noisy", "transient", "no-baseline", "incomparable", "info"]
@@ -97,7 +108,8 @@ class Verdict:
     test: str = ""
     failed: bool = False  # does this verdict fail the test?
     direction: str = "higher"
-    basis: str | None = None  # where the threshold came from: noise, floor, few-runs, tolerance
+    basis: str | None = None  # where the threshold came from: noise, floor, few-runs, tolerance, reference
+    source: str = "baseline"  # judged against the site's own history ("baseline") or a shipped "reference"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -221,6 +233,10 @@ def _worse(value: float, center: float, direction: str) -> float:
 def _band_text(v: Verdict) -> str:
     """The threshold of a compared verdict, where it came from, and the smallest change it detects."""
     threshold = _pct(v.threshold or 0.0)
+    if v.basis == "reference":
+        return (f"threshold {threshold} (against another board: at least {_pct(REFERENCE_FLOOR)} for the spread "
+                f"between boards, {K:g} x the reference's run-to-run sigma {_pct(v.sigma or 0.0)}), detects >= "
+                f"{_pct(v.detectable or 0.0)}")
     if v.basis == "few-runs":
         return (f"threshold {threshold}: only {v.runs} run(s) in the baseline, too few to measure its "
                 f"noise, so a conservative band until {MIN_RUNS} runs (pytest-mig calibrate)")
@@ -283,6 +299,41 @@ def compare(
         return _verdict(record, "no-baseline", f"{value_text}: no baseline{where} (record one with --mig-save-baseline)",
                         throttled=throttled)
     e = baseline_entry
+    early = _unjudgeable(record, e, throttled)
+    if early is not None:
+        return early
+    tol = tolerance if tolerance is not None else e.tolerance
+    b = band(e.values, tolerance=tol, default_tolerance=default_tolerance)
+    changes = fingerprint_diff(e.fingerprint or (meta.fingerprint if meta else {}), record.fingerprint)
+    return _judged(record, e, b, changes, improvement_fails=improvement_fails)
+
+
+def compare_reference(record: ResultRecord, reference: Reference, *, improvement_fails: bool = False) -> Verdict:
+    """Judge one record against the reference of its GPU model and profile (no local history yet):
+    the reference band of :func:`pytest_mig.noise.reference_band`, the reference's fingerprint shown
+    beside this GPU's.  A site's tolerance does not narrow it: it is for the site's own history."""
+    m = record.metric
+    meta = reference.baseline.meta
+    throttled = throttle_reasons(m.info)
+    if not m.compare:
+        return _verdict(record, "info", f"{_value_text(record)} (informational, not compared)", throttled=throttled)
+    reason = incomparable_reason(record, meta)
+    e = reference.get(record.test, m.name, record.mode)
+    if reason or e is None:
+        why = reason or f"the reference holds no {record.mode} figure of it"
+        return _verdict(record, "incomparable", f"{_value_text(record)} not compared with the reference: {why}",
+                        throttled=throttled)
+    early = _unjudgeable(record, e, throttled)
+    if early is not None:
+        return early
+    b = reference_band(e.values, reference.sigma_for(e))
+    return _judged(record, e, b, [], improvement_fails=improvement_fails, source="reference")
+
+
+def _unjudgeable(record: ResultRecord, e: BaselineEntry, throttled: list[str]) -> Verdict | None:
+    """Why a record cannot be judged against this history although one exists (None: it can)."""
+    m = record.metric
+    value_text = _value_text(record)
     if e.unit != m.unit or e.direction != m.direction:
         return _verdict(record, "incomparable",
                         f"{value_text} not compared: the baseline is in {e.unit or 'no unit'}, {e.direction} is better, "
@@ -291,12 +342,15 @@ def compare(
     if not math.isfinite(m.value):
         return _verdict(record, "incomparable", f"{value_text} not compared: this run's value is {m.value}",
                         baseline=e.value, throttled=throttled)
+    return None
 
-    tol = tolerance if tolerance is not None else e.tolerance
-    b = band(e.values, tolerance=tol, default_tolerance=default_tolerance)
+
+def _judged(record: ResultRecord, e: BaselineEntry, b: Band, changes: list[str], *, improvement_fails: bool,
+            source: str = "baseline") -> Verdict:
+    """The verdict of a record against a history whose band is ``b``."""
+    m = record.metric
     change = (m.value - b.center) / abs(b.center)
     worse = _worse(m.value, b.center, m.direction)
-    changes = fingerprint_diff(e.fingerprint or (meta.fingerprint if meta else {}), record.fingerprint)
     if not b.gates:
         outcome: Outcome = "noisy"
     elif worse > b.threshold:
@@ -308,7 +362,8 @@ def compare(
     failed = outcome == "regressed" or (outcome == "improved" and improvement_fails)
     v = _verdict(record, outcome, "", baseline=b.center, change_pct=change * 100, tolerance=b.limit,
                  threshold=b.threshold, sigma=b.sigma, detectable=b.detectable, runs=b.runs, gates=b.gates,
-                 basis=b.basis, fingerprint_changes=changes, throttled=throttled, failed=failed)
+                 basis=b.basis, fingerprint_changes=changes, throttled=throttle_reasons(m.info), failed=failed,
+                 source=source)
     v.message = _message(v, record, e)
     return v
 
@@ -316,9 +371,19 @@ def compare(
 def _message(v: Verdict, record: ResultRecord, e: BaselineEntry) -> str:
     """The sentence of a compared verdict (also rebuilt after confirmation)."""
     runs = f"median of {v.runs} runs" if (v.runs or 0) > 1 else "1 run"
-    msg = (f"{_value_text(record)}, baseline {format_number(v.baseline)} {e.unit}".rstrip()
+    reference = v.source == "reference"
+    if reference:
+        runs += " of the reference for this GPU model"
+    msg = (f"{_value_text(record)}, {v.source} {format_number(v.baseline)} {e.unit}".rstrip()
            + f" ({runs}): {(v.change_pct or 0):+.1f}%, ")
-    if v.outcome == "noisy":
+    if v.outcome == "noisy" and reference and v.sigma is None:
+        msg += ("not judged: the reference has one run of it, so its run-to-run noise is unknown; "
+                "reported only")
+    elif v.outcome == "noisy" and reference:
+        msg += (f"too noisy to judge against another board (run-to-run sigma {_pct(v.sigma or 0)} across the "
+                f"reference's runs: its threshold would be {_pct(v.threshold or 0)}, more than "
+                f"{_pct(REFERENCE_MAX)}); reported, not judged")
+    elif v.outcome == "noisy":
         sigma = v.sigma or 0.0
         msg += (f"too noisy to gate (run-to-run CV {_pct(sigma)} over {v.runs} runs: its threshold would be "
                 f"{_pct(v.threshold or 0)}, more than the {_pct(v.tolerance or 0)} tolerance); reported, not judged")
@@ -335,7 +400,11 @@ def _message(v: Verdict, record: ResultRecord, e: BaselineEntry) -> str:
         else:
             msg += (f"; confirmed: every re-measurement is beyond the threshold, {shown} {e.unit} (median of "
                     f"{len(values)} {med_change:+.1f}%)")
-    if v.fingerprint_changes:
+    if reference:
+        msg += f"; the reference's fingerprint: {fingerprint_beside(e.fingerprint, record.fingerprint or {})}"
+        if v.outcome in ("regressed", "improved"):
+            msg += "; a local baseline (--mig-save-baseline) takes over with this GPU's own thresholds"
+    elif v.fingerprint_changes:
         msg += "; since the baseline: " + ", ".join(v.fingerprint_changes)
     elif v.outcome in ("regressed", "improved"):
         msg += "; nothing in the fingerprint changed since the baseline"
@@ -381,14 +450,18 @@ def _tolerance_for(tolerance: float | Mapping[str, float] | None, metric: str) -
 class Judge:
     """Judges records against a baseline store, reading each baseline file once.
 
+    A figure with no history of its own in the store (no file, or no entry for this test, metric
+    and mode) is judged against ``references`` (the shipped reference of its GPU model and
+    profile), where one exists: the site's own history, once saved, takes over figure by figure.
     ``judge`` gives the first verdicts; ``confirm`` re-judges one of them on its re-measurements.
-    A baseline file that cannot be read raises BaselineError: a broken baseline is an error to fix,
-    not a reason to pass.
+    A baseline or reference file that cannot be read raises BaselineError: a broken baseline is an
+    error to fix, not a reason to pass.
     """
 
-    def __init__(self, store: BaselineStore | None, *, default_tolerance: float = DEFAULT_TOLERANCE,
-                 improvement_fails: bool = False) -> None:
+    def __init__(self, store: BaselineStore | None, *, references: ReferenceStore | None = None,
+                 default_tolerance: float = DEFAULT_TOLERANCE, improvement_fails: bool = False) -> None:
         self.store = store
+        self.references = references
         self.default_tolerance = default_tolerance
         self.improvement_fails = improvement_fails
         self._loaded: dict[tuple[str, str], Baseline | None] = {}
@@ -400,6 +473,16 @@ class Judge:
             self._loaded[key] = self.store.load(*key) if self.store is not None else None
         return self._loaded[key]
 
+    def reference(self, rec: ResultRecord) -> Reference | None:
+        """The reference this record is judged against when it has no history of its own (None: none)."""
+        if self.references is None:
+            return None
+        base = self.baseline(rec)
+        if base is not None and base.get(rec.test, rec.metric.name, rec.mode) is not None:
+            return None
+        ref = self.references.for_record(rec)
+        return ref if ref is not None and ref.get(rec.test, rec.metric.name, rec.mode) is not None else None
+
     def judge(self, records: Iterable[ResultRecord],
               tolerance: float | Mapping[str, float] | None = None) -> list[Verdict]:
         """Verdicts for one test's records; sets each ``record.verdict``.  ``tolerance`` is the
@@ -408,6 +491,8 @@ class Judge:
         for rec in records:
             if not rec.metric.compare:
                 v = compare(rec, None, None)
+            elif (ref := self.reference(rec)) is not None:
+                v = compare_reference(rec, ref, improvement_fails=self.improvement_fails)
             else:
                 base = self.baseline(rec)
                 if base is None:
@@ -425,8 +510,9 @@ class Judge:
 
     def confirm(self, rec: ResultRecord, verdict: Verdict, values: Sequence[float]) -> Verdict:
         """The verdict re-judged on the median of the first measurement and ``values``."""
-        base = self.baseline(rec)
-        entry = base.get(rec.test, rec.metric.name, rec.mode) if base is not None else None
+        ref = self.reference(rec) if verdict.source == "reference" else None
+        history = ref.baseline if ref is not None else self.baseline(rec)
+        entry = history.get(rec.test, rec.metric.name, rec.mode) if history is not None else None
         if entry is None:
             return verdict
         v = confirm(verdict, rec, entry, values, improvement_fails=self.improvement_fails)
@@ -493,6 +579,6 @@ def failure_text(verdicts: Sequence[Verdict]) -> str:
 
 __all__ = [
     "DEFAULT_TOLERANCE", "DETECT_Z", "EMULATED_SUFFIX", "FINGERPRINT_FIELDS", "Judge", "OUTCOMES", "Outcome",
-    "Verdict", "compare", "confirm", "explain_clock", "failing", "failure_text", "fingerprint_diff", "format_number",
+    "Verdict", "compare", "compare_reference", "confirm", "explain_clock", "failing", "failure_text", "fingerprint_diff", "format_number",
     "incomparable_reason", "judge", "parse_tolerance",
 ]

@@ -83,6 +83,7 @@ def test_devices_on_a_gpu_with_mig_off(capsys: pytest.CaptureFixture[str], monke
     assert "GPU 0: NVIDIA H200, 143771 MiB, MIG off" in out
     assert "  MIG " not in out  # no instances with MIG off
     assert "3g.71gb (60 SMs, x2)" in out and "7g.141gb (132 SMs, x1)" in out
+    assert "  NVIDIA H200: 1g.18gb-emulated, full" in out and "no reference for" not in out
 
 
 @pytest.mark.parametrize(("topology", "phrase"), [
@@ -96,7 +97,9 @@ def test_devices_without_a_gpu_says_so_and_succeeds(capsys: pytest.CaptureFixtur
     code, out, err = run(capsys, "devices")
     assert code == 0 and err == ""
     assert out.startswith(phrase)
-    assert len(out.splitlines()) == 1
+    lines = out.splitlines()
+    assert len(lines) == 4  # the reason, then the GPU models with shipped references
+    assert lines[1].startswith("references (") and lines[2] == "  NVIDIA H100 80GB HBM3: 1g.10gb-emulated, full"
 
 
 # --------------------------------------------------------------------------- report

@@ -54,7 +54,8 @@ def rec(
 
 
 def verdict(outcome: str, baseline: float | None = None, change: float | None = None, **kw: Any) -> dict[str, Any]:
-    band = {"threshold": 0.02, "detectable": 0.029, "runs": 10, "gates": True} if baseline is not None else {}
+    band = {"threshold": 0.02, "detectable": 0.029, "runs": 10, "gates": True, "source": "baseline"} \
+        if baseline is not None else {}
     return {"outcome": outcome, "baseline": baseline, "change_pct": change, **band, **kw}
 
 
@@ -132,7 +133,7 @@ def test_json_report(tmp_path: Path, judged: list[ResultRecord]) -> None:
     assert rows[0] == {
         "test": GEMM, "metric": "fp16_tflops", "value": 138.2, "unit": "TFLOPS", "baseline": 151.7,
         "change_pct": -8.9, "threshold_pct": 2.0, "detectable_pct": 2.9, "runs": 10, "verdict": "regressed",
-        "profile": "3g.71gb", "gpu": "NVIDIA H200", "node": "gpu01",
+        "source": "baseline", "profile": "3g.71gb", "gpu": "NVIDIA H200", "node": "gpu01",
         "kind": "tensor", "direction": "higher", "emulated": False, "mode": "normal", "timestamp": "2025-01-01T00:00:00+00:00",
     }
     assert rows[3]["baseline"] is None and rows[3]["change_pct"] is None  # null, not NaN (which is not JSON)
@@ -162,9 +163,11 @@ def test_junit_properties_of_one_test() -> None:
     props = junit_properties([rec(138.2, verdict=verdict("regressed", 151.7, -8.8991))])
     assert props == [
         ("fp16_tflops", 138.2), ("fp16_tflops.unit", "TFLOPS"), ("fp16_tflops.verdict", "regressed"),
-        ("fp16_tflops.baseline", 151.7), ("fp16_tflops.change_pct", -8.9),
+        ("fp16_tflops.baseline", 151.7), ("fp16_tflops.baseline_source", "baseline"), ("fp16_tflops.change_pct", -8.9),
         ("mig.profile", "3g.71gb"), ("mig.gpu", "NVIDIA H200"),
     ]
+    ref = junit_properties([rec(138.2, verdict={**verdict("regressed", 151.7, -8.8991), "source": "reference"})])
+    assert ("fp16_tflops.baseline_source", "reference") in ref
 
 
 def test_junit_properties_name_the_test_when_there_are_several(judged: list[ResultRecord]) -> None:

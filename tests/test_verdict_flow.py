@@ -429,3 +429,48 @@ def test_bad_settings_are_one_sentence_at_start_up(h200: Callable[..., pytest.Ru
     assert "passed" not in said  # nothing ran
 
 
+
+
+# --------------------------------------------------------------------------- a first night against a reference
+
+
+def test_a_first_run_is_judged_against_the_reference_until_a_baseline_is_saved(
+        h200: Callable[..., pytest.RunResult], pytester: pytest.Pytester, mig_env: pytest.MonkeyPatch) -> None:
+    from pytest_mig.cli import main
+
+    for i, rate in enumerate([100.0, 100.3, 99.8]):  # the reference: runs on "another board" elsewhere
+        mig_env.setenv("RATE", str(rate))
+        h200("--mig-results", f"ref{i}.json", "--mig-baseline-dir", "elsewhere").assert_outcomes(passed=1)
+    assert main(["reference", *(str(pytester.path / f"ref{i}.json") for i in range(3)),
+                 "--out", str(pytester.path / "ref")]) == 0
+    mig_env.setenv("RATE", "84")  # this GPU is 16% under the reference on its first night
+    slow = h200("--mig-reference", "ref", "--mig-results", "first.json", "-v")
+    slow.assert_outcomes(failed=1)
+    slow.stdout.fnmatch_lines([
+        "pytest-mig: verdicts for full: no local baseline yet (*baselines/nvidia-h200/full.json): judged against the "
+        "reference, 3 run(s) of NVIDIA H200 full (normal), driver 580.159.04, *",
+        "*REGRESSED test_bench.py::test_rate rate 84.00 items/s, reference 100.0 items/s (median of 3 runs of the "
+        "reference for this GPU model): -16.0%, threshold 10% (against another board*",
+    ])
+    assert rate_record(pytester, "first.json").verdict["source"] == "reference"
+    assert summary_row(slow, "rate")[4:6] == ["100.0", "(ref)"]  # the summary table names the reference
+    mig_env.setenv("RATE", "95")
+    h200("--mig-reference", "ref").assert_outcomes(passed=1)  # 5% under: another board, not a fault
+    h200("--mig-reference", "ref", "--mig-save-baseline").assert_outcomes(passed=1)
+    own = h200("--mig-reference", "ref", "--mig-results", "own.json")  # the local history takes over
+    own.assert_outcomes(passed=1)
+    assert rate_record(pytester, "own.json").verdict["source"] == "baseline"
+
+
+def test_a_reference_folder_that_does_not_exist_is_one_sentence_at_start_up(
+        h200: Callable[..., pytest.RunResult]) -> None:
+    result = h200("--mig-reference", "no-such-folder")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --mig-reference no-such-folder: no such folder; give a folder made by "
+                                 "'pytest-mig reference', 'shipped' (the default) or 'none'."])
+
+
+def test_with_references_off_a_first_run_has_no_baseline(h200: Callable[..., pytest.RunResult],
+                                                         pytester: pytest.Pytester) -> None:
+    h200("--mig-reference", "none", "--mig-results", "r.json").assert_outcomes(passed=1)
+    assert rate_record(pytester, "r.json").verdict["outcome"] == "no-baseline"

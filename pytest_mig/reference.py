@@ -1,0 +1,219 @@
+"""Reference figures shipped with the package: verdicts on a first night, before a site has a history.
+
+A site that installs pytest-mig has no baseline yet.  Rather than "no baseline" for every figure,
+a figure with no local history is judged against the **reference** for its GPU model and profile:
+runs of the same suite on a board of that model measured by the pytest-mig developers, kept with
+their fingerprints (driver, CUDA, torch, clocks, power limit).  That is the health check DCGM's
+diagnostics give against their SKU values, per profile and per figure.  The band is wide
+(:func:`pytest_mig.noise.reference_band`): another board of the model differs by a few percent, a
+GPU 15% under the reference fails.  A local baseline, once saved, takes over figure by figure.
+
+Layout: ``pytest_mig/references/<gpu-model-slug>/<profile>[-emulated].json``, each a baseline file
+(schema 2, read by :func:`pytest_mig.baselines.load_baseline_file`, so a broken one is an error
+naming the file) with one more top-level block::
+
+    "reference": {"sigma": {"quick": {"<test>": {"<metric>": 0.0052}}}, "runs": {"full": 5, ...}}
+
+``sigma`` is each figure's run-to-run sigma pooled over every reference run of the GPU model (each
+profile's runs relative to their own median): a figure too noisy on one profile is not judged on
+any.  ``pytest-mig reference FILES... --out DIR`` builds such a folder from results files (the
+shipped one, or a site's own fleet reference, used with ``--mig-reference DIR``).  The boards'
+identities (UUIDs) are not kept: the reference speaks for the model, not for one board.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from .baselines import (
+    Baseline,
+    BaselineEntry,
+    BaselineError,
+    BaselineStore,
+    EntryKey,
+    load_baseline_file,
+    meta_from_record,
+)
+from .results import ResultRecord, atomic_write_text, read_results
+
+#: The references shipped with the package.
+SHIPPED = Path(__file__).parent / "references"
+#: ``--mig-reference none``: judge only against the site's own baselines.
+NONE = "none"
+#: Runs a reference keeps per figure (all of a calibration campaign).
+REFERENCE_KEEP = 50
+#: Fingerprint keys that name one board, not the model: left out of a reference.
+BOARD_KEYS = ("gpu_uuid",)
+#: Fingerprint fields a verdict shows for the reference beside this GPU's (label, unit).
+SHOWN = (("driver", "driver", ""), ("cuda_driver", "CUDA", ""), ("torch", "torch", ""), ("vbios", "VBIOS", ""),
+         ("power_limit_w", "power limit", " W"), ("max_sm_clock_mhz", "max SM clock", " MHz"),
+         ("max_mem_clock_mhz", "max memory clock", " MHz"))
+
+
+@dataclass
+class Reference:
+    """One GPU model and profile's reference: its runs (a Baseline) and each figure's pooled sigma."""
+
+    baseline: Baseline
+    sigma: dict[EntryKey, float] = field(default_factory=dict)
+
+    def get(self, test: str, metric: str, mode: str) -> BaselineEntry | None:
+        return self.baseline.get(test, metric, mode)
+
+    def sigma_for(self, entry: BaselineEntry) -> float | None:
+        return self.sigma.get((entry.test, entry.metric, entry.mode))
+
+    def describe(self, mode: str | None = None) -> str:
+        """'5 runs of NVIDIA H100 80GB HBM3 full (quick), driver 580.159.04, CUDA 13.0, torch 2.11.0'."""
+        meta = self.baseline.meta
+        entries = [e for e in self.baseline.entries.values() if mode is None or e.mode == mode]
+        runs = max((len(e.runs) for e in entries), default=0)
+        modes = sorted({e.mode for e in entries})
+        fp = meta.fingerprint
+        soft = ", ".join(f"{label} {fp[k]}{unit}" for k, label, unit in SHOWN[:3] if fp.get(k) is not None)
+        return (f"{runs} run(s) of {meta.gpu_model} {meta.profile} ({', '.join(modes) or 'no figures'})"
+                + (f", {soft}" if soft else ""))
+
+
+def fingerprint_beside(reference: dict[str, Any], mine: dict[str, Any]) -> str:
+    """The reference's fingerprint with this GPU's beside it where they differ, e.g. ``driver
+    580.159.04 (this GPU 590.10.02), CUDA 13.0, torch 2.11.0, power limit 700 W (this GPU 500 W)``."""
+    parts = []
+    for key, label, unit in SHOWN:
+        if reference.get(key) is None:
+            continue
+        text = f"{label} {reference[key]}{unit}"
+        if mine.get(key) is not None and str(mine[key]) != str(reference[key]):
+            text += f" (this GPU {mine[key]}{unit})"
+        parts.append(text)
+    return ", ".join(parts)
+
+
+class ReferenceStore:
+    """A folder of references (``<root>/<gpu-model-slug>/<profile>.json``), read-only."""
+
+    def __init__(self, root: Path | str = SHIPPED) -> None:
+        self.root = Path(root)
+        self._baselines = BaselineStore(self.root)
+        self._loaded: dict[tuple[str, str], Reference | None] = {}
+
+    def __repr__(self) -> str:
+        return f"ReferenceStore({str(self.root)!r})"
+
+    @property
+    def shipped(self) -> bool:
+        return self.root.resolve() == SHIPPED.resolve()
+
+    def load(self, gpu_slug: str, baseline_profile: str) -> Reference | None:
+        """The reference of this GPU model and profile (None: none).  A broken file is a BaselineError."""
+        key = (gpu_slug, baseline_profile)
+        if key not in self._loaded:
+            path = self._baselines.path_for(gpu_slug, baseline_profile)
+            self._loaded[key] = _read(path) if path.exists() else None
+        return self._loaded[key]
+
+    def for_record(self, record: ResultRecord) -> Reference | None:
+        meta = meta_from_record(record)
+        return self.load(meta.gpu_slug, meta.profile)
+
+    def models(self) -> dict[str, list[str]]:
+        """GPU model name -> the profiles it has references for (``1g.10gb-emulated``, ``full``)."""
+        out: dict[str, list[str]] = {}
+        for path in self._baselines.files():
+            base = load_baseline_file(path)
+            out.setdefault(base.meta.gpu_model, []).append(base.meta.profile)
+        return {k: sorted(v, key=_profile_order) for k, v in sorted(out.items())}
+
+
+def _profile_order(profile: str) -> tuple[int, str]:
+    head = profile.split(".", 1)[0].rstrip("gc")
+    return (int(head) if head.isdigit() else 99, profile)
+
+
+def _read(path: Path) -> Reference:
+    base = load_baseline_file(path)
+    try:
+        block = json.loads(path.read_text(encoding="utf-8")).get("reference") or {}
+    except (OSError, ValueError) as exc:  # read a moment ago: only a concurrent edit gets here
+        raise BaselineError(f"{path}: cannot be read ({exc})") from None
+    sigma: dict[EntryKey, float] = {}
+    raw = block.get("sigma") if isinstance(block, dict) else None
+    if raw is not None and not isinstance(raw, dict):
+        raise BaselineError(f"{path}: 'reference.sigma' must map modes to tests to metrics to a number")
+    for mode, tests in (raw or {}).items():
+        for test, metrics in (tests or {}).items() if isinstance(tests, dict) else ():
+            for metric, value in (metrics or {}).items() if isinstance(metrics, dict) else ():
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                        or value < 0:
+                    raise BaselineError(f"{path}: reference sigma of {test} {metric} ({mode}) is "
+                                        f"{json.dumps(value)}, not a number of 0 or more")
+                sigma[(test, metric, mode)] = float(value)
+    return Reference(base, sigma)
+
+
+# -- building a reference folder from results files ------------------------------------------------
+
+
+def pooled_sigma(groups: Iterable[Sequence[float]]) -> float | None:
+    """Run-to-run sigma pooled over groups (profiles), each relative to its own median: the square
+    root of the summed squared relative deviations over (runs - groups).  None with no repeat."""
+    total, dof = 0.0, 0
+    for values in groups:
+        xs = [float(v) for v in values if math.isfinite(v)]
+        if len(xs) < 2:
+            continue
+        med = statistics.median(xs)
+        if not med:
+            continue
+        total += sum(((x - med) / med) ** 2 for x in xs)
+        dof += len(xs) - 1
+    return math.sqrt(total / dof) if dof else None
+
+
+def _anonymous(record: ResultRecord) -> ResultRecord:
+    fp = {k: v for k, v in (record.fingerprint or {}).items() if k not in BOARD_KEYS}
+    return replace(record, fingerprint=fp, verdict=None, health=None)
+
+
+def build(paths: Sequence[Path], out: Path) -> list[Path]:
+    """Add the figures of these results files (oldest first) to the reference folder ``out`` and
+    recompute every figure's pooled sigma; the files written.  ResultsFileError or BaselineError on
+    a file that cannot be read."""
+    records: list[ResultRecord] = []
+    for path in paths:
+        records.extend(_anonymous(r) for r in read_results(path))
+    store = BaselineStore(out, keep=REFERENCE_KEEP)
+    store.save(sorted(records, key=lambda r: r.timestamp))
+    written: list[Path] = []
+    by_model: dict[str, list[Path]] = {}
+    for path in store.files():
+        by_model.setdefault(path.parent.name, []).append(path)
+    for files in by_model.values():
+        bases = [load_baseline_file(p) for p in files]
+        groups: dict[EntryKey, list[list[float]]] = {}
+        for base in bases:
+            for key, entry in base.entries.items():
+                groups.setdefault(key, []).append(entry.values)
+        sigma: dict[str, dict[str, dict[str, float]]] = {}
+        for (test, metric, mode), values in sorted(groups.items()):
+            s = pooled_sigma(values)
+            if s is not None:
+                sigma.setdefault(mode, {}).setdefault(test, {})[metric] = float(f"{s:.4g}")
+        for path, base in zip(files, bases):
+            own = {mode: {t: {m: v for m, v in ms.items() if (t, m, mode) in base.entries}
+                          for t, ms in tests.items()} for mode, tests in sigma.items()}
+            runs = {mode: max((len(e.runs) for e in base.entries.values() if e.mode == mode), default=0)
+                    for mode in sorted({e.mode for e in base.entries.values()})}
+            base.extra = {"reference": {"runs": runs, "sigma": own}}
+            atomic_write_text(path, base.to_json())
+            written.append(path)
+    return written
+
+
+__all__ = ["NONE", "REFERENCE_KEEP", "Reference", "ReferenceStore", "SHIPPED", "build", "fingerprint_beside",
+           "pooled_sigma"]

@@ -1,0 +1,188 @@
+"""Shipped references: the band against another board, building a reference folder from results
+files, reading it strictly, and judging a figure with no local history against it."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from test_verdict import FP_OLD, TEST, record
+
+from pytest_mig.baselines import BaselineError, BaselineStore
+from pytest_mig.cli import main, reference_lines
+from pytest_mig.noise import DETECT_Z, REFERENCE_FLOOR, REFERENCE_MAX, K, reference_band
+from pytest_mig.reference import SHIPPED, ReferenceStore, build, fingerprint_beside, pooled_sigma
+from pytest_mig.results import write_results
+from pytest_mig.verdict import Judge, compare_reference
+
+BOARD = {**FP_OLD, "gpu_uuid": "GPU-aaaaaaaa-0000-0000-0000-000000000001"}
+
+
+def results_file(tmp_path: Path, name: str, values: dict[str, float], **kw) -> Path:
+    """A results file of one run: figure name -> value (higher is better, TFLOPS)."""
+    path = tmp_path / f"{name}.json"
+    recs = [record(v, name=metric, fingerprint=dict(BOARD), **kw) for metric, v in values.items()]
+    recs.append(record(8192, name="size_at_peak", unit="n", kind="info", compare_=False, fingerprint=dict(BOARD), **kw))
+    write_results(path, recs)
+    return path
+
+
+@pytest.fixture
+def refs(tmp_path: Path) -> ReferenceStore:
+    """A reference of an H200's 3g.71gb made of five runs: a quiet figure and a noisy one."""
+    quiet = [100.0, 100.4, 99.7, 100.2, 99.9]
+    noisy = [100.0, 91.0, 108.0, 96.0, 104.0]
+    files = [results_file(tmp_path, f"run{i}", {"fp16_tflops": q, "small_batch_tflops": n})
+             for i, (q, n) in enumerate(zip(quiet, noisy))]
+    build(files, tmp_path / "ref")
+    return ReferenceStore(tmp_path / "ref")
+
+
+# --------------------------------------------------------------------------- the band
+
+
+def test_the_reference_band_is_at_least_the_board_to_board_floor() -> None:
+    b = reference_band([100.0, 100.5, 99.5], 0.004)
+    assert b.threshold == REFERENCE_FLOOR and b.gates and b.basis == "reference"
+    assert b.detectable == pytest.approx(REFERENCE_FLOOR + DETECT_Z * 0.004)
+
+
+def test_a_noisier_figure_gets_a_wider_band_and_one_beyond_the_maximum_is_not_judged() -> None:
+    wide = reference_band([100.0], 0.022)
+    assert wide.threshold == pytest.approx(K * 0.022) and wide.gates
+    assert not reference_band([100.0], REFERENCE_MAX / K + 0.001).gates
+    unknown = reference_band([100.0], None)  # one run: its noise is unknown, so it is shown, not judged
+    assert unknown.sigma is None and not unknown.gates
+
+
+def test_sigma_is_pooled_over_profiles_each_relative_to_its_own_median() -> None:
+    assert pooled_sigma([[100.0], [7.0]]) is None  # no repeat anywhere
+    same = pooled_sigma([[99.0, 101.0], [9.9, 10.1]])
+    assert same == pytest.approx(math.sqrt((4 * 0.01 ** 2) / 2))
+
+
+# --------------------------------------------------------------------------- building and reading
+
+
+def test_build_writes_a_baseline_file_per_profile_without_the_board_and_with_pooled_sigma(
+        tmp_path: Path, refs: ReferenceStore) -> None:
+    path = tmp_path / "ref" / "nvidia-h200" / "3g.71gb.json"
+    doc = json.loads(path.read_text())
+    assert doc["schema"] == "pytest-mig/baseline/2" and doc["profile"] == "3g.71gb"
+    (fp,) = doc["fingerprints"].values()
+    assert "gpu_uuid" not in fp and fp["driver"] == FP_OLD["driver"]  # the model, not one board
+    assert doc["reference"]["runs"] == {"normal": 5}
+    sigma = doc["reference"]["sigma"]["normal"][TEST]
+    assert 0.002 < sigma["fp16_tflops"] < 0.005 and sigma["small_batch_tflops"] > 0.05
+    assert "size_at_peak" not in doc["modes"]["normal"][TEST]  # informational figures are not references
+    ref = refs.load("nvidia-h200", "3g.71gb")
+    assert ref is not None and ref.sigma_for(ref.get(TEST, "fp16_tflops", "normal")) == sigma["fp16_tflops"]
+    assert refs.models() == {"NVIDIA H200": ["3g.71gb"]}
+
+
+def test_a_reference_whose_sigma_is_not_a_number_is_an_error_naming_the_file(tmp_path: Path,
+                                                                             refs: ReferenceStore) -> None:
+    path = tmp_path / "ref" / "nvidia-h200" / "3g.71gb.json"
+    doc = json.loads(path.read_text())
+    doc["reference"]["sigma"]["normal"][TEST]["fp16_tflops"] = "tiny"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(BaselineError, match=r"3g\.71gb\.json: reference sigma of .*fp16_tflops .*\"tiny\""):
+        ReferenceStore(tmp_path / "ref").load("nvidia-h200", "3g.71gb")
+
+
+def test_the_shipped_references_read_and_every_judged_figure_has_its_sigma() -> None:
+    store = ReferenceStore(SHIPPED)
+    models = store.models()
+    assert "full" in models["NVIDIA H100 80GB HBM3"] and "full" in models["NVIDIA H200"]
+    for path in BaselineStore(SHIPPED).files():
+        ref = store.load(path.parent.name, path.stem)
+        assert ref is not None and ref.baseline.entries
+        for entry in ref.baseline.entries.values():
+            assert "gpu_uuid" not in entry.fingerprint
+            assert entry.mode == "quick"
+        whole = store.load(path.parent.name, "full")
+        assert all(ref.sigma_for(e) is not None for e in whole.baseline.entries.values())
+
+
+# --------------------------------------------------------------------------- judging
+
+
+def test_with_no_local_history_a_figure_is_judged_against_the_reference(tmp_path: Path,
+                                                                        refs: ReferenceStore) -> None:
+    judge = Judge(BaselineStore(tmp_path / "baselines"), references=refs)
+    (ok,) = judge.judge([record(95.0, fingerprint=dict(BOARD))])
+    assert ok.outcome == "pass" and ok.source == "reference" and ok.threshold == REFERENCE_FLOOR
+    (bad,) = judge.judge([record(85.0)])
+    assert bad.outcome == "regressed" and bad.failed and bad.change_pct == pytest.approx(-15.0, abs=0.1)
+    assert "reference 100.0 TFLOPS (median of 5 runs of the reference for this GPU model): -15.0%" in bad.message
+    assert "threshold 10% (against another board" in bad.message
+    assert "a local baseline (--mig-save-baseline) takes over" in bad.message
+
+
+def test_a_figure_too_noisy_across_the_reference_runs_is_reported_not_judged(tmp_path: Path,
+                                                                            refs: ReferenceStore) -> None:
+    (v,) = Judge(None, references=refs).judge([record(70.0, name="small_batch_tflops")])
+    assert v.outcome == "noisy" and not v.failed
+    assert "too noisy to judge against another board" in v.message
+
+
+def test_the_reference_fingerprint_is_shown_beside_this_gpus() -> None:
+    mine = {**FP_OLD, "driver": "590.10.02", "power_limit_w": 600}
+    text = fingerprint_beside(FP_OLD, mine)
+    assert text.startswith(f"driver {FP_OLD['driver']} (this GPU 590.10.02), CUDA 12.4, torch 2.4.0")
+    assert "power limit 700 W (this GPU 600 W)" in text and "max SM clock 1980 MHz," in text
+
+
+def test_a_local_baseline_takes_over_figure_by_figure(tmp_path: Path, refs: ReferenceStore) -> None:
+    store = BaselineStore(tmp_path / "baselines")
+    store.save([record(85.0)])  # this GPU's own history of fp16_tflops: one run at 85
+    judge = Judge(store, references=refs)
+    own, other = judge.judge([record(85.0), record(100.0, name="small_batch_tflops")])
+    assert own.source == "baseline" and own.outcome == "pass"  # against its own 85, not the reference's 100
+    assert other.source == "reference"  # no local history of this figure yet
+
+
+def test_a_reference_regression_is_re_measured_against_the_reference(tmp_path: Path, refs: ReferenceStore) -> None:
+    judge = Judge(BaselineStore(tmp_path / "none"), references=refs)
+    rec = record(80.0)
+    (v,) = judge.judge([rec])
+    assert judge.confirm(rec, v, [99.0, 98.0]).outcome == "transient"
+    assert judge.confirm(rec, v, [81.0, 82.0]).outcome == "regressed"
+
+
+def test_another_profile_or_mode_is_never_compared_with_a_reference(refs: ReferenceStore) -> None:
+    judge = Judge(None, references=refs)
+    (quick,) = judge.judge([record(100.0, mode="quick")])
+    (other,) = judge.judge([record(100.0, profile="1g.18gb")])
+    assert quick.outcome == other.outcome == "no-baseline"
+    ref = refs.load("nvidia-h200", "3g.71gb")
+    assert compare_reference(record(100.0, target_kind="emulated"), ref).outcome == "incomparable"
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def test_pytest_mig_reference_builds_a_folder_and_devices_names_the_models(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = results_file(tmp_path, "night", {"fp16_tflops": 100.0})
+    assert main(["reference", str(f), "--out", str(tmp_path / "mine")]) == 0
+    out = capsys.readouterr().out
+    assert "  NVIDIA H200: 3g.71gb" in out and "reference written:" in out
+    lines = reference_lines(["NVIDIA H200", "NVIDIA A100-SXM4-40GB"], tmp_path / "mine")
+    assert lines[1] == "  NVIDIA H200: 3g.71gb"
+    assert lines[2].startswith("  no reference for NVIDIA A100-SXM4-40GB: its first runs are reported, not judged")
+    assert main(["reference", str(tmp_path / "missing.json"), "--out", str(tmp_path / "x")]) == 2
+    assert "no such results file" in capsys.readouterr().err
+
+
+def test_devices_lists_the_shipped_references_without_a_gpu(capsys: pytest.CaptureFixture[str],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    import pytest_mig.nvml as nvml
+
+    monkeypatch.setattr(nvml, "discover", lambda: nvml.Inventory(error="no NVIDIA driver on this machine"))
+    assert main(["devices"]) == 0
+    out = capsys.readouterr().out
+    assert "references (figures with no local baseline are judged against them" in out
+    assert "  NVIDIA H100 80GB HBM3: 1g.10gb-emulated, full" in out
