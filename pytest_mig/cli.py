@@ -8,6 +8,9 @@
                                              exit 1 on a regression or when nothing could be compared
     pytest-mig reference FILES... --out DIR  add results files' figures to a reference folder (the form
                                              of the shipped references; --mig-reference DIR uses one)
+    pytest-mig history FILES... [--baselines DIR] --out PAGE.html
+                                             the trend page: every figure over the runs, its band,
+                                             verdicts and fingerprint changes (static, no network)
     pytest-mig calibrate [-n RUNS] -- ARGS   run the suite RUNS times (pytest ARGS), each run saved
                                              into the baseline history; then each figure's CV,
                                              threshold, smallest detectable change and gating
@@ -95,6 +98,17 @@ def build_parser() -> argparse.ArgumentParser:
     ref.add_argument("files", nargs="+", type=Path, metavar="FILE", help="results JSON files (from --mig-results)")
     ref.add_argument("--out", type=Path, required=True, metavar="DIR", help="the reference folder to add to")
 
+    his = sub.add_parser("history", help="write the trend page of every figure (one static HTML file)",
+                         description="Write one static HTML page (no network needed to open it) with every "
+                                     "figure's values over the runs, the band each run was judged against, its "
+                                     "verdict and the fingerprint changes on the time axis, grouped by GPU model, "
+                                     "profile and test, with what regressed in the latest run at the top.")
+    his.add_argument("files", nargs="*", type=Path, metavar="FILE", help="results JSON files (from --mig-results)")
+    his.add_argument("--baselines", type=Path, default=None, metavar="DIR",
+                     help="also the runs kept in this baseline folder (e.g. baselines)")
+    his.add_argument("--out", type=Path, required=True, metavar="PAGE", help="the HTML file to write")
+    his.add_argument("--title", default="pytest-mig trend", help="the page's title")
+
     cal = sub.add_parser("calibrate", help="run the suite N times into the baseline history and show thresholds",
                          description="Run the suite RUNS times on this Target (each run its own pytest process), "
                                      "add every run to the baseline history, then print per figure its run-to-run "
@@ -181,6 +195,24 @@ def reference_lines(gpu_names: Sequence[str], root: Path | None = None) -> list[
             lines.append(f"  no reference for {name}: its first runs are reported, not judged, until a baseline "
                          f"is saved (pytest-mig calibrate)")
     return lines
+
+
+# -- history -------------------------------------------------------------------------------------
+
+
+def cmd_history(files: Sequence[Path], baselines: Path | None, page: Path, title: str, out: TextIO) -> int:
+    """Write the trend page from results files and a baseline folder."""
+    from .history import write_page
+
+    if not files and baselines is None:
+        raise CliError("give results files, --baselines DIR, or both: the page is made from them")
+    if baselines is not None and not baselines.is_dir():
+        raise CliError(f"--baselines {baselines}: no such folder")
+    if page.suffix.lower() not in (".html", ".htm"):
+        raise CliError(f"--out {page}: the trend page is HTML, name it .html")
+    count = write_page(page, baselines, files, title)
+    print(f"trend page written: {page} ({count} figure(s))", file=out)
+    return 0
 
 
 # -- reference -----------------------------------------------------------------------------------
@@ -341,6 +373,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_devices(out)
         if args.command == "report":
             return cmd_report(args.files, args.out, args.outlier_factor, args.fail_on_outlier, out)
+        if args.command == "history":
+            return cmd_history(args.files, args.baselines, args.out, args.title, out)
         if args.command == "reference":
             return cmd_reference(args.files, args.out, out)
         if args.command == "compare":

@@ -1,0 +1,113 @@
+"""The trend page (``pytest-mig history``): runs gathered from results files and a baseline folder,
+fingerprint changes on the time axis, the summary of the latest run, a page that needs no network,
+and the page loaded in a real headless Chromium (where one is installed)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from test_verdict import FP_OLD, TEST, record
+
+from pytest_mig.baselines import BaselineStore
+from pytest_mig.cli import main
+from pytest_mig.history import collect, render, write_page
+from pytest_mig.results import write_results
+from pytest_mig.verdict import Judge
+
+NEW_DRIVER = {**FP_OLD, "driver": "590.10.02"}
+
+
+def nights(tmp_path: Path, values: list[float], *, driver_from: int | None = None, save: bool = True) -> list[Path]:
+    """One results file per night, each judged against (and then saved into) tmp_path/baselines."""
+    store = BaselineStore(tmp_path / "baselines")
+    paths = []
+    for i, v in enumerate(values):
+        fp = NEW_DRIVER if driver_from is not None and i >= driver_from else FP_OLD
+        recs = [record(v, fingerprint=dict(fp)), record(2.0, name="step_s", unit="s", direction="lower",
+                                                        fingerprint=dict(fp))]
+        for r in recs:
+            r.timestamp = f"2026-11-{10 + i:02d}T02:00:00+00:00"
+        Judge(store).judge(recs)
+        path = tmp_path / f"night-{i}.json"
+        write_results(path, recs)
+        if save:
+            store.save(recs)
+        paths.append(path)
+    return paths
+
+
+def test_runs_come_from_results_files_and_the_history_once_each(tmp_path: Path) -> None:
+    files = nights(tmp_path, [100.0, 100.5, 99.8, 100.2, 100.1, 100.3])
+    series = collect(tmp_path / "baselines", files[3:])  # the first three nights only in the history
+    tflops = next(s for s in series if s.metric == "fp16_tflops")
+    assert [p.value for p in tflops.points] == [100.0, 100.5, 99.8, 100.2, 100.1, 100.3]
+    assert [p.outcome for p in tflops.points][:3] == ["saved"] * 3  # known only from the history
+    assert tflops.points[4].outcome == "pass" and tflops.points[4].baseline is not None
+    assert (tflops.gpu_model, tflops.profile, tflops.mode, tflops.test) == ("NVIDIA H200", "3g.71gb", "normal", TEST)
+
+
+def test_a_driver_update_is_marked_where_it_happened_and_the_step_after_it_is_summarised(tmp_path: Path) -> None:
+    files = nights(tmp_path, [100.0, 100.4, 99.8, 100.1, 100.2, 100.0, 91.0], driver_from=6)
+    series = collect(None, files)
+    tflops = next(s for s in series if s.metric == "fp16_tflops")
+    ((index, diff, short),) = tflops.changes()
+    assert index == 6 and diff == ["driver 550.54 -> 590.10.02"] and short == "driver 590.10.02"
+    page = render(series, "night")
+    assert page.count('class="fp-change"') == 2  # on both figures of the run
+    assert "<title>driver 550.54 -&gt; 590.10.02</title>" in page
+    assert re.search(r'<summary class="bad">1 regressed</summary><ul><li><code>test_gemm\[fp16\] fp16_tflops</code>: '
+                     r'91\.00 TFLOPS, -9\.0% against 100\.\d</li>', page)
+    assert 'class="figure regressed" data-figure="' + TEST + '::fp16_tflops"' in page
+    assert page.count('class="run regressed"') == 1 and page.count('class="band"') == 12  # nights 2-7 had a band
+
+
+def test_the_page_needs_no_network_and_escapes_what_it_shows(tmp_path: Path) -> None:
+    rec = record(5.0, name="<b>odd</b>")
+    path = tmp_path / "r.json"
+    write_results(path, [rec])
+    page = render(collect(None, [path]))
+    assert "<b>odd</b>" not in page and "&lt;b&gt;odd&lt;/b&gt;" in page
+    assert not re.search(r'(src|href)\s*=\s*["\']?(https?:)?//', page)  # no CDN, no remote anything
+    assert "<script src" not in page and "@import" not in page
+
+
+def test_the_command_writes_the_page_and_refuses_bad_input_in_one_sentence(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    files = nights(tmp_path, [100.0, 101.0])
+    assert main(["history", *map(str, files), "--baselines", str(tmp_path / "baselines"),
+                 "--out", str(tmp_path / "trend.html")]) == 0
+    assert "trend page written: " in capsys.readouterr().out and (tmp_path / "trend.html").stat().st_size > 1000
+    assert main(["history", "--out", str(tmp_path / "x.html")]) == 2
+    assert main(["history", str(files[0]), "--out", str(tmp_path / "x.txt")]) == 2
+    assert main(["history", "--baselines", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x.html")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["pytest-mig: error: give results files, --baselines DIR, or both: the page is made from them",
+                   f"pytest-mig: error: --out {tmp_path / 'x.txt'}: the trend page is HTML, name it .html",
+                   f"pytest-mig: error: --baselines {tmp_path / 'nowhere'}: no such folder"]
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+#: Flags for a headless Chromium on a machine with no network and no display (as root in CI).
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on this machine (apt-get install chromium)")
+def test_a_real_headless_browser_loads_the_page_runs_its_script_and_finds_every_figure(tmp_path: Path) -> None:
+    files = nights(tmp_path, [100.0, 100.4, 99.8, 100.1, 100.2, 91.0], driver_from=5)
+    page = tmp_path / "trend.html"
+    count = write_page(page, tmp_path / "baselines", files)
+    base = [CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([*base, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120,
+                         check=True).stdout
+    assert 'data-ready="yes"' in dom  # the page's own script ran in the browser, offline
+    assert f'<span id="figure-count">{count} figures</span>' in dom and count == 2
+    assert dom.count('class="figure') == count and 'data-verdict="regressed"' in dom
+    shot = tmp_path / "trend.png"
+    subprocess.run([*base, "--window-size=1200,900", f"--screenshot={shot}", page.as_uri()], capture_output=True,
+                   timeout=120, check=True)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
