@@ -22,7 +22,7 @@ from .noise import band
 from .results import ResultsFileError, read_results
 
 #: Options calibrate sets itself; given in the pytest arguments they would fight it.
-OWN_OPTIONS = ("--mig-save-baseline", "--mig-results", "--mig-baseline-dir", "--mig-slowdown-sms")
+OWN_OPTIONS = ("--mig-save-baseline", "--mig-save-if-passed", "--mig-results", "--mig-baseline-dir", "--mig-slowdown-sms")
 
 
 @dataclass

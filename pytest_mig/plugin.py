@@ -52,6 +52,8 @@ HELP_REQUIRE_GPU = "fail (instead of running on the CPU) when no usable GPU is f
 HELP_QUICK = "quick mode: fewer sizes and repeats, about a minute per profile."
 HELP_SAVE = ("add this run's figures to the baseline history of this GPU model and profile (tests that ran and "
              "passed; the last N runs are kept, see --mig-baseline-keep).")
+HELP_SAVE_IF_PASSED = ("judge this run as usual and, only if every test passed, add it to the baseline history: a "
+                       "nightly's rolling history that never learns a failing night.")
 HELP_KEEP = "runs a baseline keeps per figure (default 10): the history its noise and thresholds come from."
 HELP_CONFIRM = ("re-measure a figure beyond its threshold this many times before the test fails (default 2; 0: "
                 "fail on the first measurement); it fails only if every re-measurement is beyond it too.")
@@ -126,6 +128,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--mig-require-gpu", dest="mig_require_gpu", action="store_true", default=None, help=HELP_REQUIRE_GPU)
     g.addoption("--mig-quick", dest="mig_quick", action="store_true", default=False, help=HELP_QUICK)
     g.addoption("--mig-save-baseline", dest="mig_save_baseline", action="store_true", default=False, help=HELP_SAVE)
+    g.addoption("--mig-save-if-passed", dest="mig_save_if_passed", action="store_true", default=False,
+                help=HELP_SAVE_IF_PASSED)
     g.addoption("--mig-baseline-dir", dest="mig_baseline_dir", default=None, help=HELP_BASELINE_DIR)
     g.addoption("--mig-reference", dest="mig_reference", default=None, help=HELP_REFERENCE)
     g.addoption("--mig-baseline-keep", dest="mig_baseline_keep", type=positive_int_arg, default=None, help=HELP_KEEP)
@@ -198,6 +202,9 @@ def pytest_configure(config: pytest.Config) -> None:
     state = config.stash[STATE]
     state.su, state.allocation = su_coefficients(config), su_allocation(config)
     explicit_tolerance(config), confirm_count(config), baseline_keep(config)  # bad ini values: said now
+    if config.getoption("mig_save_baseline") and config.getoption("mig_save_if_passed"):
+        raise pytest.UsageError("--mig-save-baseline adds a run whatever its verdicts and --mig-save-if-passed only "
+                                "a run that passed: give one of them")
     state.references = reference_store(config)
     slow = config.getoption("mig_slowdown_sms")
     if slow is not None:
@@ -205,9 +212,9 @@ def pytest_configure(config: pytest.Config) -> None:
         if t.kind != "full" or plan.sweep:
             raise pytest.UsageError("--mig-slowdown-sms slows a whole GPU for the detection experiment: use it with "
                                     "--mig-profile full on a GPU whose MIG mode is off")
-        if config.getoption("mig_save_baseline"):
+        if config.getoption("mig_save_baseline") or config.getoption("mig_save_if_passed"):
             raise pytest.UsageError("--mig-slowdown-sms measures a GPU slowed on purpose: its figures are never "
-                                    "saved as a baseline; drop --mig-save-baseline")
+                                    "saved as a baseline; drop --mig-save-baseline and --mig-save-if-passed")
         if t.sms and slow >= t.sms:
             raise pytest.UsageError(f"--mig-slowdown-sms {slow}: the GPU has {t.sms} SMs; ask for fewer")
     plot = config.getoption("mig_scaling_plot")
@@ -655,6 +662,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             state.errors.append(f"report not written: {exc}")
     if config.getoption("mig_save_baseline"):
         _save_baseline(config, state)
+    elif config.getoption("mig_save_if_passed"):
+        if session.exitstatus == 0 and not state.errors:
+            _save_baseline(config, state)
+        else:
+            state.messages.append("baseline: this run failed, so it was not added to the history "
+                                  "(--mig-save-if-passed); the history is as it was")
     if state.errors and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 

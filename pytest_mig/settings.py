@@ -111,7 +111,7 @@ def check_output_paths(config: pytest.Config) -> None:
     for kind, path in config.getoption("mig_export") or []:
         folder = path if kind == "github" else path.parent
         check_writable(f"--mig-export {kind}=", path, folder)
-    if config.getoption("mig_save_baseline"):
+    if config.getoption("mig_save_baseline") or config.getoption("mig_save_if_passed"):
         folder = baseline_dir(config)
         check_writable("--mig-baseline-dir", folder, folder)
 

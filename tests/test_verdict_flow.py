@@ -426,7 +426,7 @@ def test_bad_settings_are_one_sentence_at_start_up(h200: Callable[..., pytest.Ru
     assert result.ret in (pytest.ExitCode.USAGE_ERROR, 4)
     said = "\n".join(result.outlines + result.errlines)
     assert sentence in said and "Traceback" not in said
-    assert "passed" not in said  # nothing ran
+    assert not re.search(r"\d+ passed", said)  # nothing ran
 
 
 
@@ -474,3 +474,26 @@ def test_with_references_off_a_first_run_has_no_baseline(h200: Callable[..., pyt
                                                          pytester: pytest.Pytester) -> None:
     h200("--mig-reference", "none", "--mig-results", "r.json").assert_outcomes(passed=1)
     assert rate_record(pytester, "r.json").verdict["outcome"] == "no-baseline"
+
+
+def test_save_if_passed_grows_the_history_with_good_nights_only(
+        h200: Callable[..., pytest.RunResult], pytester: pytest.Pytester, mig_env: pytest.MonkeyPatch) -> None:
+    history(h200, mig_env, STEADY)
+    path = baseline_path(pytester)
+    mig_env.setenv("RATE", "100.1")
+    h200("--mig-save-if-passed").assert_outcomes(passed=1)
+    assert [r["value"] for r in entry(path)["runs"]][-1] == 100.1  # a good night is learned
+    before = path.read_text()
+    mig_env.setenv("RATE", "80")
+    bad = h200("--mig-save-if-passed")
+    bad.assert_outcomes(failed=1)  # judged as usual, unlike --mig-save-baseline
+    bad.stdout.fnmatch_lines(["baseline: this run failed, so it was not added to the history (--mig-save-if-passed); "
+                              "the history is as it was"])
+    assert path.read_text() == before
+
+
+def test_save_if_passed_and_save_baseline_together_are_refused(h200: Callable[..., pytest.RunResult]) -> None:
+    result = h200("--mig-save-if-passed", "--mig-save-baseline")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --mig-save-baseline adds a run whatever its verdicts and --mig-save-if-passed "
+                                 "only a run that passed: give one of them"])
