@@ -186,3 +186,21 @@ def test_devices_lists_the_shipped_references_without_a_gpu(capsys: pytest.Captu
     out = capsys.readouterr().out
     assert "references (figures with no local baseline are judged against them" in out
     assert "  NVIDIA H100 80GB HBM3: 1g.10gb-emulated, full" in out
+
+
+def test_every_shipped_reference_names_a_test_the_suite_still_has() -> None:
+    """A renamed or removed benchmark leaves its reference behind: rebuild the references when a
+    workload changes (pytest-mig reference on new GPU runs)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    listed = subprocess.run([sys.executable, "-m", "pytest", "benchmarks", "--collect-only", "-q", "--mig-quick",
+                             "-p", "no:cacheprovider"], cwd=root, capture_output=True, text=True, timeout=300)
+    collected = {line.strip() for line in listed.stdout.splitlines() if "::" in line}
+    assert len(collected) > 20, listed.stdout[-2000:]
+    store = ReferenceStore(SHIPPED)
+    for path in BaselineStore(SHIPPED).files():
+        ref = store.load(path.parent.name, path.stem)
+        missing = {e.test for e in ref.baseline.entries.values()} - collected
+        assert not missing, f"{path} names tests the suite no longer has: {sorted(missing)}"
