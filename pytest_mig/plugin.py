@@ -344,6 +344,11 @@ def _judged_against(config: pytest.Config, state: RunState, targets: list[Target
             lines.append(f"verdicts for {t.baseline_profile}: no local baseline ({path}) and no reference for "
                          f"{t.gpu_name} {t.baseline_profile}: figures are reported, not judged; record a baseline "
                          f"with --mig-save-baseline")
+        elif not any(e.mode == mode for e in ref.baseline.entries.values()):
+            other = "quick runs (--mig-quick)" if mode == "normal" else "normal runs"
+            lines.append(f"verdicts for {t.baseline_profile}: no local baseline ({path}), and the reference for "
+                         f"{t.gpu_name} {t.baseline_profile} holds {other} only: this run's figures are reported, "
+                         f"not judged; record a baseline with --mig-save-baseline")
         else:
             lines.append(f"verdicts for {t.baseline_profile}: no local baseline yet ({path}): judged against the "
                          f"reference, {ref.describe(mode)}, in a band of at least {REFERENCE_FLOOR:.0%} (another board); a saved "

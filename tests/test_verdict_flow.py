@@ -454,6 +454,10 @@ def test_a_first_run_is_judged_against_the_reference_until_a_baseline_is_saved(
     ])
     assert rate_record(pytester, "first.json").verdict["source"] == "reference"
     assert summary_row(slow, "rate")[4:6] == ["100.0", "(ref)"]  # the summary table names the reference
+    quick = h200("--mig-reference", "ref", "--mig-quick")  # the reference holds normal runs only
+    quick.assert_outcomes(passed=1)
+    quick.stdout.fnmatch_lines(["pytest-mig: verdicts for full: no local baseline (*), and the reference for NVIDIA "
+                                "H200 full holds normal runs only: this run's figures are reported, not judged; *"])
     mig_env.setenv("RATE", "95")
     h200("--mig-reference", "ref").assert_outcomes(passed=1)  # 5% under: another board, not a fault
     h200("--mig-reference", "ref", "--mig-save-baseline").assert_outcomes(passed=1)
