@@ -39,6 +39,29 @@ def test_openmm_on_the_cpu_platform(cpu):
     assert [s.name for s in om.SYSTEMS.values() if s.scales] == ["water-92k"]  # the others cannot fill a GPU
     for m in metrics.values():
         m.to_dict()
+    assert "energy_j_per_ns" not in metrics  # no board to read on the CPU
+
+
+@pytest.mark.parametrize(("limit_w", "compared"), [(700.0, True), (200.0, False)])
+def test_board_energy_is_read_over_the_workers_timed_chunks(cpu, limit_w, compared):
+    """A stand-in board at a steady 250 W: the parent polls its energy counter while the worker runs,
+    on the same monotonic clock as the worker's timed window."""
+    import time
+
+    from pytest_mig.measure import Telemetry
+
+    board = Telemetry(read_energy_mj=lambda: time.perf_counter() * 250_000.0, power_limit_w=limit_w)
+    metrics = {m.name: m for m in om.run_openmm(cpu, quick=True, telemetry=board)}
+    assert metrics["power_w"].value == pytest.approx(250.0, rel=0.02)
+    rate = metrics["ns_per_day"]
+    ns = len(rate.samples) * rate.info["steps_per_sample"] * om.TIMESTEP_FS * 1e-6
+    seconds = sum(86400.0 * rate.info["steps_per_sample"] * om.TIMESTEP_FS * 1e-6 / r for r in rate.samples)
+    energy = metrics["energy_j_per_ns"]
+    assert (energy.unit, energy.direction, energy.kind) == ("J/ns", "lower", "energy")
+    assert energy.value == pytest.approx(250.0 * seconds / ns, rel=0.05)
+    assert energy.compare is compared  # 250 W above a 200 W limit cannot be real: shown, not compared
+    if not compared:
+        assert "above the enforced 200 W limit" in energy.info["error"]
 
 
 def test_the_shipped_systems_build(monkeypatch):

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..measure import Metric
+from ..measure import RAMP_S, EnergyTicks, Metric, PowerTrace, Telemetry, Timing, energy_metrics
 from ..target import Target
 from . import DoesNotFit, WorkloadError
 
@@ -273,7 +273,9 @@ def simulate(request: dict[str, Any]) -> dict[str, Any]:
     while time.perf_counter() < warm_until:
         per_step = run(chunk) / chunk
     chunk = chunk_for(per_step) if per_step else chunk
+    window_start = time.perf_counter()  # CLOCK_MONOTONIC: the parent reads board energy on the same clock
     samples = [run(chunk) for _ in range(effort.repeats)]
+    window = [window_start, time.perf_counter()]
 
     integrator.setCurrentIntegrator(1)
     energies: list[float] = []
@@ -295,7 +297,7 @@ def simulate(request: dict[str, Any]) -> dict[str, Any]:
         "precision": precision, "platform": platform.getName(),
         "platform_properties": {k: platform.getPropertyValue(context, k) for k in platform.getPropertyNames()
                                 if k in ("Precision", "DeviceIndex", "DeviceName", "Threads")},
-        "openmm": openmm.__version__, "steps_per_chunk": chunk, "chunk_seconds": samples,
+        "openmm": openmm.__version__, "steps_per_chunk": chunk, "chunk_seconds": samples, "timed_window": window,
         "timestep_fs": TIMESTEP_FS, "build_s": round(built_s, 2), "resources": resources,
         "checks": {**forces, "nve_deviation": deviation, "nve_steps": effort.nve_steps,
                    "nve_timestep_fs": NVE_TIMESTEP_FS},
@@ -335,8 +337,12 @@ def worker_main(argv: list[str]) -> int:
 
 
 def run_openmm(target: Target, *, system: str = "water-23k", precision: str = "mixed", quick: bool = False,
-               env: dict[str, str] | None = None) -> list[Metric]:
+               env: dict[str, str] | None = None, telemetry: Telemetry | None = None) -> list[Metric]:
     """Run ``system`` at ``precision`` on the Target in a worker process and report ns/day.
+
+    With ``telemetry`` that reads the board's energy counter, this process polls it while the worker
+    runs, and the board energy between the first and last counter tick inside the worker's timed
+    chunks (both on the system's monotonic clock) gives the power and the energy per ns simulated.
 
     DoesNotFit (a skip with the reason) without OpenMM or its CUDA plugin, or where an emulated
     profile's confinement cannot be set up or verified; WorkloadError where a check fails.
@@ -354,10 +360,26 @@ def run_openmm(target: Target, *, system: str = "water-23k", precision: str = "m
     if target.emulated:
         base, confinement = mps_client_env(target, base, "OpenMM")
     request = {"device": "cpu" if target.is_cpu else "cuda", "system": system, "precision": precision, "quick": quick}
-    result = _run_worker(request, base)
+    with EnergyTicks(telemetry.read_energy_mj if telemetry is not None else None) as ticks:
+        result = _run_worker(request, base)
     if target.emulated:
         _verify_confinement(target, result, confinement)
-    return _metrics(target, result, confinement)
+    return _metrics(target, result, confinement) + _energy(result, ticks, telemetry)
+
+
+def _energy(result: dict[str, Any], ticks: EnergyTicks, telemetry: Telemetry | None) -> list[Metric]:
+    """Board power and J/ns over the worker's timed chunks (none where the counter did not tick twice)."""
+    window = result.get("timed_window")
+    if telemetry is None or not isinstance(window, list) or len(window) != 2:
+        return []
+    start, end = float(window[0]), float(window[1])
+    mean_w = ticks.mean_power_w(start + RAMP_S, end)
+    if mean_w is None:
+        return []
+    seconds = [float(s) for s in result["chunk_seconds"]]
+    ns_per_chunk = int(result["steps_per_chunk"]) * float(result["timestep_fs"]) * 1e-6
+    trace = PowerTrace([], end - start, mean_w * (end - start), "energy-counter", telemetry.power_limit_w)
+    return energy_metrics(Timing(samples=seconds, power=trace, energy_calls=len(seconds)), ns_per_chunk, "ns")
 
 
 def mps_client_env(target: Target, base: dict[str, str], engine: str) -> tuple[dict[str, str], dict[str, Any]]:
