@@ -312,47 +312,18 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         got = ", ".join(f"{x.profile} {x.sms} -> {x.sms_obtained or '?'}" for x in plan.targets)
         lines.append(f"pytest-mig: green contexts, SMs asked -> obtained: {got}")
     lines.append(f"pytest-mig: check: {t.verified}")
-    lines.extend(f"pytest-mig: {line}" for line in _judged_against(config, state, plan.targets))
+    from .baselines import BaselineStore
+    from .reference import judged_against
+
+    mode = "quick" if config.getoption("mig_quick") else "normal"
+    store = BaselineStore(baseline_dir(config))
+    lines.extend(f"pytest-mig: {line}" for line in judged_against(plan.targets, store, state.references, mode))
     slow = config.getoption("mig_slowdown_sms")
     if state.health is not None:
         lines.extend(f"pytest-mig: {line}" for line in state.health.header())
     if slow:
         lines.append(f"pytest-mig: SLOWED ON PURPOSE: every test runs on {slow} of the GPU's {t.sms} SMs (a green "
                      f"context) and is judged as the whole GPU (--mig-slowdown-sms, detection experiments)")
-    return lines
-
-
-def _judged_against(config: pytest.Config, state: RunState, targets: list[Target]) -> list[str]:
-    """What each target's figures are judged against: its local baseline file, else the reference."""
-    from .baselines import BaselineError, BaselineStore
-    from .noise import REFERENCE_FLOOR
-
-    store = BaselineStore(baseline_dir(config))
-    mode = "quick" if config.getoption("mig_quick") else "normal"
-    lines = []
-    for t in targets:
-        path = store.path_for(t.gpu_slug, t.baseline_profile)
-        if path.exists():
-            lines.append(f"verdicts for {t.baseline_profile}: against the local baseline {path}")
-            continue
-        try:
-            ref = state.references.load(t.gpu_slug, t.baseline_profile) if state.references is not None else None
-        except BaselineError as exc:
-            lines.append(f"verdicts for {t.baseline_profile}: reference unusable: {exc}")
-            continue
-        if ref is None:
-            lines.append(f"verdicts for {t.baseline_profile}: no local baseline ({path}) and no reference for "
-                         f"{t.gpu_name} {t.baseline_profile}: figures are reported, not judged; record a baseline "
-                         f"with --mig-save-baseline")
-        elif not any(e.mode == mode for e in ref.baseline.entries.values()):
-            other = "quick runs (--mig-quick)" if mode == "normal" else "normal runs"
-            lines.append(f"verdicts for {t.baseline_profile}: no local baseline ({path}), and the reference for "
-                         f"{t.gpu_name} {t.baseline_profile} holds {other} only: this run's figures are reported, "
-                         f"not judged; record a baseline with --mig-save-baseline")
-        else:
-            lines.append(f"verdicts for {t.baseline_profile}: no local baseline yet ({path}): judged against the "
-                         f"reference, {ref.describe(mode)}, in a band of at least {REFERENCE_FLOOR:.0%} (another board); a saved "
-                         f"baseline (--mig-save-baseline, pytest-mig calibrate) takes over")
     return lines
 
 

@@ -39,6 +39,7 @@ from .baselines import (
     load_baseline_file,
     meta_from_record,
 )
+from .noise import REFERENCE_FLOOR
 from .results import ResultRecord, atomic_write_text, read_results
 
 #: The references shipped with the package.
@@ -156,6 +157,37 @@ def _read(path: Path) -> Reference:
     return Reference(base, sigma)
 
 
+def judged_against(targets: Iterable[Any], store: BaselineStore, references: ReferenceStore | None,
+                   mode: str) -> list[str]:
+    """The header's line per Target (a ``pytest_mig.target.Target``): what its figures are judged
+    against, the local baseline file or else the reference, and when neither."""
+    lines = []
+    for t in targets:
+        name = t.baseline_profile
+        path = store.path_for(t.gpu_slug, name)
+        if path.exists():
+            lines.append(f"verdicts for {name}: against the local baseline {path}")
+            continue
+        try:
+            ref = references.load(t.gpu_slug, name) if references is not None else None
+        except BaselineError as exc:
+            lines.append(f"verdicts for {name}: reference unusable: {exc}")
+            continue
+        if ref is None:
+            lines.append(f"verdicts for {name}: no local baseline ({path}) and no reference for {t.gpu_name} {name}: "
+                         f"figures are reported, not judged; record a baseline with --mig-save-baseline")
+        elif not any(e.mode == mode for e in ref.baseline.entries.values()):
+            other = "quick runs (--mig-quick)" if mode == "normal" else "normal runs"
+            lines.append(f"verdicts for {name}: no local baseline ({path}), and the reference for {t.gpu_name} {name} "
+                         f"holds {other} only: this run's figures are reported, not judged; record a baseline with "
+                         f"--mig-save-baseline")
+        else:
+            lines.append(f"verdicts for {name}: no local baseline yet ({path}): judged against the reference, "
+                         f"{ref.describe(mode)}, in a band of at least {REFERENCE_FLOOR:.0%} (another board); a saved "
+                         f"baseline (--mig-save-baseline, pytest-mig calibrate) takes over")
+    return lines
+
+
 # -- building a reference folder from results files ------------------------------------------------
 
 
@@ -216,4 +248,4 @@ def build(paths: Sequence[Path], out: Path) -> list[Path]:
 
 
 __all__ = ["NONE", "REFERENCE_KEEP", "Reference", "ReferenceStore", "SHIPPED", "build", "fingerprint_beside",
-           "pooled_sigma"]
+           "judged_against", "pooled_sigma"]

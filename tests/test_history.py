@@ -111,3 +111,10 @@ def test_a_real_headless_browser_loads_the_page_runs_its_script_and_finds_every_
     subprocess.run([*base, "--window-size=1200,900", f"--screenshot={shot}", page.as_uri()], capture_output=True,
                    timeout=120, check=True)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+
+
+def test_a_page_from_a_baseline_folder_alone_summarises_each_figures_newest_saved_run(tmp_path: Path) -> None:
+    nights(tmp_path, [100.0, 100.5, 99.8])
+    page = render(collect(tmp_path / "baselines", []))
+    assert "2026-11-12T02:00:00+00:00" in page and "nothing regressed" in page  # the third night, saved
+    assert page.count('class="run saved"') == 6 and 'class="band"' not in page  # no verdicts, no bands

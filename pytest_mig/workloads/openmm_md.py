@@ -48,7 +48,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..measure import RAMP_S, EnergyTicks, Metric, PowerTrace, Telemetry, Timing, energy_metrics
+from ..measure import (
+    RAMP_S,
+    EnergyTicks,
+    Metric,
+    PowerTrace,
+    Telemetry,
+    Timing,
+    energy_metrics,
+)
 from ..target import Target
 from . import DoesNotFit, WorkloadError
 
