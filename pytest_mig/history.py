@@ -70,6 +70,8 @@ class Series:
         ``["driver 580.159.04 -> 590.10.02"]`` and ``driver 590.10.02``."""
         out = []
         for i in range(1, len(self.points)):
+            if self.points[i].run and self.points[i].run == self.points[i - 1].run:
+                continue  # two devices of one node-mode run: not a change over time
             old = {k: v for k, v in self.points[i - 1].fingerprint.items() if k in WATCHED}
             new = {k: v for k, v in self.points[i].fingerprint.items() if k in WATCHED}
             diff = fingerprint_diff(old, new)
@@ -90,25 +92,25 @@ def _short(change: str) -> str:
 def collect(baseline_dir: Path | None, results: Sequence[Path]) -> list[Series]:
     """Every compared figure's runs, oldest first.  ResultsFileError / BaselineError on a bad file."""
     series: dict[tuple[str, str, str, str, str], Series] = {}
-    seen: set[tuple[tuple[str, str, str, str, str], str]] = set()
+    from_results: set[tuple[Any, ...]] = set()  # (figure, time, board) of every run a results file holds
 
     def add(s: Series, p: Point) -> None:
-        mine = series.setdefault(s.key, s)
-        if (s.key, p.at) not in seen:
-            seen.add((s.key, p.at))
-            mine.points.append(p)
+        series.setdefault(s.key, s).points.append(p)
 
     for path in results:  # verdicts first: a run that is also in a history keeps its verdict
         for rec in read_results(path):
             if rec.metric.compare and math.isfinite(rec.metric.value):
-                add(_series_of(rec), _point_of(rec, str(path)))
+                s, p = _series_of(rec), _point_of(rec, str(path))
+                from_results.add((s.key, p.at, p.fingerprint.get("gpu_uuid")))
+                add(s, p)  # several devices of a node-mode file may share a second: each is a point
     if baseline_dir is not None:
         for path in BaselineStore(baseline_dir).files():
             base = load_baseline_file(path)
             for e in base.entries.values():
                 s = Series(base.meta.gpu_model, base.meta.profile, e.mode, e.test, e.metric, e.unit, e.direction)
                 for run in e.runs:
-                    add(s, Point(run.recorded_at, run.value, fingerprint=dict(run.fingerprint)))
+                    if (s.key, run.recorded_at, run.fingerprint.get("gpu_uuid")) not in from_results:
+                        add(s, Point(run.recorded_at, run.value, fingerprint=dict(run.fingerprint)))
     for s in series.values():
         s.points.sort(key=lambda p: p.at)
     return sorted(series.values(), key=lambda s: s.key)

@@ -118,3 +118,16 @@ def test_a_page_from_a_baseline_folder_alone_summarises_each_figures_newest_save
     page = render(collect(tmp_path / "baselines", []))
     assert "2026-11-12T02:00:00+00:00" in page and "nothing regressed" in page  # the third night, saved
     assert page.count('class="run saved"') == 6 and 'class="band"' not in page  # no verdicts, no bands
+
+
+def test_two_devices_of_one_node_mode_run_are_two_points_and_not_a_change(tmp_path: Path) -> None:
+    boards = [{**FP_OLD, "gpu_uuid": f"GPU-{i}"} for i in range(2)]
+    recs = [record(v, fingerprint=fp) for v, fp in zip((100.0, 97.0), boards)]
+    for r in recs:
+        r.timestamp = "2026-11-20T02:00:00+00:00"  # the same second
+    path = tmp_path / "node.json"
+    write_results(path, recs)
+    BaselineStore(tmp_path / "baselines").save(recs)
+    (s,) = collect(tmp_path / "baselines", [path])
+    assert sorted(p.value for p in s.points) == [97.0, 100.0]  # each device once, not deduplicated away
+    assert all(p.outcome != "saved" for p in s.points) and s.changes() == []
