@@ -609,7 +609,8 @@ def load_baseline_file(path: Path) -> Baseline:
         keep, entries = DEFAULT_KEEP, _read_v1(path, doc)
     newest = max((e.last for e in entries.values() if e.last), key=lambda r: r.recorded_at, default=None)
     meta.fingerprint = dict(newest.fingerprint) if newest else {}
-    return Baseline(meta, entries, str(doc.get("updated_at") or ""), keep)
+    extra = {"reference": doc["reference"]} if "reference" in doc else {}  # a shipped reference's block
+    return Baseline(meta, entries, str(doc.get("updated_at") or ""), keep, extra)
 
 
 def _header(path: Path, where: str, e: Any) -> tuple[str, str, str, float | None]:

@@ -22,7 +22,7 @@ from typing import Any, Iterable, Sequence
 
 from .baselines import BaselineStore, load_baseline_file, meta_from_record
 from .results import ResultRecord, atomic_write_text, read_results, utc_now
-from .verdict import FINGERPRINT_FIELDS, fingerprint_diff, format_number
+from .verdict import fingerprint_changes, format_number
 
 #: Fingerprint keys whose change is marked on the time axis (what a nightly is run to watch).
 WATCHED = ("driver", "cuda_driver", "cuda_runtime", "vbios", "gsp", "inforom", "torch", "gpu_uuid",
@@ -74,19 +74,16 @@ class Series:
                 continue  # two devices of one node-mode run: not a change over time
             old = {k: v for k, v in self.points[i - 1].fingerprint.items() if k in WATCHED}
             new = {k: v for k, v in self.points[i].fingerprint.items() if k in WATCHED}
-            diff = fingerprint_diff(old, new)
-            if diff:
-                out.append((i, diff, ", ".join(_short(d) for d in diff)))
+            changed = fingerprint_changes(old, new)
+            if changed:
+                out.append((i, [f"{label} {a} -> {b}" for label, a, b in changed],
+                            ", ".join(f"{label} {_short(b)}" for label, _, b in changed)))
         return out
 
 
-def _short(change: str) -> str:
-    """'GPU board GPU-91667a0f-... -> GPU-4ea5a3af-...' -> 'GPU board GPU-4ea5a3af' (the new value)."""
-    label_and_old, _, new = change.rpartition(" -> ")
-    labels = sorted((label for _, label, _ in FINGERPRINT_FIELDS if label_and_old.startswith(label + " ")),
-                    key=len, reverse=True)
-    label = labels[0] if labels else label_and_old.split(" ", 1)[0]
-    return f"{label} {new[:12] if new.startswith(('GPU-', 'MIG-')) else new}"
+def _short(value: str) -> str:
+    """A board's UUID cut to its first group ('GPU-4ea5a3af'); other values as they are."""
+    return value[:12] if value.startswith(("GPU-", "MIG-")) else value
 
 
 def collect(baseline_dir: Path | None, results: Sequence[Path]) -> list[Series]:

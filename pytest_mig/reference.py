@@ -106,10 +106,6 @@ class ReferenceStore:
     def __repr__(self) -> str:
         return f"ReferenceStore({str(self.root)!r})"
 
-    @property
-    def shipped(self) -> bool:
-        return self.root.resolve() == SHIPPED.resolve()
-
     def load(self, gpu_slug: str, baseline_profile: str) -> Reference | None:
         """The reference of this GPU model and profile (None: none).  A broken file is a BaselineError."""
         key = (gpu_slug, baseline_profile)
@@ -138,10 +134,7 @@ def _profile_order(profile: str) -> tuple[int, str]:
 
 def _read(path: Path) -> Reference:
     base = load_baseline_file(path)
-    try:
-        block = json.loads(path.read_text(encoding="utf-8")).get("reference") or {}
-    except (OSError, ValueError) as exc:  # read a moment ago: only a concurrent edit gets here
-        raise BaselineError(f"{path}: cannot be read ({exc})") from None
+    block = base.extra.get("reference") or {}
     sigma: dict[EntryKey, float] = {}
     raw = block.get("sigma") if isinstance(block, dict) else None
     if raw is not None and not isinstance(raw, dict):

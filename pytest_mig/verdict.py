@@ -176,25 +176,32 @@ def _show(key: str, value: Any, unit: str) -> str:
     return f"{value}{unit}"
 
 
-def fingerprint_diff(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> list[str]:
-    """What changed between two fingerprints, e.g. ``["driver 550.54 -> 560.35", "torch 2.4.0 -> 2.5.1"]``.
+def fingerprint_changes(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> list[tuple[str, str, str]]:
+    """What changed between two fingerprints as (label, old value, new value), values as shown, e.g.
+    ``[("driver", "550.54", "560.35")]``; :func:`fingerprint_diff` words them.
 
     A key absent from either side is not reported (an older file may not have recorded it); a key
-    present on both sides whose value became unknown is (``GSP firmware 550.54 -> n/a``).
+    present on both sides whose value became unknown is (``("GSP firmware", "550.54", "n/a")``).
     """
     old, new = dict(old or {}), dict(new or {})
     known = [k for k, _, _ in FINGERPRINT_FIELDS]
     labels = {k: (label, unit) for k, label, unit in FINGERPRINT_FIELDS}
     keys = known + sorted(k for k in set(old) & set(new) if k not in labels)
-    out: list[str] = []
+    out: list[tuple[str, str, str]] = []
     for key in keys:
         if key not in old or key not in new or old[key] == new[key]:
             continue
         label, unit = labels.get(key, (key, ""))
         a, b = _show(key, old[key], unit), _show(key, new[key], unit)
         if a != b:
-            out.append(f"{label} {a} -> {b}")
+            out.append((label, a, b))
     return out
+
+
+def fingerprint_diff(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> list[str]:
+    """What changed between two fingerprints, e.g. ``["driver 550.54 -> 560.35", "torch 2.4.0 -> 2.5.1"]``
+    (see :func:`fingerprint_changes`)."""
+    return [f"{label} {a} -> {b}" for label, a, b in fingerprint_changes(old, new)]
 
 
 def incomparable_reason(record: ResultRecord, meta: BaselineMeta) -> str | None:
@@ -579,6 +586,7 @@ def failure_text(verdicts: Sequence[Verdict]) -> str:
 
 __all__ = [
     "DEFAULT_TOLERANCE", "DETECT_Z", "EMULATED_SUFFIX", "FINGERPRINT_FIELDS", "Judge", "OUTCOMES", "Outcome",
-    "Verdict", "compare", "compare_reference", "confirm", "explain_clock", "failing", "failure_text", "fingerprint_diff", "format_number",
+    "Verdict", "compare", "compare_reference", "confirm", "explain_clock", "failing", "failure_text",
+    "fingerprint_changes", "fingerprint_diff", "format_number",
     "incomparable_reason", "judge", "parse_tolerance",
 ]
