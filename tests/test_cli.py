@@ -99,7 +99,8 @@ def test_devices_without_a_gpu_says_so_and_succeeds(capsys: pytest.CaptureFixtur
     assert out.startswith(phrase)
     lines = out.splitlines()
     assert len(lines) == 4  # the reason, then the GPU models with shipped references
-    assert lines[1].startswith("references (") and lines[2] == "  NVIDIA H100 80GB HBM3: 1g.10gb-emulated, full"
+    assert lines[1].startswith("references (") and lines[2].startswith("  NVIDIA H100 80GB HBM3: 1g.10gb-emulated, ")
+    assert lines[2].endswith(", full") and lines[3].startswith("  NVIDIA H200: ")
 
 
 # --------------------------------------------------------------------------- report

@@ -185,7 +185,10 @@ def test_devices_lists_the_shipped_references_without_a_gpu(capsys: pytest.Captu
     assert main(["devices"]) == 0
     out = capsys.readouterr().out
     assert "references (figures with no local baseline are judged against them" in out
-    assert "  NVIDIA H100 80GB HBM3: 1g.10gb-emulated, full" in out
+    h100 = next(line for line in out.splitlines() if line.startswith("  NVIDIA H100 80GB HBM3: "))
+    shipped = sorted(p.stem for p in (SHIPPED / "nvidia-h100-80gb-hbm3").glob("*.json"))
+    assert h100.split(": ", 1)[1].split(", ") == shipped
+    assert {"1g.10gb-emulated", "full"} <= set(shipped)
 
 
 def test_every_shipped_reference_names_a_test_the_suite_still_has() -> None:
