@@ -207,7 +207,9 @@ def test_gemm_sustained_and_per_sm_cycle_figures_come_from_the_energy_window(cpu
     by = {m.name: m for m in gemm.run_gemm(cpu, powered, dtype="fp32", quick=True)}
     tflops, sustained_m = by["fp32_tflops"], by["fp32_sustained_tflops"]
     assert sustained_m.unit == "TFLOPS" and sustained_m.compare and sustained_m.kind == tflops.kind
-    assert sustained_m.value == pytest.approx(tflops.value, rel=0.9)  # the same work, timed over the window
+    # The same work timed over the window: on a busy 2-core CPU the two timings moved apart by 2.3x
+    # once, so only the order of magnitude is held (a wrong call or FLOP count is off by 100x).
+    assert 0.2 < sustained_m.value / tflops.value < 5
     assert "fp32_flop_per_sm_cycle" not in by  # the CPU has no SM count: no per-cycle figure rather than a guess
 
 
