@@ -12,40 +12,24 @@ import contextlib
 from dataclasses import replace
 from typing import Any, Iterator
 
+from .mps import current_context_sms
 from .target import Target
 
 
 def read_back_sms() -> tuple[int | None, str]:
     """SMs available to the current CUDA context, and how that was read.
 
-    First the driver's own answer (cuCtxGetDevResource on the current context, through
-    cuda-bindings when installed); then an observation: a Triton kernel that writes each block's
+    First the driver's own answer (cuCtxGetDevResource on the current context:
+    :func:`mps.current_context_sms`); then an observation: a Triton kernel that writes each block's
     %smid, counted over many blocks.
     """
-    n = _sms_from_driver()
+    n = current_context_sms()
     if n:
         return n, "driver (cuCtxGetDevResource)"
     n = _sms_observed()
     if n:
         return n, "observed (%smid of running blocks)"
     return None, "not read back"
-
-
-def _sms_from_driver() -> int | None:
-    try:
-        from cuda.bindings import driver  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    try:
-        err, ctx = driver.cuCtxGetCurrent()
-        if int(err) != 0 or not ctx:
-            return None
-        err, res = driver.cuCtxGetDevResource(ctx, driver.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM)
-        if int(err) != 0:
-            return None
-        return int(res.sm.smCount)
-    except Exception:
-        return None
 
 
 _SMID_KERNEL: Any = None

@@ -267,6 +267,18 @@ class _SmResource(ctypes.Structure):
                 ("_rest", ctypes.c_ubyte * 300)]
 
 
+def current_context_sms() -> int | None:
+    """SMs of this thread's current CUDA context (a green context's own share, an MPS client's
+    share), read with cuCtxGetDevResource; None where there is no context or the driver cannot say."""
+    cuda = _libcuda()
+    if cuda is None:
+        return None
+    ctx = ctypes.c_void_p()
+    if cuda.cuCtxGetCurrent(ctypes.byref(ctx)) != 0 or not ctx.value:
+        return None
+    return _ctx_sms(cuda, ctx)
+
+
 def _ctx_sms(cuda: Any, ctx: ctypes.c_void_p) -> int | None:
     fn = getattr(cuda, "cuCtxGetDevResource", None)
     if fn is None:

@@ -138,3 +138,44 @@ def test_probe_client_reports_an_error_without_a_driver():
         pytest.skip("this machine has a CUDA driver")
     assert "error" in report
     assert mps.main(["bogus"]) == 2
+
+
+class _FakeDriver:
+    """libcuda's two calls that current_context_sms makes, writing through ctypes.byref as the driver does."""
+
+    def __init__(self, ctx: int, sms: int, rc: int = 0) -> None:
+        self.ctx, self.sms, self.rc, self.asked = ctx, sms, rc, []
+
+    def cuCtxGetCurrent(self, ref):  # noqa: N802 - the driver's name
+        ref._obj.value = self.ctx
+        return 0
+
+    def cuCtxGetDevResource(self, ctx, ref, kind):  # noqa: N802
+        self.asked.append((ctx.value, kind.value))
+        ref._obj.sm_count = self.sms
+        return self.rc
+
+
+def test_current_context_sms_reads_the_current_contexts_sm_resource(monkeypatch):
+    driver = _FakeDriver(ctx=0x1234, sms=16)
+    monkeypatch.setattr(mps, "_libcuda", lambda: driver)
+    assert mps.current_context_sms() == 16
+    assert driver.asked == [(0x1234, 1)]  # CU_DEV_RESOURCE_TYPE_SM of that context
+
+
+@pytest.mark.parametrize("driver", [None, _FakeDriver(ctx=0, sms=16), _FakeDriver(ctx=0x1234, sms=16, rc=801)],
+                         ids=["no-libcuda", "no-current-context", "driver-cannot-say"])
+def test_current_context_sms_is_none_where_the_driver_cannot_tell(monkeypatch, driver):
+    monkeypatch.setattr(mps, "_libcuda", lambda: driver)
+    assert mps.current_context_sms() is None
+
+
+def test_emulation_reads_back_through_the_driver_before_observing(monkeypatch):
+    from pytest_mig import emulation
+
+    monkeypatch.setattr(emulation, "current_context_sms", lambda: 32)
+    monkeypatch.setattr(emulation, "_sms_observed", lambda: pytest.fail("observed although the driver answered"))
+    assert emulation.read_back_sms() == (32, "driver (cuCtxGetDevResource)")
+    monkeypatch.setattr(emulation, "current_context_sms", lambda: None)
+    monkeypatch.setattr(emulation, "_sms_observed", lambda: 30)
+    assert emulation.read_back_sms() == (30, "observed (%smid of running blocks)")
