@@ -5,6 +5,9 @@ rigid water, hydrogen mass 1.5 amu, LangevinMiddleIntegrator 300 K / 1 ps^-1 / 4
 Prints one JSON line: ns/day over the timed steps.
 
     python docs/plain/openmm_plain.py --system water-23k --precision mixed --seconds 6
+
+``--loop integrator`` steps with ``integrator.step`` as the suite's worker does, instead of
+``Simulation.step`` (which advances 10 steps per call into the integrator), to tell the two apart.
 """
 
 import argparse
@@ -20,6 +23,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--system", default="water-23k", choices=["water-23k", "water-92k", "popc-membrane"])
 parser.add_argument("--precision", default="mixed")
 parser.add_argument("--seconds", type=float, default=6.0)
+parser.add_argument("--loop", default="simulation", choices=["simulation", "integrator"])
+parser.add_argument("--platform", default="CUDA", choices=["CUDA", "CPU"])
 args = parser.parse_args()
 
 ff = app.ForceField("amber14-all.xml", "amber14/tip3pfb.xml")
@@ -34,25 +39,27 @@ else:
 system = ff.createSystem(topology, nonbondedMethod=app.PME, nonbondedCutoff=0.9 * unit.nanometer,
                          constraints=app.HBonds, rigidWater=True, hydrogenMass=1.5 * unit.amu)
 integrator = openmm.LangevinMiddleIntegrator(300 * unit.kelvin, 1 / unit.picosecond, 4 * unit.femtosecond)
-platform = openmm.Platform.getPlatformByName("CUDA")
-simulation = app.Simulation(topology, system, integrator, platform, {"Precision": args.precision})
+platform = openmm.Platform.getPlatformByName(args.platform)
+properties = {"Precision": args.precision} if args.platform == "CUDA" else {}
+simulation = app.Simulation(topology, system, integrator, platform, properties)
 simulation.context.setPositions(positions)
 simulation.minimizeEnergy(maxIterations=200)
 simulation.context.setVelocitiesToTemperature(300 * unit.kelvin)
 
+advance = simulation.step if args.loop == "simulation" else integrator.step
 warm_until = time.perf_counter() + 2.0  # warm-up, as long as the suite's
 while time.perf_counter() < warm_until:
-    simulation.step(500)
+    advance(500)
     simulation.context.getState(getPositions=True)
 start = time.perf_counter()
-simulation.step(100)
+advance(100)
 simulation.context.getState(getPositions=True)
 per_step = (time.perf_counter() - start) / 100
 steps = max(100, int(args.seconds / per_step))
 start = time.perf_counter()
-simulation.step(steps)
+advance(steps)
 simulation.context.getState(getPositions=True)
 elapsed = time.perf_counter() - start
 ns_per_day = steps * 4e-6 / elapsed * 86400
-print(json.dumps({"system": args.system, "precision": args.precision, "atoms": topology.getNumAtoms(),
+print(json.dumps({"system": args.system, "precision": args.precision, "loop": args.loop, "atoms": topology.getNumAtoms(),
                   "steps": steps, "seconds": elapsed, "ns_per_day": ns_per_day}))
