@@ -31,11 +31,13 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from .baselines import (
+    FINGERPRINT_FIELDS,
     Baseline,
     BaselineEntry,
     BaselineError,
     BaselineStore,
     EntryKey,
+    fingerprint_value,
     load_baseline_file,
     meta_from_record,
 )
@@ -50,10 +52,15 @@ NONE = "none"
 REFERENCE_KEEP = 50
 #: Fingerprint keys that name one board, not the model: left out of a reference.
 BOARD_KEYS = ("gpu_uuid",)
-#: Fingerprint fields a verdict shows for the reference beside this GPU's (label, unit).
-SHOWN = (("driver", "driver", ""), ("cuda_driver", "CUDA", ""), ("torch", "torch", ""), ("vbios", "VBIOS", ""),
-         ("power_limit_w", "power limit", " W"), ("max_sm_clock_mhz", "max SM clock", " MHz"),
-         ("max_mem_clock_mhz", "max memory clock", " MHz"))
+#: Fingerprint fields a verdict shows for the reference beside this GPU's; labels and units are
+#: FINGERPRINT_FIELDS', but the driver's CUDA version is plain "CUDA" (the runtime is not shown).
+SHOWN = ("driver", "cuda_driver", "torch", "vbios", "power_limit_w", "max_sm_clock_mhz", "max_mem_clock_mhz")
+_LABELS = {key: (label, unit) for key, label, unit in FINGERPRINT_FIELDS} | {"cuda_driver": ("CUDA", "")}
+
+
+def _shown(key: str, value: Any) -> str:
+    """A shown field's value with its unit, as verdicts format fingerprints."""
+    return fingerprint_value(key, value, _LABELS[key][1])
 
 
 @dataclass
@@ -76,7 +83,7 @@ class Reference:
         runs = max((len(e.runs) for e in entries), default=0)
         modes = sorted({e.mode for e in entries})
         fp = meta.fingerprint
-        soft = ", ".join(f"{label} {fp[k]}{unit}" for k, label, unit in SHOWN[:3] if fp.get(k) is not None)
+        soft = ", ".join(f"{_LABELS[k][0]} {_shown(k, fp[k])}" for k in SHOWN[:3] if fp.get(k) is not None)
         return (f"{runs} run(s) of {meta.gpu_model} {meta.profile} ({', '.join(modes) or 'no figures'})"
                 + (f", {soft}" if soft else ""))
 
@@ -85,12 +92,13 @@ def fingerprint_beside(reference: dict[str, Any], mine: dict[str, Any]) -> str:
     """The reference's fingerprint with this GPU's beside it where they differ, e.g. ``driver
     580.159.04 (this GPU 590.10.02), CUDA 13.0, torch 2.11.0, power limit 700 W (this GPU 500 W)``."""
     parts = []
-    for key, label, unit in SHOWN:
+    for key in SHOWN:
         if reference.get(key) is None:
             continue
-        text = f"{label} {reference[key]}{unit}"
-        if mine.get(key) is not None and str(mine[key]) != str(reference[key]):
-            text += f" (this GPU {mine[key]}{unit})"
+        theirs = _shown(key, reference[key])
+        text = f"{_LABELS[key][0]} {theirs}"
+        if mine.get(key) is not None and _shown(key, mine[key]) != theirs:
+            text += f" (this GPU {_shown(key, mine[key])})"
         parts.append(text)
     return ", ".join(parts)
 

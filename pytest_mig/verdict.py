@@ -36,12 +36,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
 from .baselines import (
+    FINGERPRINT_FIELDS,
     DEFAULT_TOLERANCE,
     EMULATED_SUFFIX,
     Baseline,
     BaselineEntry,
     BaselineMeta,
     BaselineStore,
+    fingerprint_value,
     meta_from_record,
     throttle_reasons,
 )
@@ -62,28 +64,6 @@ from .results import ResultRecord
 Outcome = Literal["pass", "regressed", "improved", "noisy", "transient", "no-baseline", "incomparable", "info"]
 OUTCOMES: tuple[str, ...] = ("pass", "regressed", "improved", "noisy", "transient", "no-baseline", "incomparable",
                              "info")
-
-#: Fingerprint keys in the order a verdict names them (likely culprits first), with their labels
-#: and units.  Keys not listed here are still diffed, after these, in sorted order.
-FINGERPRINT_FIELDS: tuple[tuple[str, str, str], ...] = (
-    ("driver", "driver", ""),
-    ("cuda_driver", "CUDA driver", ""),
-    ("cuda_runtime", "CUDA runtime", ""),
-    ("vbios", "VBIOS", ""),
-    ("inforom", "InfoROM", ""),
-    ("gsp", "GSP firmware", ""),
-    ("ecc", "ECC", ""),
-    ("power_limit_w", "power limit", " W"),
-    ("max_sm_clock_mhz", "max SM clock", " MHz"),
-    ("max_mem_clock_mhz", "max memory clock", " MHz"),
-    ("torch", "torch", ""),
-    ("python", "Python", ""),
-    ("gpu_name", "GPU", ""),
-    ("gpu_uuid", "GPU board", ""),
-    ("memory_total_mib", "memory", " MiB"),
-    ("cpu_model", "CPU", ""),
-)
-
 
 @dataclass
 class Verdict:
@@ -164,18 +144,6 @@ def parse_tolerance(text: str | float) -> float:
     return value
 
 
-def _show(key: str, value: Any, unit: str) -> str:
-    if value is None:
-        return "n/a"
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    if key in ("cuda_driver", "cuda_runtime") and isinstance(value, int) and value >= 1000:
-        return f"{value // 1000}.{(value % 1000) // 10}"  # NVML's 12040 -> 12.4
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    return f"{value}{unit}"
-
-
 def fingerprint_changes(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> list[tuple[str, str, str]]:
     """What changed between two fingerprints as (label, old value, new value), values as shown, e.g.
     ``[("driver", "550.54", "560.35")]``; :func:`fingerprint_diff` words them.
@@ -192,7 +160,7 @@ def fingerprint_changes(old: Mapping[str, Any] | None, new: Mapping[str, Any] | 
         if key not in old or key not in new or old[key] == new[key]:
             continue
         label, unit = labels.get(key, (key, ""))
-        a, b = _show(key, old[key], unit), _show(key, new[key], unit)
+        a, b = fingerprint_value(key, old[key], unit), fingerprint_value(key, new[key], unit)
         if a != b:
             out.append((label, a, b))
     return out
