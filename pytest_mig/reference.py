@@ -38,6 +38,7 @@ from .baselines import (
     BaselineStore,
     EntryKey,
     fingerprint_value,
+    folder_lock,
     load_baseline_file,
     meta_from_record,
 )
@@ -222,6 +223,13 @@ def build(paths: Sequence[Path], out: Path) -> list[Path]:
         records.extend(_anonymous(r) for r in read_results(path))
     store = BaselineStore(out, keep=REFERENCE_KEEP)
     store.save(sorted(records, key=lambda r: r.timestamp))
+    # Read back and rewritten under the folder's lock: another build's runs saved meanwhile are kept.
+    with folder_lock(out):
+        return _write_sigma(store)
+
+
+def _write_sigma(store: BaselineStore) -> list[Path]:
+    """Every file of the folder with the ``reference`` block of its figures' pooled sigma."""
     written: list[Path] = []
     by_model: dict[str, list[Path]] = {}
     for path in store.files():

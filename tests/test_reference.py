@@ -82,6 +82,27 @@ def test_build_writes_a_baseline_file_per_profile_without_the_board_and_with_poo
     assert refs.models() == {"NVIDIA H200": ["3g.71gb"]}
 
 
+def test_build_rewrites_the_sigma_under_the_folder_lock_a_concurrent_save_waits_for(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pytest_mig.reference as reference
+    from pytest_mig.baselines import folder_lock
+
+    out, held = tmp_path / "ref", []
+    real_write = reference.atomic_write_text
+
+    def write(path: Path, text: str) -> None:  # another process's save would try the lock now
+        try:
+            with folder_lock(out, timeout=0.1):
+                held.append(False)
+        except TimeoutError:
+            held.append(True)
+        real_write(path, text)
+
+    monkeypatch.setattr(reference, "atomic_write_text", write)
+    build([results_file(tmp_path, "run0", {"fp16_tflops": 100.0})], out)
+    assert held == [True]
+
+
 def test_a_reference_whose_sigma_is_not_a_number_is_an_error_naming_the_file(tmp_path: Path,
                                                                              refs: ReferenceStore) -> None:
     path = tmp_path / "ref" / "nvidia-h200" / "3g.71gb.json"
