@@ -28,9 +28,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from .baselines import FINGERPRINT_FIELDS, fingerprint_value
 from .results import ResultRecord, atomic_write_text
 
 KINDS = ("github", "prometheus")
+#: Fingerprint fields a github-action-benchmark entry carries in its ``extra`` text.
+EXTRA_FINGERPRINT = ("driver", "cuda_driver", "torch")
 #: Labels of every figure's series: DCGM exporter's names for the device, then the figure's own.
 LABELS = ("gpu", "UUID", "modelName", "Hostname", "GPU_I_PROFILE", "GPU_I_ID", "emulated", "mode", "test", "metric",
           "unit")
@@ -74,7 +77,8 @@ def github_benchmark(records: Iterable[ResultRecord]) -> dict[str, list[dict[str
         verdict = (r.verdict or {}).get("outcome")
         extra = [f"mode {r.mode}"] + ([f"verdict {verdict}"] if verdict else [])
         fp = r.fingerprint or {}
-        extra += [f"{k} {fp[k]}" for k in ("driver", "cuda", "torch") if fp.get(k)]
+        extra += [f"{label} {fingerprint_value(k, fp[k], unit)}" for k, label, unit in FINGERPRINT_FIELDS
+                  if k in EXTRA_FINGERPRINT and fp.get(k) is not None]
         entry["extra"] = "; ".join(extra)
         out["bigger" if m.direction == "higher" else "smaller"].append(entry)
     return out

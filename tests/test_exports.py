@@ -14,7 +14,7 @@ from pytest_mig.results import ResultRecord
 
 TARGET = {"kind": "mig", "profile": "1g.10gb", "gpu_name": "NVIDIA H100 80GB HBM3", "uuid": "MIG-1234", "gpu_index": 0,
           "instance": {"gpu_instance_id": 9, "compute_instance_id": 0}}
-FP = {"driver": "580.159.04", "cuda": "13.0", "torch": "2.11.0"}
+FP = {"driver": "580.159.04", "cuda_driver": "13.0", "cuda_runtime": "13.0", "torch": "2.11.0", "python": "3.12.3"}
 
 
 def _records() -> list[ResultRecord]:
@@ -34,7 +34,7 @@ def test_github_action_benchmark_json(tmp_path):
     assert [p.name for p in paths] == ["bigger-is-better.json", "smaller-is-better.json"]
     assert bigger == [{"name": "test_gemm[bf16] tflops [H100 80GB HBM3 1g.10gb]", "unit": "TFLOPS", "value": 101.5,
                        "range": pytest.approx(bigger[0]["range"]),
-                       "extra": "mode normal; verdict regressed; driver 580.159.04; cuda 13.0; torch 2.11.0"}]
+                       "extra": "mode normal; verdict regressed; driver 580.159.04; CUDA driver 13.0; torch 2.11.0"}]
     assert bigger[0]["range"] == "± 1.5"  # the samples' standard deviation
     assert [e["name"] for e in smaller] == ["test_training[x] step_time_s [H100 80GB HBM3 1g.10gb]"]
     # info figures are not exported
