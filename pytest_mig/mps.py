@@ -36,7 +36,10 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .target import Target
 
 CONTROL = "nvidia-cuda-mps-control"
 DEFAULT_PIPE_DIRECTORY = "/tmp/nvidia-mps"
@@ -192,6 +195,31 @@ def confine(sms: int | None, total_sms: int | None, memory_limit_bytes: int,
     return env, {"method": "CUDA MPS client", "active_thread_percentage": pct,
                  "memory_limit_bytes": memory_limit_bytes, "probe": report,
                  "daemon": "started by pytest-mig" if daemon.owned else "the site's"}
+
+
+def confine_engine(target: Target, base: Mapping[str, str], engine: str) -> tuple[dict[str, str], dict[str, Any]]:
+    """:func:`confine` for an engine (OpenMM, GROMACS's mdrun) on an emulated Target: its SMs and
+    memory budget; DoesNotFit (a skip) with the reason where MPS cannot confine it."""
+    from .workloads import DoesNotFit
+
+    try:
+        return confine(target.effective_sms, _total_sms(target), target.memory_budget(), base)
+    except MpsUnavailable as exc:
+        raise DoesNotFit(f"{engine} makes its own CUDA context, which a green context does not confine, and MPS "
+                         f"could not confine it to the emulated {target.profile} instead: {exc}") from None
+
+
+def _total_sms(target: Target) -> int | None:
+    """The whole GPU's SMs: the model's table, else what CUDA reports."""
+    model = target.model
+    if model is not None and model.sms:
+        return int(model.sms)
+    try:
+        import torch
+
+        return int(torch.cuda.get_device_properties(0).multi_processor_count)
+    except Exception:
+        return None
 
 
 def probe(env: Mapping[str, str]) -> dict[str, Any]:

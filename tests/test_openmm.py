@@ -9,6 +9,7 @@ import math
 
 import pytest
 
+from pytest_mig import mps
 from pytest_mig.target import Target
 from pytest_mig.workloads import DoesNotFit, WorkloadError
 from pytest_mig.workloads import openmm_md as om
@@ -146,8 +147,6 @@ def test_cuda_extra_follows_torchs_cuda(monkeypatch):
 
 
 def test_emulation_without_mps_is_a_skip_with_the_reason(monkeypatch):
-    from pytest_mig import mps
-
     def unavailable():
         raise mps.MpsUnavailable("nvidia-cuda-mps-control is not on PATH")
 
@@ -158,7 +157,7 @@ def test_emulation_without_mps_is_a_skip_with_the_reason(monkeypatch):
 
 
 def test_a_figure_whose_confinement_is_not_verified_is_never_the_profiles(monkeypatch):
-    monkeypatch.setattr(om, "mps_client_env", lambda target, base, engine: (base, {"active_thread_percentage": 13}))
+    monkeypatch.setattr(mps, "confine_engine", lambda target, base, engine: (base, {"active_thread_percentage": 13}))
     result = {"resources": {"sms": 132}}
     monkeypatch.setattr(om, "_run_worker", lambda request, env: result)
     with pytest.raises(DoesNotFit, match="could not be verified: its worker saw 132 SMs where the profile has 16 "

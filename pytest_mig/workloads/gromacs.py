@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import mps
 from ..measure import Metric, Timer
 from ..target import Target
 from . import DoesNotFit, WorkloadError
-from .openmm_md import mps_client_env
 
 #: Environment variable naming the GROMACS binary where it is not ``gmx`` on PATH (gmx_mpi, a module path).
 GMX_ENV = "PYTEST_MIG_GMX"
@@ -204,7 +204,7 @@ def run_gromacs(target: Target, timer: Timer | None = None, *, quick: bool = Fal
     run_env = dict(os.environ if env is None else env)
     confinement: dict[str, Any] = {}
     if target.emulated:
-        run_env, confinement = mps_client_env(target, run_env, "GROMACS's mdrun")
+        run_env, confinement = mps.confine_engine(target, run_env, "GROMACS's mdrun")
     nb = "cpu" if target.is_cpu else "gpu"
     version = _run_gmx([gmx, "--version"], Path.cwd(), "gmx --version", run_env).stdout
     if nb == "gpu" and (gmx_gpu_support(version) or "").lower() in ("disabled", "none"):

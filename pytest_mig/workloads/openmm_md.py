@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import mps
 from ..measure import (
     RAMP_S,
     EnergyTicks,
@@ -366,7 +367,7 @@ def run_openmm(target: Target, *, system: str = "water-23k", precision: str = "m
     base = dict(os.environ if env is None else env)
     confinement: dict[str, Any] = {}
     if target.emulated:
-        base, confinement = mps_client_env(target, base, "OpenMM")
+        base, confinement = mps.confine_engine(target, base, "OpenMM")
     request = {"device": "cpu" if target.is_cpu else "cuda", "system": system, "precision": precision, "quick": quick}
     with EnergyTicks(telemetry.read_energy_mj if telemetry is not None else None) as ticks:
         result = _run_worker(request, base)
@@ -388,30 +389,6 @@ def _energy(result: dict[str, Any], ticks: EnergyTicks, telemetry: Telemetry | N
     ns_per_chunk = int(result["steps_per_chunk"]) * float(result["timestep_fs"]) * 1e-6
     trace = PowerTrace([], end - start, mean_w * (end - start), "energy-counter", telemetry.power_limit_w)
     return energy_metrics(Timing(samples=seconds, power=trace, energy_calls=len(seconds)), ns_per_chunk, "ns")
-
-
-def mps_client_env(target: Target, base: dict[str, str], engine: str) -> tuple[dict[str, str], dict[str, Any]]:
-    """The environment that confines ``engine`` (which makes its own CUDA context) to the emulated
-    Target as an MPS client, and what was set; DoesNotFit with the reason where MPS cannot."""
-    from .. import mps
-
-    try:
-        return mps.confine(target.effective_sms, _total_sms(target), target.memory_budget(), base)
-    except mps.MpsUnavailable as exc:
-        raise DoesNotFit(f"{engine} makes its own CUDA context, which a green context does not confine, and MPS "
-                         f"could not confine it to the emulated {target.profile} instead: {exc}") from None
-
-
-def _total_sms(target: Target) -> int | None:
-    model = target.model
-    if model is not None and model.sms:
-        return int(model.sms)
-    try:
-        import torch
-
-        return int(torch.cuda.get_device_properties(0).multi_processor_count)
-    except Exception:
-        return None
 
 
 def _run_worker(request: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
