@@ -18,7 +18,8 @@ naming the file) with one more top-level block::
 profile's runs relative to their own median): a figure too noisy on one profile is not judged on
 any.  ``pytest-mig reference FILES... --out DIR`` builds such a folder from results files (the
 shipped one, or a site's own fleet reference, used with ``--mig-reference DIR``).  The boards'
-identities (UUIDs) are not kept: the reference speaks for the model, not for one board.
+identities (UUIDs) are not kept: the reference speaks for the model, not for one board.  A figure a
+run re-measured enters as the median of its measurements (:func:`_as_reference`).
 """
 
 from __future__ import annotations
@@ -209,9 +210,22 @@ def pooled_sigma(groups: Iterable[Sequence[float]]) -> float | None:
     return math.sqrt(total / dof) if dof else None
 
 
-def _anonymous(record: ResultRecord) -> ResultRecord:
+def _as_reference(record: ResultRecord) -> ResultRecord:
+    """A run's record as a reference keeps it: no board identity, no verdict, and the run's own
+    re-measurements counted.
+
+    A figure the run re-measured (its first reading was beyond its threshold then) enters as the
+    median of all its measurements: a first reading the run itself found transient (a -36% dip
+    re-measured within 0.3%) would otherwise sit in the reference, and with two or three runs per
+    profile one such dip sets the figure's pooled sigma, widening its band past what is judged.
+    """
     fp = {k: v for k, v in (record.fingerprint or {}).items() if k not in BOARD_KEYS}
-    return replace(record, fingerprint=fp, verdict=None, health=None)
+    metric = record.metric
+    taken = [float(x) for x in (record.verdict or {}).get("confirmations") or ()
+             if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)]
+    if taken and math.isfinite(metric.value):
+        metric = replace(metric, value=statistics.median([metric.value, *taken]))
+    return replace(record, metric=metric, fingerprint=fp, verdict=None, health=None)
 
 
 def build(paths: Sequence[Path], out: Path) -> list[Path]:
@@ -220,7 +234,7 @@ def build(paths: Sequence[Path], out: Path) -> list[Path]:
     a file that cannot be read."""
     records: list[ResultRecord] = []
     for path in paths:
-        records.extend(_anonymous(r) for r in read_results(path))
+        records.extend(_as_reference(r) for r in read_results(path))
     store = BaselineStore(out, keep=REFERENCE_KEEP)
     store.save(sorted(records, key=lambda r: r.timestamp))
     # Read back and rewritten under the folder's lock: another build's runs saved meanwhile are kept.

@@ -103,6 +103,21 @@ def test_build_rewrites_the_sigma_under_the_folder_lock_a_concurrent_save_waits_
     assert held == [True]
 
 
+def test_a_figure_its_run_re_measured_enters_as_the_median_of_its_measurements(tmp_path: Path) -> None:
+    """A first reading the run itself found transient (re-measured within 0.3%) must not set the
+    figure's pooled sigma: it enters the reference as the median of the run's three measurements."""
+    calm = results_file(tmp_path, "calm", {"fp16_tflops": 100.0})
+    dipped = tmp_path / "dipped.json"
+    rec = record(64.0, name="fp16_tflops", fingerprint=dict(BOARD))
+    rec.verdict = {"outcome": "transient", "confirmations": [100.3, 100.1, float("nan")]}
+    write_results(dipped, [rec])
+    build([calm, dipped], tmp_path / "ref")
+    ref = ReferenceStore(tmp_path / "ref").load("nvidia-h200", "3g.71gb")
+    entry = ref.get(TEST, "fp16_tflops", "normal")
+    assert sorted(entry.values) == [100.0, 100.1]
+    assert ref.sigma_for(entry) < 0.002  # the dip would have made it about 25%
+
+
 def test_a_reference_whose_sigma_is_not_a_number_is_an_error_naming_the_file(tmp_path: Path,
                                                                              refs: ReferenceStore) -> None:
     path = tmp_path / "ref" / "nvidia-h200" / "3g.71gb.json"
