@@ -6,6 +6,9 @@
     pytest-mig compare OLD... NEW            judge NEW's figures against the history the OLD results
                                              files make (oldest first), with the plugin's rule;
                                              exit 1 on a regression or when nothing could be compared
+    pytest-mig compare --reference shipped [OLD...] NEW
+                                             figures with no history in OLD judged against the
+                                             reference (shipped, or a folder), as a first night is
     pytest-mig reference FILES... --out DIR  add results files' figures to a reference folder (the form
                                              of the shipped references; --mig-reference DIR uses one)
     pytest-mig history FILES... [--baselines DIR] --out PAGE.html
@@ -28,6 +31,7 @@ from pathlib import Path
 from typing import Sequence, TextIO
 
 from .baselines import DEFAULT_KEEP, BaselineError, entry_from_records, meta_from_record
+from .reference import SHIPPED, ReferenceStore, build, store_for
 from .report import (
     OUTLIER_FACTOR,
     ReportError,
@@ -40,7 +44,14 @@ from .report import (
 )
 from .results import ResultRecord, ResultsFileError, read_results
 from .settings import tolerance_arg
-from .verdict import Verdict, compare, confirm, explain_clock, format_number
+from .verdict import (
+    Verdict,
+    compare,
+    compare_reference,
+    confirm,
+    explain_clock,
+    format_number,
+)
 
 PROG = "pytest-mig"
 
@@ -80,9 +91,15 @@ def build_parser() -> argparse.ArgumentParser:
     cmp_ = sub.add_parser("compare", help="judge a results file against the history of earlier ones",
                           description="Judge the last results file against the history the earlier ones make "
                                       "(oldest first), with the plugin's rule; exit 1 on a regression, or when "
-                                      "nothing could be compared.")
+                                      "nothing could be compared. With --reference, a figure with no history "
+                                      "in the earlier files is judged against the reference for its GPU model "
+                                      "and profile, as the plugin judges a first night.")
     cmp_.add_argument("files", nargs="+", type=Path, metavar="FILE",
-                      help="OLD1 [OLD2 ...] NEW: earlier results files, then the one to judge")
+                      help="OLD1 [OLD2 ...] NEW: earlier results files, then the one to judge "
+                           "(with --reference, NEW alone will do)")
+    cmp_.add_argument("--reference", default=None, metavar="R",
+                      help="judge figures with no earlier history against references: 'shipped' (the "
+                           "package's) or a folder made by 'pytest-mig reference'")
     cmp_.add_argument("--tolerance", type=tolerance_arg, default=None, metavar="PCT",
                       help="cap every threshold at this change, e.g. 5%% or 0.05 (default: thresholds from "
                            "the noise of the history, figures that cannot hold 5%% are too noisy to gate)")
@@ -183,7 +200,6 @@ def reference_lines(gpu_names: Sequence[str], root: Path | None = None) -> list[
     """Which GPU models have shipped references (first-night verdicts), and whether this machine's do."""
     from .noise import REFERENCE_FLOOR
     from .profiles import model_slug
-    from .reference import SHIPPED, ReferenceStore
 
     models = ReferenceStore(root or SHIPPED).models()
     lines = [f"references (figures with no local baseline are judged against them, in a band of at least "
@@ -220,8 +236,6 @@ def cmd_history(files: Sequence[Path], baselines: Path | None, page: Path, title
 
 def cmd_reference(files: Sequence[Path], out_dir: Path, out: TextIO) -> int:
     """Add the figures of results files to a reference folder (``--mig-reference DIR`` uses it)."""
-    from .reference import build
-
     written = build(files, out_dir)
     if not written:
         print(f"no comparable figures in {len(files)} file(s); nothing written", file=out)
@@ -287,11 +301,14 @@ def compare_records(
     *,
     tolerance: float | None = None,
     improvement_fails: bool = False,
+    references: ReferenceStore | None = None,
 ) -> list[Verdict]:
     """Each NEW record judged against the history of the same test, metric and mode in OLD.
 
     ``old`` is one run's records or a list of runs' records, oldest first; a figure's history is
     its records on the same GPU model and profile (another one is reported as incomparable).  A
+    figure with no such history is judged against ``references`` (the reference of its GPU model
+    and profile, in the reference band) where one holds it, as the plugin judges a first night.  A
     figure beyond its threshold is re-judged on the re-measurements its own run took, where the
     results file holds them (the plugin records them), as the plugin would have.
     """
@@ -308,12 +325,18 @@ def compare_records(
                 if (meta_from_record(c).gpu_slug, meta_from_record(c).profile) == (mine.gpu_slug, mine.profile)]
         others = [c for m in ("normal", "quick") for c in by_key.get((rec.test, rec.metric.name, m), [])]
         taken = list((rec.verdict or {}).get("confirmations") or [])
+        ref = references.for_record(rec) if references is not None and not same else None
+        ref_entry = ref.get(rec.test, rec.metric.name, rec.mode) if ref is not None else None
         if same:
             entry = entry_from_records(same)
             v = compare(rec, entry, meta_from_record(same[-1]), tolerance=tolerance,
                         improvement_fails=improvement_fails)
             if v.failed and taken:
                 v = confirm(v, rec, entry, taken, improvement_fails=improvement_fails)
+        elif ref is not None and ref_entry is not None:
+            v = compare_reference(rec, ref, improvement_fails=improvement_fails)
+            if v.failed and taken:
+                v = confirm(v, rec, ref_entry, taken, improvement_fails=improvement_fails)
         elif others:
             v = compare(rec, entry_from_records([others[-1]]), meta_from_record(others[-1]), tolerance=tolerance,
                         improvement_fails=improvement_fails)
@@ -335,12 +358,21 @@ def compare_records(
 COMPARED = ("pass", "regressed", "improved", "noisy", "transient")
 
 
-def cmd_compare(paths: Sequence[Path], tolerance: float | None, improvement_fails: bool, out: TextIO) -> int:
-    if len(paths) < 2:
-        raise CliError("compare needs at least two results files: the earlier ones, then the one to judge")
+def cmd_compare(paths: Sequence[Path], tolerance: float | None, improvement_fails: bool, out: TextIO,
+                reference: str | None = None) -> int:
+    references = None
+    if reference is not None:
+        try:
+            references = store_for(reference, Path.cwd())
+        except ValueError as exc:
+            raise CliError(f"--reference {exc}; give 'shipped' or a folder made by 'pytest-mig reference'") from None
+    if len(paths) < 2 and references is None:
+        raise CliError("compare needs at least two results files: the earlier ones, then the one to judge "
+                       "(or one file with --reference shipped)")
     old = [read_results(p) for p in paths[:-1]]
     new = read_results(paths[-1])
-    verdicts = compare_records(old, new, tolerance=tolerance, improvement_fails=improvement_fails)
+    verdicts = compare_records(old, new, tolerance=tolerance, improvement_fails=improvement_fails,
+                               references=references)
     frame = records_frame(new)
     print(frame_table(frame, ("test", "metric", "profile", "value", "unit", "baseline", "change_pct", "threshold_pct",
                               "verdict")), file=out)
@@ -351,11 +383,12 @@ def cmd_compare(paths: Sequence[Path], tolerance: float | None, improvement_fail
     counts: dict[str, int] = {}
     for v in verdicts:
         counts[v.outcome] = counts.get(v.outcome, 0) + 1
-    print(f"{len(verdicts)} metric(s) against {len(old)} earlier run(s): "
+    against = f"{len(old)} earlier run(s)" + (f" and the references in {references.root}" if references else "")
+    print(f"{len(verdicts)} metric(s) against {against}: "
           + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())), file=out)
     if verdicts and not any(v.outcome in COMPARED for v in verdicts):
-        print(f"nothing could be compared: no figure of {paths[-1]} has a history in the earlier files on the same "
-              f"GPU model, profile and mode", file=out)
+        print(f"nothing could be compared: no figure of {paths[-1]} has a history in the earlier files"
+              + (" or a reference" if references else "") + " on the same GPU model, profile and mode", file=out)
         return 1
     return 1 if failed else 0
 
@@ -378,7 +411,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "reference":
             return cmd_reference(args.files, args.out, out)
         if args.command == "compare":
-            return cmd_compare(args.files, args.tolerance, args.fail_on_improvement, out)
+            return cmd_compare(args.files, args.tolerance, args.fail_on_improvement, out, args.reference)
         if args.command == "calibrate":
             from .calibrate import check_pytest_args, cmd_calibrate
 

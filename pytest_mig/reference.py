@@ -137,6 +137,20 @@ class ReferenceStore:
         return {k: sorted(v, key=_profile_order) for k, v in sorted(out.items())}
 
 
+def store_for(text: str, base: Path) -> ReferenceStore | None:
+    """The references a setting names: '' or 'shipped' the package's, 'none' None, else a folder
+    (relative to ``base``).  ValueError ("DIR: no such folder") when that folder does not exist."""
+    text = text.strip()
+    if not text or text == "shipped":
+        return ReferenceStore(SHIPPED)
+    if text.lower() == NONE:
+        return None
+    path = Path(text) if Path(text).is_absolute() else base / text
+    if not path.is_dir():
+        raise ValueError(f"{text}: no such folder")
+    return ReferenceStore(path)
+
+
 def _profile_order(profile: str) -> tuple[int, str]:
     head = profile.split(".", 1)[0].rstrip("gc")
     return (int(head) if head.isdigit() else 99, profile)
@@ -271,4 +285,4 @@ def _write_sigma(store: BaselineStore) -> list[Path]:
 
 
 __all__ = ["NONE", "REFERENCE_KEEP", "Reference", "ReferenceStore", "SHIPPED", "build", "fingerprint_beside",
-           "judged_against", "pooled_sigma"]
+           "judged_against", "pooled_sigma", "store_for"]

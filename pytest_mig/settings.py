@@ -139,20 +139,14 @@ def reference_store(config: pytest.Config) -> Any:
     """The references figures without a local history are judged against (``--mig-reference``, ini
     ``mig_reference``): the shipped ones by default, a site's own folder, or None for ``none``.  A
     folder that does not exist is a usage error at start-up."""
-    from .reference import NONE, SHIPPED, ReferenceStore
+    from .reference import store_for
 
     raw = config.getoption("mig_reference") or config.getini("mig_reference") or ""
-    text = str(raw).strip()
-    if not text or text == "shipped":
-        return ReferenceStore(SHIPPED)
-    if text.lower() == NONE:
-        return None
-    p = Path(text)
-    p = p if p.is_absolute() else Path(config.rootpath) / p
-    if not p.is_dir():
-        raise pytest.UsageError(f"--mig-reference {text}: no such folder; give a folder made by 'pytest-mig reference', "
-                                f"'shipped' (the default) or 'none'.")
-    return ReferenceStore(p)
+    try:
+        return store_for(str(raw), Path(config.rootpath))
+    except ValueError as exc:
+        raise pytest.UsageError(f"--mig-reference {exc}; give a folder made by 'pytest-mig reference', "
+                                f"'shipped' (the default) or 'none'.") from None
 
 
 def explicit_tolerance(config: pytest.Config) -> float | None:

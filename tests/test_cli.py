@@ -16,7 +16,7 @@ import topologies
 
 from pytest_mig import cli
 from pytest_mig.measure import Metric
-from pytest_mig.reference import ReferenceStore
+from pytest_mig.reference import ReferenceStore, build
 from pytest_mig.results import ResultRecord, write_results
 
 GEMM = "benchmarks/test_gemm.py::test_gemm[fp16]"
@@ -241,7 +241,60 @@ def test_compare_refuses_a_tolerance_of_100_percent_or_more(capsys: pytest.Captu
 def test_compare_needs_two_files(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert cli.main(["compare", results(tmp_path / "only.json", rec(100.0))]) == 2
     err = capsys.readouterr().err
-    assert err.strip() == "pytest-mig: error: compare needs at least two results files: the earlier ones, then the one to judge"
+    assert err.strip() == ("pytest-mig: error: compare needs at least two results files: the earlier ones, then the "
+                           "one to judge (or one file with --reference shipped)")
+
+
+@pytest.fixture
+def ref_dir(tmp_path: Path) -> str:
+    """A reference folder of five quiet runs of the H200 3g.71gb GEMM at about 100 TFLOPS."""
+    runs = [results(tmp_path / f"ref{i}.json", rec(100.0 * (1 + d))) for i, d in
+            enumerate((0.0, 0.002, -0.002, 0.001, -0.001))]
+    build([Path(r) for r in runs], tmp_path / "ref")
+    return str(tmp_path / "ref")
+
+
+def test_compare_judges_a_file_alone_against_a_reference_as_a_first_night(capsys: pytest.CaptureFixture[str],
+                                                                          tmp_path: Path, ref_dir: str) -> None:
+    slow = results(tmp_path / "slow.json", rec(84.0))
+    code, out, err = run(capsys, "compare", "--reference", ref_dir, slow)
+    assert code == 1 and err == ""
+    assert (f"REGRESSED {GEMM} fp16_tflops 84.00 TFLOPS, reference 100.0 TFLOPS (median of 5 runs of the reference "
+            f"for this GPU model): -16.0%, threshold 10% (against another board") in out
+    assert out.splitlines()[-1] == f"1 metric(s) against 0 earlier run(s) and the references in {ref_dir}: 1 regressed"
+    # 7% under the reference is inside the band between boards
+    assert run(capsys, "compare", "--reference", ref_dir, results(tmp_path / "ok.json", rec(93.0)))[0] == 0
+
+
+def test_compare_with_a_reference_lets_the_earlier_files_history_take_over(capsys: pytest.CaptureFixture[str],
+                                                                         tmp_path: Path, ref_dir: str) -> None:
+    old = results(tmp_path / "old.json", rec(84.5))
+    new = results(tmp_path / "new.json", rec(84.0), rec(7.0, test=STREAM, name="triad_tbs", unit="TB/s", kind="memory"))
+    code, out, _ = run(capsys, "compare", "--reference", ref_dir, old, new)
+    assert code == 0  # this GPU's own history: 84 is its normal; the reference would have failed it
+    gemm = next(line.split() for line in out.splitlines() if "fp16_tflops" in line)
+    assert gemm[-4:] == ["84.50", "-0.59", "10.00", "pass"]
+    triad = next(line.split() for line in out.splitlines() if "triad_tbs" in line)
+    assert triad[-1] == "no-baseline"  # neither a history nor a reference figure
+
+
+def test_compare_re_judges_a_reference_verdict_on_the_runs_re_measurements(capsys: pytest.CaptureFixture[str],
+                                                                          tmp_path: Path, ref_dir: str) -> None:
+    dip = rec(84.0)
+    dip.verdict = {"outcome": "regressed", "confirmations": [99.2, 99.6]}  # what the plugin re-measured
+    code, out, _ = run(capsys, "compare", "--reference", ref_dir, results(tmp_path / "dip.json", dip))
+    assert code == 0 and out.splitlines()[-1].endswith(": 1 transient")
+
+
+def test_compare_reference_mistakes_are_one_sentence(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    only = results(tmp_path / "only.json", rec(100.0))
+    assert cli.main(["compare", "--reference", str(tmp_path / "nope"), only]) == 2
+    assert capsys.readouterr().err.strip() == (f"pytest-mig: error: --reference {tmp_path / 'nope'}: no such folder; "
+                                               f"give 'shipped' or a folder made by 'pytest-mig reference'")
+    # the shipped references hold emulated H200 profiles, never a real 3g.71gb slice: nothing to compare
+    code, out, _ = run(capsys, "compare", "--reference", "shipped", only)
+    assert code == 1 and out.splitlines()[-1].startswith("nothing could be compared")
+    assert "earlier files or a reference on the same GPU model" in out
 
 
 # --------------------------------------------------------------------------- bad input
