@@ -307,6 +307,7 @@ class SaveResult:
     skipped: list[str] = field(default_factory=list)  # "test::metric (why)"
     restarted: list[str] = field(default_factory=list)  # histories begun anew (unit or direction changed)
     runs: int = 0  # the fewest runs any figure of this save now has
+    repeated: int = 0  # records whose run was in the history already (save(..., once=True)): not added again
 
     def __str__(self) -> str:
         line = (f"{self.path} ({self.written} figure(s) added to their history, {self.kept} kept from earlier "
@@ -478,13 +479,16 @@ class BaselineStore:
             out.extend(_records_of(base))
         return out, problems
 
-    def save(self, records: Iterable[ResultRecord]) -> list[SaveResult]:
+    def save(self, records: Iterable[ResultRecord], *, once: bool = False) -> list[SaveResult]:
         """Add this run's figures to their histories and write the files.
 
         Each figure's history gains this run and keeps the last ``keep`` runs; a tolerance set in
-        the file is kept; entries of tests not in ``records`` stay.  Raises BaselineError (and
-        writes nothing for that file) when the existing file cannot be read or belongs to another
-        GPU model, profile or kind of target.
+        the file is kept; entries of tests not in ``records`` stay.  With ``once``, a record whose run
+        (its time and value) is in the history already is not added again: results files added
+        twice (``pytest-mig reference``) would count one measurement as two runs, and equal runs
+        shrink a figure's sigma below its noise.  Raises BaselineError (and writes nothing for that
+        file) when the existing file cannot be read or belongs to another GPU model, profile or
+        kind of target.
         """
         groups: dict[tuple[str, str], list[ResultRecord]] = {}
         skipped: dict[tuple[str, str], list[str]] = {}
@@ -503,7 +507,7 @@ class BaselineStore:
             self.root.mkdir(parents=True, exist_ok=True)
             with folder_lock(self.root, LOCK_TIMEOUT_S):
                 for (slug, profile), recs in sorted(groups.items()):
-                    results.append(self._save_group(slug, profile, recs, skipped.get((slug, profile), [])))
+                    results.append(self._save_group(slug, profile, recs, skipped.get((slug, profile), []), once))
         except TimeoutError:
             raise BaselineError(
                 f"{self.root}: another run held the baseline folder's lock for {LOCK_TIMEOUT_S:.0f} s; "
@@ -513,7 +517,8 @@ class BaselineStore:
             raise BaselineError(f"{self.root}: baselines cannot be written there ({exc.strerror or exc})") from None
         return results
 
-    def _save_group(self, slug: str, profile: str, recs: list[ResultRecord], skipped: list[str]) -> SaveResult:
+    def _save_group(self, slug: str, profile: str, recs: list[ResultRecord], skipped: list[str],
+                    once: bool = False) -> SaveResult:
         path = self.path_for(slug, profile)
         path.parent.mkdir(parents=True, exist_ok=True)
         _remove_dead_temporaries(path)
@@ -530,6 +535,8 @@ class BaselineStore:
         entries = dict(existing.entries) if existing else {}
         restarted: list[str] = []
         touched: set[EntryKey] = set()
+        repeated: set[EntryKey] = set()
+        repeats = 0
         for rec in recs:
             m = rec.metric
             key = (rec.test, m.name, rec.mode)
@@ -538,7 +545,12 @@ class BaselineStore:
             if old is not None and (old.unit != m.unit or old.direction != m.direction):
                 restarted.append(f"{rec.test}::{m.name} ({old.unit}, {old.direction} -> {m.unit}, {m.direction})")
                 runs = []
-            runs.append(run_from_record(rec))
+            run = run_from_record(rec)
+            if once and any(r.recorded_at == run.recorded_at and r.value == _round(run.value) for r in runs):
+                repeated.add(key)
+                repeats += 1
+                continue
+            runs.append(run)
             entries[key] = BaselineEntry(rec.test, m.name, m.unit, m.direction, m.kind,
                                          old.tolerance if old is not None else None, runs[-keep:], rec.mode)
             touched.add(key)
@@ -551,8 +563,8 @@ class BaselineStore:
         except OSError as exc:  # disk full, read-only folder: the rename never happened, the old file stands
             raise BaselineError(f"{path}: not saved, the file could not be written ({exc.strerror or exc}); "
                                 f"it is as it was before this save") from None
-        fewest = min(len(entries[k].runs) for k in touched)
-        return SaveResult(path, len(touched), len(entries) - len(touched), list(skipped), restarted, fewest)
+        fewest = min(len(entries[k].runs) for k in touched | repeated)
+        return SaveResult(path, len(touched), len(entries) - len(touched), list(skipped), restarted, fewest, repeats)
 
 
 def _remove_dead_temporaries(path: Path) -> None:

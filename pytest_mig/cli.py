@@ -236,13 +236,16 @@ def cmd_history(files: Sequence[Path], baselines: Path | None, page: Path, title
 
 def cmd_reference(files: Sequence[Path], out_dir: Path, out: TextIO) -> int:
     """Add the figures of results files to a reference folder (``--mig-reference DIR`` uses it)."""
-    written = build(files, out_dir)
-    if not written:
+    built = build(files, out_dir)
+    if not built.files:
         print(f"no comparable figures in {len(files)} file(s); nothing written", file=out)
         return 1
     for line in reference_lines([], out_dir)[1:]:
         print(line, file=out)
-    print(f"reference written: {', '.join(str(p) for p in written)}", file=out)
+    if built.repeated:
+        print(f"{built.repeated} figure(s) not added again: their run is in the reference already (a results file "
+              f"given twice)", file=out)
+    print(f"reference written: {', '.join(str(p) for p in built.files)}", file=out)
     return 0
 
 

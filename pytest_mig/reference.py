@@ -242,18 +242,26 @@ def _as_reference(record: ResultRecord) -> ResultRecord:
     return replace(record, metric=metric, fingerprint=fp, verdict=None, health=None)
 
 
-def build(paths: Sequence[Path], out: Path) -> list[Path]:
+@dataclass
+class Built:
+    """What :func:`build` did: the files written, and figures whose run the folder held already."""
+
+    files: list[Path]
+    repeated: int = 0
+
+
+def build(paths: Sequence[Path], out: Path) -> Built:
     """Add the figures of these results files (oldest first) to the reference folder ``out`` and
-    recompute every figure's pooled sigma; the files written.  ResultsFileError or BaselineError on
-    a file that cannot be read."""
+    recompute every figure's pooled sigma.  A run the folder holds already (the same file given
+    again) is not added twice.  ResultsFileError or BaselineError on a file that cannot be read."""
     records: list[ResultRecord] = []
     for path in paths:
         records.extend(_as_reference(r) for r in read_results(path))
     store = BaselineStore(out, keep=REFERENCE_KEEP)
-    store.save(sorted(records, key=lambda r: r.timestamp))
+    saved = store.save(sorted(records, key=lambda r: r.timestamp), once=True)
     # Read back and rewritten under the folder's lock: another build's runs saved meanwhile are kept.
     with folder_lock(out):
-        return _write_sigma(store)
+        return Built(_write_sigma(store), sum(s.repeated for s in saved))
 
 
 def _write_sigma(store: BaselineStore) -> list[Path]:
@@ -284,5 +292,5 @@ def _write_sigma(store: BaselineStore) -> list[Path]:
     return written
 
 
-__all__ = ["NONE", "REFERENCE_KEEP", "Reference", "ReferenceStore", "SHIPPED", "build", "fingerprint_beside",
+__all__ = ["NONE", "REFERENCE_KEEP", "Built", "Reference", "ReferenceStore", "SHIPPED", "build", "fingerprint_beside",
            "judged_against", "pooled_sigma", "store_for"]

@@ -118,6 +118,23 @@ def test_a_figure_its_run_re_measured_enters_as_the_median_of_its_measurements(t
     assert ref.sigma_for(entry) < 0.002  # the dip would have made it about 25%
 
 
+def test_a_results_file_given_twice_is_one_run_not_two(tmp_path: Path) -> None:
+    """Two copies of one measurement would agree exactly and shrink the figure's sigma: a band
+    tighter than its noise.  The second time, the run is recognised (its time and value) and left out."""
+    files = [results_file(tmp_path, f"run{i}", {"fp16_tflops": v}) for i, v in enumerate((100.0, 96.0))]
+    first = build(files, tmp_path / "ref")
+    assert first.repeated == 0 and len(first.files) == 1
+    doc = json.loads(first.files[0].read_text())
+    again = build([files[1], files[0], results_file(tmp_path, "run2", {"fp16_tflops": 104.0})], tmp_path / "ref")
+    assert again.repeated == 2  # the two earlier runs' fp16_tflops; only run2 is new
+    after = json.loads(again.files[0].read_text())
+    runs = after["modes"]["normal"][TEST]["fp16_tflops"]["runs"]
+    assert sorted(r["value"] for r in runs) == [96.0, 100.0, 104.0]
+    assert after["reference"]["runs"] == {"normal": 3}
+    assert after["reference"]["sigma"]["normal"][TEST]["fp16_tflops"] > \
+        doc["reference"]["sigma"]["normal"][TEST]["fp16_tflops"] * 0.9  # not shrunk by copies
+
+
 def test_a_reference_whose_sigma_is_not_a_number_is_an_error_naming_the_file(tmp_path: Path,
                                                                              refs: ReferenceStore) -> None:
     path = tmp_path / "ref" / "nvidia-h200" / "3g.71gb.json"
