@@ -535,7 +535,6 @@ class BaselineStore:
         entries = dict(existing.entries) if existing else {}
         restarted: list[str] = []
         touched: set[EntryKey] = set()
-        repeated: set[EntryKey] = set()
         repeats = 0
         for rec in recs:
             m = rec.metric
@@ -547,7 +546,6 @@ class BaselineStore:
                 runs = []
             run = run_from_record(rec)
             if once and any(r.recorded_at == run.recorded_at and r.value == _round(run.value) for r in runs):
-                repeated.add(key)
                 repeats += 1
                 continue
             runs.append(run)
@@ -563,7 +561,7 @@ class BaselineStore:
         except OSError as exc:  # disk full, read-only folder: the rename never happened, the old file stands
             raise BaselineError(f"{path}: not saved, the file could not be written ({exc.strerror or exc}); "
                                 f"it is as it was before this save") from None
-        fewest = min(len(entries[k].runs) for k in touched | repeated)
+        fewest = min(len(entries[(r.test, r.metric.name, r.mode)].runs) for r in recs)
         return SaveResult(path, len(touched), len(entries) - len(touched), list(skipped), restarted, fewest, repeats)
 
 

@@ -328,18 +328,18 @@ def compare_records(
                 if (meta_from_record(c).gpu_slug, meta_from_record(c).profile) == (mine.gpu_slug, mine.profile)]
         others = [c for m in ("normal", "quick") for c in by_key.get((rec.test, rec.metric.name, m), [])]
         taken = list((rec.verdict or {}).get("confirmations") or [])
-        ref = references.for_record(rec) if references is not None and not same else None
-        ref_entry = ref.get(rec.test, rec.metric.name, rec.mode) if ref is not None else None
+        ref = references.holding(rec) if references is not None and not same else None
         if same:
             entry = entry_from_records(same)
             v = compare(rec, entry, meta_from_record(same[-1]), tolerance=tolerance,
                         improvement_fails=improvement_fails)
             if v.failed and taken:
                 v = confirm(v, rec, entry, taken, improvement_fails=improvement_fails)
-        elif ref is not None and ref_entry is not None:
+        elif ref is not None:
             v = compare_reference(rec, ref, improvement_fails=improvement_fails)
             if v.failed and taken:
-                v = confirm(v, rec, ref_entry, taken, improvement_fails=improvement_fails)
+                v = confirm(v, rec, ref.get(rec.test, rec.metric.name, rec.mode), taken,
+                            improvement_fails=improvement_fails)
         elif others:
             v = compare(rec, entry_from_records([others[-1]]), meta_from_record(others[-1]), tolerance=tolerance,
                         improvement_fails=improvement_fails)

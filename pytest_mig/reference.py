@@ -128,6 +128,12 @@ class ReferenceStore:
         meta = meta_from_record(record)
         return self.load(meta.gpu_slug, meta.profile)
 
+    def holding(self, record: ResultRecord) -> Reference | None:
+        """The reference of this record's GPU model and profile where it holds the record's figure
+        (its test, metric and mode); None otherwise."""
+        ref = self.for_record(record)
+        return ref if ref is not None and ref.get(record.test, record.metric.name, record.mode) is not None else None
+
     def models(self) -> dict[str, list[str]]:
         """GPU model name -> the profiles it has references for (``1g.10gb-emulated``, ``full``)."""
         out: dict[str, list[str]] = {}

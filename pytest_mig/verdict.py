@@ -36,9 +36,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
 from .baselines import (
-    FINGERPRINT_FIELDS,
     DEFAULT_TOLERANCE,
     EMULATED_SUFFIX,
+    FINGERPRINT_FIELDS,
     Baseline,
     BaselineEntry,
     BaselineMeta,
@@ -455,8 +455,7 @@ class Judge:
         base = self.baseline(rec)
         if base is not None and base.get(rec.test, rec.metric.name, rec.mode) is not None:
             return None
-        ref = self.references.for_record(rec)
-        return ref if ref is not None and ref.get(rec.test, rec.metric.name, rec.mode) is not None else None
+        return self.references.holding(rec)
 
     def judge(self, records: Iterable[ResultRecord],
               tolerance: float | Mapping[str, float] | None = None) -> list[Verdict]:
