@@ -18,7 +18,7 @@ import pytest
 
 from . import exports, mps, nvml
 from . import target as _target
-from .bench import MigBench
+from .bench import MigBench, drop_failed_test
 from .measure import Metric, Telemetry
 from .results import ResultRecord, ResultsFileError, write_results
 from .settings import (
@@ -415,6 +415,7 @@ def mig_device(request: pytest.FixtureRequest) -> Iterator[Target]:
     index = getattr(request, "param", 0)
     target = state.plan.targets[index]  # markers that do not fit it skipped the test at collection
     slow = request.config.getoption("mig_slowdown_sms")
+    drop_failed_test()  # a failed test's tensors must not take this one's memory
     if target.emulated and state.emulator is not None:
         with state.emulator.activate(target) as active:
             yield active

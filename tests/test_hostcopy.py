@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from pytest_mig.health import link_gbs
 from pytest_mig.measure import Timer
 from pytest_mig.target import Target
 from pytest_mig.workloads import DoesNotFit
-from pytest_mig.workloads.hostcopy import _link_fractions, run_host_copies, transfer_bytes
+from pytest_mig.workloads.hostcopy import _link_fractions, byte_pattern, run_host_copies, transfer_bytes
 
 
 def test_transfers_are_a_gib_or_a_quarter_of_the_slice() -> None:
     assert transfer_bytes(80 * 2**30, quick=False) == 2**30
     assert transfer_bytes(80 * 2**30, quick=True) == 2**28
     assert transfer_bytes(int(1.5 * 2**30), quick=False) == 384 * 2**20  # a small slice: whole MiB, under a quarter
+
+
+def test_the_bytes_sent_are_made_without_a_temporary_larger_than_the_buffer() -> None:
+    n = 10**6 + 7
+    got = byte_pattern(n, "cpu")
+    assert got.dtype == torch.uint8 and got.is_contiguous() and got.numel() == n
+    assert torch.equal(got, (torch.arange(n, dtype=torch.int64) % 251).to(torch.uint8))
+    assert got.untyped_storage().nbytes() < n + 251  # not 4 bytes per byte, as an int32 arange took
 
 
 def test_too_small_a_budget_does_not_fit() -> None:

@@ -493,6 +493,39 @@ def test_markers_skip_what_does_not_fit_a_slice_with_the_reason(pytester: pytest
     ])
 
 
+#: A test that fails while its frame, in a reference cycle, holds a large object, and a test after it
+#: that looks whether the object is still alive when its own body starts.
+FAILING_THEN_NEXT = """
+import gc
+import weakref
+
+class Big:
+    pass
+
+REF = []
+
+def test_fails_holding_memory(mig_device):
+    gc.disable()  # as when nothing has triggered the cyclic collector yet
+    big = Big()
+    big.cycle = big
+    REF.append(weakref.ref(big))
+    assert False, "a workload that ran out of the slice's memory"
+
+def test_next_starts_with_it_freed(mig_device):
+    gc.enable()
+    assert REF[0]() is None, "the failed test's objects are still held"
+"""
+
+
+def test_a_failed_test_does_not_keep_its_memory_from_the_next(pytester: pytest.Pytester,
+                                                               mig_env: pytest.MonkeyPatch) -> None:
+    """In a process of its own: an in-process run's hook recorder keeps every failure's frames."""
+    fake_pynvml.install_subprocess(mig_env, "no-gpu")
+    pytester.makepyfile(test_failing=FAILING_THEN_NEXT)
+    result = pytester.runpytest_subprocess(*SLOW_PLUGINS, "-p", "no:randomly")
+    result.assert_outcomes(passed=1, failed=1)
+
+
 def test_markers_on_the_cpu(pytester: pytest.Pytester, machine: Callable[..., None]) -> None:
     machine("no-gpu")
     pytester.makepyfile(test_markers=MARKED_TESTS)

@@ -18,7 +18,7 @@ from triton_support import needs_triton
 
 from pytest_mig.measure import Metric, Timing
 from pytest_mig.target import Target
-from pytest_mig.workloads import DoesNotFit, WorkloadError, fma, gemm, stream
+from pytest_mig.workloads import DoesNotFit, WorkloadError, all_finite, fma, gemm, stream
 
 GIB = 2**30
 
@@ -110,6 +110,26 @@ def test_gemm_tf32_sized_error_fails_fp32(cpu, timer, monkeypatch):
     monkeypatch.setattr(gemm, "_matmul", tf32_like)
     with pytest.raises(WorkloadError):
         gemm.run_gemm(cpu, timer, dtype="fp32", quick=True)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_the_finiteness_check_finds_one_bad_element_looking_at_a_block_at_a_time(monkeypatch, bad):
+    seen: list[int] = []
+    isfinite = torch.isfinite
+
+    def counting(t):
+        seen.append(t.numel())
+        return isfinite(t)
+
+    monkeypatch.setattr(torch, "isfinite", counting)
+    c = torch.randn(300, 37, dtype=torch.bfloat16)
+    assert all_finite(c, block=1000) and all_finite(c.t(), block=1000)
+    assert seen and max(seen) <= 1000  # never the whole result at once: its temporaries are several times its size
+    for where in ((0, 0), (150, 20), (299, 36)):
+        d = c.clone()
+        d[where] = bad
+        assert not all_finite(d, block=1000) and not all_finite(d.t(), block=1000)
+    assert max(seen) <= 1000
 
 
 def test_gemm_nan_fails_verification(cpu, timer, monkeypatch):

@@ -35,7 +35,7 @@ import torch
 from ..measure import Metric, Timer, Timing, energy_metrics, time_fn
 from ..profiles import FMA_PER_SM_PER_CLOCK
 from ..target import Target
-from . import DoesNotFit, WorkloadError, check_close
+from . import DoesNotFit, WorkloadError, all_finite, check_close
 from .gemm import device_capability
 
 try:  # Triton is optional: CPU-only installs (and CI) have none
@@ -130,7 +130,7 @@ def expected_values(index: torch.Tensor, n_iters: int, a: float, b_scale: float)
 
 def verify_chains(out: torch.Tensor, n_iters: int, prec: FmaPrecision, b_scale: float, samples: int = 4096) -> float:
     """Relative error of sampled outputs against the closed form; WorkloadError when wrong or unwritten."""
-    if not bool(torch.isfinite(out).all()):
+    if not all_finite(out):
         raise WorkloadError(f"{prec.name} FMA chains: output holds NaN/Inf (unwritten or overflowed elements)")
     n = out.numel()
     gen = torch.Generator(device="cpu")

@@ -27,7 +27,7 @@ import torch
 
 from ..measure import Metric, Timer, Timing, energy_metrics, time_fn
 from ..target import Target
-from . import DoesNotFit, WorkloadError, check_close
+from . import DoesNotFit, WorkloadError, all_finite, check_close
 
 #: Share of the Target's memory the three matrices may take; the rest is for cuBLAS's workspace,
 #: the verification, the caching allocator's rounding and whatever earlier tests left cached.
@@ -262,7 +262,7 @@ class _Problem:
     def verify(self, generator: torch.Generator) -> float:
         """Relative error of a random output block against float64; raises WorkloadError when wrong."""
         c = self.c
-        if not bool(torch.isfinite(c).all()):
+        if not all_finite(c):
             raise WorkloadError(f"{self.prec.name} GEMM {self.m}x{self.n}x{self.k}: result holds NaN or Inf")
         dev = c.device
         rows = torch.randperm(self.m, generator=generator, device="cpu")[:CHECK_BLOCK].to(dev)
