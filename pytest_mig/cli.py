@@ -201,10 +201,18 @@ def reference_lines(gpu_names: Sequence[str], root: Path | None = None) -> list[
     from .noise import REFERENCE_FLOOR
     from .profiles import model_slug
 
-    models = ReferenceStore(root or SHIPPED).models()
+    store = ReferenceStore(root or SHIPPED)
+    models = store.models()
+
+    def shown(model: str, profile: str) -> str:  # "full (quick x5, normal x2)": a run of either mode is judged
+        ref = store.load(model_slug(model), profile)
+        runs = ref.runs() if ref is not None else {}
+        return f"{profile} ({', '.join(f'{mode} x{n}' for mode, n in runs.items())})" if runs else profile
+
     lines = [f"references (figures with no local baseline are judged against them, in a band of at least "
-             f"{REFERENCE_FLOOR:.0%}):"]
-    lines += [f"  {model}: {', '.join(profiles)}" for model, profiles in models.items()] or ["  none"]
+             f"{REFERENCE_FLOOR:.0%}; runs per mode):"]
+    lines += [f"  {model}: {', '.join(shown(model, p) for p in profiles)}"
+              for model, profiles in models.items()] or ["  none"]
     have = {model_slug(m) for m in models}
     for name in dict.fromkeys(gpu_names):
         if model_slug(name) not in have:

@@ -78,6 +78,13 @@ class Reference:
     def sigma_for(self, entry: BaselineEntry) -> float | None:
         return self.sigma.get((entry.test, entry.metric, entry.mode))
 
+    def runs(self) -> dict[str, int]:
+        """Runs per mode, quick first: ``{"quick": 5, "normal": 2}``."""
+        out: dict[str, int] = {}
+        for e in self.baseline.entries.values():
+            out[e.mode] = max(out.get(e.mode, 0), len(e.runs))
+        return {m: out[m] for m in sorted(out, key=lambda m: (m != "quick", m))}
+
     def describe(self, mode: str | None = None) -> str:
         """'5 runs of NVIDIA H100 80GB HBM3 full (quick), driver 580.159.04, CUDA 13.0, torch 2.11.0'."""
         meta = self.baseline.meta
@@ -288,8 +295,12 @@ def _write_sigma(store: BaselineStore) -> list[Path]:
             if s is not None:
                 sigma.setdefault(mode, {}).setdefault(test, {})[metric] = float(f"{s:.4g}")
         for path, base in zip(files, bases):
-            own = {mode: {t: {m: v for m, v in ms.items() if (t, m, mode) in base.entries}
-                          for t, ms in tests.items()} for mode, tests in sigma.items()}
+            own: dict[str, dict[str, dict[str, float]]] = {}
+            for mode, tests in sigma.items():  # only the figures this file holds: no empty tests or modes
+                for t, ms in tests.items():
+                    mine = {m: v for m, v in ms.items() if (t, m, mode) in base.entries}
+                    if mine:
+                        own.setdefault(mode, {})[t] = mine
             runs = {mode: max((len(e.runs) for e in base.entries.values() if e.mode == mode), default=0)
                     for mode in sorted({e.mode for e in base.entries.values()})}
             base.extra = {"reference": {"runs": runs, "sigma": own}}

@@ -82,6 +82,18 @@ def test_build_writes_a_baseline_file_per_profile_without_the_board_and_with_poo
     assert refs.models() == {"NVIDIA H200": ["3g.71gb"]}
 
 
+def test_a_profile_keeps_the_sigma_of_its_own_figures_only(tmp_path: Path, refs: ReferenceStore) -> None:
+    """A profile measured in quick mode only holds no normal-mode sigma, not an empty one per test."""
+    for i, v in enumerate((50.0, 50.2)):
+        build([results_file(tmp_path, f"quick{i}", {"fp16_tflops": v}, profile="1g.18gb", mode="quick")],
+              tmp_path / "ref")
+    quick = json.loads((tmp_path / "ref" / "nvidia-h200" / "1g.18gb.json").read_text())["reference"]
+    normal = json.loads((tmp_path / "ref" / "nvidia-h200" / "3g.71gb.json").read_text())["reference"]
+    assert list(quick["sigma"]) == ["quick"] and quick["sigma"]["quick"][TEST]["fp16_tflops"] > 0
+    assert list(normal["sigma"]) == ["normal"] and set(normal["sigma"]["normal"][TEST]) == {
+        "fp16_tflops", "small_batch_tflops"}
+
+
 def test_build_rewrites_the_sigma_under_the_folder_lock_a_concurrent_save_waits_for(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import pytest_mig.reference as reference
@@ -154,9 +166,10 @@ def test_the_shipped_references_read_and_every_judged_figure_has_its_sigma() -> 
         assert ref is not None and ref.baseline.entries
         for entry in ref.baseline.entries.values():
             assert "gpu_uuid" not in entry.fingerprint
-            assert entry.mode == "quick"
-        whole = store.load(path.parent.name, "full")
-        assert all(ref.sigma_for(e) is not None for e in whole.baseline.entries.values())
+            assert entry.mode in ("quick", "normal")
+        whole = store.load(path.parent.name, "full")  # repeated runs of every figure: each has a pooled sigma
+        held = [e for e in ref.baseline.entries.values() if whole.get(e.test, e.metric, e.mode) is not None]
+        assert held and all(ref.sigma_for(e) is not None for e in held)
 
 
 # --------------------------------------------------------------------------- judging
@@ -222,9 +235,11 @@ def test_pytest_mig_reference_builds_a_folder_and_devices_names_the_models(
     f = results_file(tmp_path, "night", {"fp16_tflops": 100.0})
     assert main(["reference", str(f), "--out", str(tmp_path / "mine")]) == 0
     out = capsys.readouterr().out
-    assert "  NVIDIA H200: 3g.71gb" in out and "reference written:" in out
+    assert "  NVIDIA H200: 3g.71gb (normal x1)" in out and "reference written:" in out
+    g = results_file(tmp_path, "quick", {"fp16_tflops": 50.0}, mode="quick")
+    assert main(["reference", str(g), "--out", str(tmp_path / "mine")]) == 0
     lines = reference_lines(["NVIDIA H200", "NVIDIA A100-SXM4-40GB"], tmp_path / "mine")
-    assert lines[1] == "  NVIDIA H200: 3g.71gb"
+    assert lines[1] == "  NVIDIA H200: 3g.71gb (quick x1, normal x1)"
     assert lines[2].startswith("  no reference for NVIDIA A100-SXM4-40GB: its first runs are reported, not judged")
     assert main(["reference", str(tmp_path / "missing.json"), "--out", str(tmp_path / "x")]) == 2
     assert "no such results file" in capsys.readouterr().err
@@ -240,8 +255,10 @@ def test_devices_lists_the_shipped_references_without_a_gpu(capsys: pytest.Captu
     assert "references (figures with no local baseline are judged against them" in out
     h100 = next(line for line in out.splitlines() if line.startswith("  NVIDIA H100 80GB HBM3: "))
     shipped = sorted(p.stem for p in (SHIPPED / "nvidia-h100-80gb-hbm3").glob("*.json"))
-    assert h100.split(": ", 1)[1].split(", ") == shipped
+    listed = dict(p.rstrip(")").split(" (") for p in h100.split(": ", 1)[1].split("), "))
+    assert sorted(listed) == shipped
     assert {"1g.10gb-emulated", "full"} <= set(shipped)
+    assert listed["full"].startswith("quick x") and "normal x" in listed["full"]  # both modes shipped
 
 
 def test_every_shipped_reference_names_a_test_the_suite_still_has() -> None:
