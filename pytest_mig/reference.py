@@ -88,9 +88,9 @@ class Reference:
     def describe(self, mode: str | None = None) -> str:
         """'5 runs of NVIDIA H100 80GB HBM3 full (quick), driver 580.159.04, CUDA 13.0, torch 2.11.0'."""
         meta = self.baseline.meta
-        entries = [e for e in self.baseline.entries.values() if mode is None or e.mode == mode]
-        runs = max((len(e.runs) for e in entries), default=0)
-        modes = sorted({e.mode for e in entries})
+        per_mode = {m: n for m, n in self.runs().items() if mode is None or m == mode}
+        runs = max(per_mode.values(), default=0)
+        modes = sorted(per_mode)
         fp = meta.fingerprint
         soft = ", ".join(f"{_LABELS[k][0]} {_shown(k, fp[k])}" for k in SHOWN[:3] if fp.get(k) is not None)
         return (f"{runs} run(s) of {meta.gpu_model} {meta.profile} ({', '.join(modes) or 'no figures'})"
@@ -145,8 +145,9 @@ class ReferenceStore:
         """GPU model name -> the profiles it has references for (``1g.10gb-emulated``, ``full``)."""
         out: dict[str, list[str]] = {}
         for path in self._baselines.files():
-            base = load_baseline_file(path)
-            out.setdefault(base.meta.gpu_model, []).append(base.meta.profile)
+            ref = self.load(path.parent.name, path.stem)  # cached: a listing's later lookups read nothing again
+            if ref is not None:
+                out.setdefault(ref.baseline.meta.gpu_model, []).append(ref.baseline.meta.profile)
         return {k: sorted(v, key=_profile_order) for k, v in sorted(out.items())}
 
 
@@ -301,9 +302,7 @@ def _write_sigma(store: BaselineStore) -> list[Path]:
                     mine = {m: v for m, v in ms.items() if (t, m, mode) in base.entries}
                     if mine:
                         own.setdefault(mode, {})[t] = mine
-            runs = {mode: max((len(e.runs) for e in base.entries.values() if e.mode == mode), default=0)
-                    for mode in sorted({e.mode for e in base.entries.values()})}
-            base.extra = {"reference": {"runs": runs, "sigma": own}}
+            base.extra = {"reference": {"runs": Reference(base).runs(), "sigma": own}}
             atomic_write_text(path, base.to_json())
             written.append(path)
     return written
