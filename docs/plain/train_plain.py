@@ -1,7 +1,8 @@
 """A plain transformers training loop, the way a user writes it, for the suite's overhead check.
 
 Same model and settings as pytest-mig's test_training: the model built from its configuration
-(random weights, SDPA attention), full fine-tune with fp32 weights under bf16 autocast and fused
+(random weights, SDPA attention; ``--attn causal_sdpa``, the default, registers SDPA with no mask
+tensor as the suite does, ``--attn sdpa`` is transformers' own), full fine-tune with fp32 weights under bf16 autocast and fused
 AdamW, or LoRA (peft, rank 16, alpha 32, every attention and MLP projection) on a bf16 base, or
 QLoRA (bitsandbytes NF4, prepare_model_for_kbit_training, then LoRA).  Prints one JSON line.
 
@@ -22,7 +23,17 @@ parser.add_argument("--mode", default="lora", choices=["full", "lora", "qlora"])
 parser.add_argument("--batch", type=int, default=2)
 parser.add_argument("--steps", type=int, default=20)
 parser.add_argument("--compile", action="store_true")
+parser.add_argument("--attn", default="causal_sdpa", choices=["causal_sdpa", "sdpa"])
 args = parser.parse_args()
+
+if args.attn == "causal_sdpa":
+    # Every sequence here is whole, so causality is SDPA's is_causal: no 4-D mask tensor, which
+    # transformers' "sdpa" builds under torch.compile with torch < 2.14.
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    AttentionInterface.register("causal_sdpa", sdpa_attention_forward)
+    AttentionMaskInterface.register("causal_sdpa", lambda *a, **k: None)
 
 if args.model == "qwen1.5b":
     config = Qwen2Config(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
@@ -43,14 +54,14 @@ if args.mode == "qlora":
         torch.cuda.empty_cache()
         bnb = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16)
         model = AutoModelForCausalLM.from_pretrained(tmp, quantization_config=bnb, dtype=torch.bfloat16,
-                                                     attn_implementation="sdpa", device_map={"": 0})
+                                                     attn_implementation=args.attn, device_map={"": 0})
     model = prepare_model_for_kbit_training(model, gradient_checkpointing_kwargs={"use_reentrant": False})
     model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=targets,
                                              task_type="CAUSAL_LM"))
 else:
     with torch.device("cuda"):
         dtype = torch.bfloat16 if args.mode == "lora" else torch.float32
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=args.attn)
     if args.mode == "lora":
         from peft import LoraConfig, get_peft_model
 
@@ -86,6 +97,6 @@ elapsed = time.perf_counter() - start
 per_step = sorted(b.elapsed_time(e) / 1e3 for b, e in events)
 tokens = args.batch * seq
 print(json.dumps({"model": args.model, "mode": args.mode, "batch": args.batch, "compiled": args.compile,
-                  "tokens_per_s": args.steps * tokens / elapsed,  # wall clock over all steps
+                  "attn": args.attn, "tokens_per_s": args.steps * tokens / elapsed,  # wall clock over all steps
                   "tokens_per_s_median_step": tokens / per_step[len(per_step) // 2],  # CUDA events, as the suite's samples
                   "steps": args.steps, "peak_allocated_gb": torch.cuda.max_memory_allocated() / 1e9}))

@@ -3,8 +3,8 @@
 What is measured (reference/measurement.md, "Training"; the Wulver, SparkTrainer and Columbia/IBM seeds):
 
 - The models are built by ``transformers`` from the configurations of GPT-2 small and
-  Qwen2.5-1.5B (:mod:`.hf`: random weights, no downloads, SDPA attention).  Full fine-tune: fp32
-  master weights under bf16 autocast and fused AdamW, as the Trainer's ``bf16=True`` runs it.
+  Qwen2.5-1.5B (:mod:`.hf`: random weights, no downloads, SDPA attention with no mask tensor).
+  Full fine-tune: fp32 master weights under bf16 autocast and fused AdamW, as the Trainer's ``bf16=True`` runs it.
   LoRA: ``peft`` adapters on every attention and MLP projection of a frozen bf16 base.  QLoRA,
   Wulver's setup: the base loaded in bitsandbytes NF4 with bf16 compute,
   ``prepare_model_for_kbit_training`` (gradient checkpointing on), then LoRA.
@@ -556,7 +556,7 @@ def run_training(
             "initial_loss": round(trainer.first_loss, 4), "loss_first": round(measured[0], 4),
             "loss_last": round(measured[-1], 4), "loss_drop": round(drop, 4), "steps": len(measured),
             "warmup": effort.warmup, "lr": trainer.lr, "engine": _engine_versions(mode),
-            "attention": "sdpa", "gradient_checkpointing": trainer.gradient_checkpointing,
+            "attention": "SDPA, is_causal, no mask tensor", "gradient_checkpointing": trainer.gradient_checkpointing,
         }
         if mode != "full":
             info["lora_rank"] = LORA.rank
