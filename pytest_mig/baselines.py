@@ -346,10 +346,26 @@ def throttle_reasons(info: Mapping[str, Any] | None) -> list[str]:
     return found
 
 
+def measured_value(record: ResultRecord) -> float:
+    """The value a run adds to its figure's history: its reading, or, where the run re-measured the
+    figure (its first reading was beyond its threshold), the median of all its readings.
+
+    A first reading the run itself found transient (a -36% dip re-measured within 0.3%) would
+    otherwise enter the history as the run's value, and with a rolling history of a few runs one
+    such dip sets the figure's sigma, widening its band.  A confirmed change moves the median too.
+    """
+    value = float(record.metric.value)
+    taken = [float(x) for x in (record.verdict or {}).get("confirmations") or ()
+             if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)]
+    if taken and math.isfinite(value):
+        return statistics.median([value, *taken])
+    return value
+
+
 def run_from_record(record: ResultRecord) -> Run:
-    """The run a record adds to its figure's history."""
+    """The run a record adds to its figure's history (its value: :func:`measured_value`)."""
     m = record.metric
-    return Run(value=float(m.value), recorded_at=record.timestamp, fingerprint=dict(record.fingerprint or {}),
+    return Run(value=measured_value(record), recorded_at=record.timestamp, fingerprint=dict(record.fingerprint or {}),
                noise=within_run_noise(m.samples), throttled=throttle_reasons(m.info))
 
 

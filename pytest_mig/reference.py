@@ -41,6 +41,7 @@ from .baselines import (
     fingerprint_value,
     folder_lock,
     load_baseline_file,
+    measured_value,
     meta_from_record,
 )
 from .noise import REFERENCE_FLOOR
@@ -240,19 +241,12 @@ def pooled_sigma(groups: Iterable[Sequence[float]]) -> float | None:
 
 def _as_reference(record: ResultRecord) -> ResultRecord:
     """A run's record as a reference keeps it: no board identity, no verdict, and the run's own
-    re-measurements counted.
-
-    A figure the run re-measured (its first reading was beyond its threshold then) enters as the
-    median of all its measurements: a first reading the run itself found transient (a -36% dip
-    re-measured within 0.3%) would otherwise sit in the reference, and with two or three runs per
-    profile one such dip sets the figure's pooled sigma, widening its band past what is judged.
+    re-measurements counted (:func:`~pytest_mig.baselines.measured_value`, as a local history
+    counts them): with two or three runs per profile one transient dip would set the figure's
+    pooled sigma, widening its band past what is judged.
     """
     fp = {k: v for k, v in (record.fingerprint or {}).items() if k not in BOARD_KEYS}
-    metric = record.metric
-    taken = [float(x) for x in (record.verdict or {}).get("confirmations") or ()
-             if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)]
-    if taken and math.isfinite(metric.value):
-        metric = replace(metric, value=statistics.median([metric.value, *taken]))
+    metric = replace(record.metric, value=measured_value(record))
     return replace(record, metric=metric, fingerprint=fp, verdict=None, health=None)
 
 

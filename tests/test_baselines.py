@@ -116,6 +116,21 @@ def test_each_save_adds_a_run_and_the_last_n_are_kept(store: BaselineStore) -> N
     assert len(runs_of(path)) == 3
 
 
+def test_a_run_that_re_measured_a_figure_adds_the_median_of_its_readings(store: BaselineStore) -> None:
+    """Transient (a dip, re-measured twice near the history) or confirmed (every reading low), the
+    history gains the median of the run's readings; a non-finite re-measurement is left out."""
+    dip = rec(64.0)
+    dip.verdict = {"outcome": "transient", "confirmations": [151.9, 151.5, float("nan")]}
+    low = rec(95.2, name="bf16_tflops")
+    low.verdict = {"outcome": "regressed", "confirmations": [94.8, 95.0]}
+    plain = rec(20.0, name="tf32_tflops")
+    path = saved(store, dip, low, plain)
+    assert runs_of(path)[0]["value"] == 151.5
+    assert runs_of(path, metric="bf16_tflops")[0]["value"] == 95.0
+    assert runs_of(path, metric="tf32_tflops")[0]["value"] == 20.0
+    assert baselines.measured_value(dip) == 151.5 and dip.metric.value == 64.0  # the record keeps its first reading
+
+
 def test_quick_and_normal_runs_have_histories_of_their_own(store: BaselineStore) -> None:
     store.save([rec(151.7)])
     store.save([rec(120.0, mode="quick")])

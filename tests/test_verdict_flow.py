@@ -501,3 +501,16 @@ def test_save_if_passed_and_save_baseline_together_are_refused(h200: Callable[..
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: --mig-save-baseline adds a run whatever its verdicts and --mig-save-if-passed "
                                  "only a run that passed: give one of them"])
+
+
+def test_a_transient_dip_enters_the_history_as_the_median_of_the_runs_measurements(
+        h200: Callable[..., pytest.RunResult], pytester: pytest.Pytester, mig_env: pytest.MonkeyPatch) -> None:
+    """A nightly that saves its run (--mig-save-baseline) after a first reading its re-measurements
+    found transient keeps the median of the three readings, not the dip: one dip in a rolling
+    history of a few runs would set the figure's sigma and widen its band for the nights after."""
+    history(h200, mig_env, STEADY)
+    mig_env.setenv("DIP", "0.05")
+    h200("--mig-save-baseline", "--mig-results", "r.json").assert_outcomes(passed=1)
+    rate = rate_record(pytester, "r.json")
+    assert rate.metric.value == pytest.approx(95.0) and rate.verdict["confirmations"] == [100.0, 100.0]
+    assert entry(baseline_path(pytester))["runs"][-1]["value"] == 100.0  # results keep the first reading
