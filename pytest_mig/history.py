@@ -25,8 +25,8 @@ from .results import ResultRecord, atomic_write_text, read_results, utc_now
 from .verdict import fingerprint_changes, format_number
 
 #: Fingerprint keys whose change is marked on the time axis (what a nightly is run to watch).
-WATCHED = ("driver", "cuda_driver", "cuda_runtime", "vbios", "gsp", "inforom", "torch", "gpu_uuid",
-           "power_limit_w", "max_sm_clock_mhz", "ecc")
+WATCHED = ("driver", "cuda_driver", "cuda_runtime", "vbios", "gsp", "inforom", "torch", "pytest_mig", "transformers",
+           "peft", "bitsandbytes", "openmm", "gpu_uuid", "power_limit_w", "max_sm_clock_mhz", "ecc")
 #: Point colours per verdict outcome.
 COLOURS = {"pass": "#2e7d32", "regressed": "#c62828", "improved": "#1565c0", "transient": "#ef6c00",
            "noisy": "#9e9e9e", "no-baseline": "#616161", "incomparable": "#616161", "saved": "#455a64"}

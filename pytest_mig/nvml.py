@@ -387,13 +387,34 @@ def cpu_model() -> str | None:
     return platform.processor() or None
 
 
+#: Distributions whose installed versions a run's fingerprint records (key, distribution name): the
+#: suite itself, whose workloads can change between versions, and the engines the workloads run
+#: through, so that a verdict after an upgrade of transformers or OpenMM names it.
+PACKAGES = (("pytest_mig", "pytest-mig"), ("transformers", "transformers"), ("peft", "peft"),
+            ("bitsandbytes", "bitsandbytes"), ("openmm", "openmm"))
+
+
+def package_versions() -> dict[str, str]:
+    """Versions of the installed :data:`PACKAGES`, from their metadata (nothing is imported); a
+    package that is not installed is left out."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, str] = {}
+    for key, dist in PACKAGES:
+        try:
+            out[key] = version(dist)
+        except PackageNotFoundError:
+            continue
+    return out
+
+
 def software_versions() -> dict[str, Any]:
-    """torch and its CUDA runtime, read without starting CUDA."""
+    """torch and its CUDA runtime (read without starting CUDA), and :func:`package_versions`."""
     try:
         import torch
     except ImportError:
-        return {"torch": None, "cuda_runtime": None}
-    return {"torch": torch.__version__.split("+")[0], "cuda_runtime": torch.version.cuda}
+        return {"torch": None, "cuda_runtime": None, **package_versions()}
+    return {"torch": torch.__version__.split("+")[0], "cuda_runtime": torch.version.cuda, **package_versions()}
 
 
 def throttle_names(mask: int) -> list[str]:

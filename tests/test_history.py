@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_verdict import FP_OLD, TEST, record
@@ -21,12 +22,16 @@ from pytest_mig.verdict import Judge
 NEW_DRIVER = {**FP_OLD, "driver": "590.10.02"}
 
 
-def nights(tmp_path: Path, values: list[float], *, driver_from: int | None = None, save: bool = True) -> list[Path]:
-    """One results file per night, each judged against (and then saved into) tmp_path/baselines."""
+def nights(tmp_path: Path, values: list[float], *, driver_from: int | None = None, save: bool = True,
+           fingerprints: list[dict[str, Any]] | None = None) -> list[Path]:
+    """One results file per night, each judged against (and then saved into) tmp_path/baselines;
+    the driver updated from night ``driver_from`` on, or each night's own fingerprint."""
     store = BaselineStore(tmp_path / "baselines")
     paths = []
     for i, v in enumerate(values):
         fp = NEW_DRIVER if driver_from is not None and i >= driver_from else FP_OLD
+        if fingerprints is not None:
+            fp = fingerprints[i]
         recs = [record(v, fingerprint=dict(fp)), record(2.0, name="step_s", unit="s", direction="lower",
                                                         fingerprint=dict(fp))]
         for r in recs:
@@ -63,6 +68,15 @@ def test_a_driver_update_is_marked_where_it_happened_and_the_step_after_it_is_su
                      r'91\.00 TFLOPS, -9\.0% against 100\.\d</li>', page)
     assert 'class="figure regressed" data-figure="' + TEST + '::fp16_tflops"' in page
     assert page.count('class="run regressed"') == 1 and page.count('class="band"') == 12  # nights 2-7 had a band
+
+
+def test_an_engine_upgrade_is_marked_like_a_driver_update(tmp_path: Path) -> None:
+    before = {**FP_OLD, "transformers": "4.57.1", "pytest_mig": "0.1.0"}
+    after = {**before, "transformers": "5.2.0"}
+    files = nights(tmp_path, [100.0, 100.4, 99.8, 100.1, 112.0], fingerprints=[before] * 3 + [after] * 2)
+    tflops = next(s for s in collect(None, files) if s.metric == "fp16_tflops")
+    ((index, diff, short),) = tflops.changes()
+    assert index == 3 and diff == ["transformers 4.57.1 -> 5.2.0"] and short == "transformers 5.2.0"
 
 
 def test_the_page_needs_no_network_and_escapes_what_it_shows(tmp_path: Path) -> None:

@@ -188,6 +188,25 @@ def test_fingerprint_diff_text() -> None:
         "since the baseline: driver 550.54 -> 560.35")
 
 
+def test_a_regression_after_an_engine_or_suite_upgrade_names_it() -> None:
+    """The run's fingerprint holds the versions of pytest-mig and the engines its workloads run
+    through, so that a step after `pip install -U transformers` says what changed."""
+    from pytest_mig import __version__, nvml
+
+    mine = nvml.software_versions()
+    assert mine["pytest_mig"] == __version__ and "torch" in mine
+    assert {k for k, _ in nvml.PACKAGES} >= set(mine) - {"torch", "cuda_runtime"}
+    for key, dist in nvml.PACKAGES:  # an engine that is not installed is left out, not recorded as None
+        assert key not in mine or mine[key]
+    old = {**FP_OLD, "transformers": "4.57.1", "pytest_mig": "0.1.0", "openmm": "8.6.1"}
+    new = {**FP_OLD, "transformers": "5.2.0", "pytest_mig": "0.2.0", "openmm": "8.6.1"}
+    assert fingerprint_diff(old, new) == ["pytest-mig 0.1.0 -> 0.2.0", "transformers 4.57.1 -> 5.2.0"]
+    saved = history(QUIET, fingerprint=old)
+    v = compare(record(90.0, fingerprint=new), entry_from_records(saved), meta_from_record(saved[-1]))
+    assert v.failed and v.message.endswith("since the baseline: pytest-mig 0.1.0 -> 0.2.0, transformers 4.57.1 -> 5.2.0")
+    assert fingerprint_diff(FP_OLD, new) == []  # a history saved before versions were recorded: no change named
+
+
 def test_throttled_regression_fails_but_names_the_throttle() -> None:
     clocks = {"before": {"sm_clock_mhz": 1980, "throttle_reasons": [], "throttled": False},
               "after": {"sm_clock_mhz": 1410, "throttle_reasons": ["gpu_idle", "sw_power_cap"], "throttled": True}}

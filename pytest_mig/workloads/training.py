@@ -574,16 +574,11 @@ def run_training(
 
 def _engine_versions(mode: str) -> dict[str, str]:
     """Versions of the packages the mode ran through (they go into the record beside torch's)."""
-    from importlib.metadata import PackageNotFoundError, version
+    from ..nvml import package_versions
 
     names = ["transformers"] + (["peft"] if mode != "full" else []) + (["bitsandbytes"] if mode == "qlora" else [])
-    out = {}
-    for name in names:
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:  # pragma: no cover - checked before the run
-            out[name] = "unknown"
-    return out
+    installed = package_versions()
+    return {name: installed.get(name, "unknown") for name in names}
 
 
 def _train(trainer: _Trainer, target: Target, timer: Timer, batch: str, effort: Effort, compile_model: bool) -> _Run:
