@@ -10,9 +10,10 @@ the LM head and the loss cost what they cost in the real models; :func:`hf_confi
 - Attention: PyTorch's SDPA with ``is_causal=True`` and no mask tensor, registered with transformers
   as :data:`ATTENTION` (``AttentionInterface`` and ``AttentionMaskInterface``).  transformers' own
   ``"sdpa"`` makes a 4-D causal mask under torch.compile with torch < 2.14 (it cannot tell compiling
-  from exporting there), and a mask keeps SDPA off its fastest flash path: on an H100 it doubled
-  GPT-2's attention time and cost the compiled cases 5-22 points of MFU.  Every sequence trained
-  here is whole (no padding, no attention_mask), so the mask only ever says "causal".
+  from exporting there), and a mask keeps SDPA off its fastest flash path: on an H100 it more than
+  doubled compiled GPT-2's attention time (MFU 36.5% against 41.7% side by side; docs/benchmarks.md).
+  Every sequence trained here is whole (no padding, no attention_mask), so the mask only ever says
+  "causal".
 
 - LoRA: ``peft.LoraConfig`` (rank 16, alpha 32, no dropout) on every attention and MLP projection
   (:data:`LORA_TARGETS`) and ``get_peft_model``.
