@@ -203,7 +203,8 @@ def test_a_regression_after_an_engine_or_suite_upgrade_names_it() -> None:
     assert fingerprint_diff(old, new) == ["pytest-mig 0.1.0 -> 0.2.0", "transformers 4.57.1 -> 5.2.0"]
     saved = history(QUIET, fingerprint=old)
     v = compare(record(90.0, fingerprint=new), entry_from_records(saved), meta_from_record(saved[-1]))
-    assert v.failed and v.message.endswith("since the baseline: pytest-mig 0.1.0 -> 0.2.0, transformers 4.57.1 -> 5.2.0")
+    assert v.failed and v.message.endswith(
+        "since the baseline: pytest-mig 0.1.0 -> 0.2.0, transformers 4.57.1 -> 5.2.0")
     assert fingerprint_diff(FP_OLD, new) == []  # a history saved before versions were recorded: no change named
 
 

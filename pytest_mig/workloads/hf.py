@@ -187,7 +187,6 @@ def register_attention() -> str:
     return ATTENTION
 
 
-
 def hf_config(cfg: ModelConfig) -> Any:
     """The transformers configuration of ``cfg``: GPT2Config or Qwen2Config, no dropout, no KV cache."""
     import transformers
