@@ -15,7 +15,10 @@ folder with a control pipe, or the default ``/tmp/nvidia-mps`` has one), it is u
 Otherwise pytest-mig starts ``nvidia-cuda-mps-control -d`` on private pipe and log folders the
 first time an engine needs it and stops it (``quit``) at the end of the session (:func:`shutdown`,
 also registered with atexit).  Only clients given that pipe folder reach it: nothing else on the
-node becomes an MPS client.
+node becomes an MPS client.  Our daemon inherits the job's ``CUDA_VISIBLE_DEVICES`` (so its server
+sees the job's GPU alone, and two jobs on two GPUs of a node each run their own), and its clients
+are started without one, as NVIDIA's MPS guide asks.  The probe reports the UUID of the GPU the
+client ran on; a client on any GPU but the Target's is refused.
 
 ``python -m pytest_mig.mps probe`` is the probe client: it creates a context through the driver
 API and prints, as JSON, the SMs and memory it was given.
@@ -66,6 +69,11 @@ class Mps:
                    memory_limit_bytes: int | None = None) -> dict[str, str]:
         """``base`` plus what makes a process a client of this daemon with an SM share and a memory cap."""
         env = dict(base)
+        if self.owned:
+            # Our daemon was started with the job's CUDA_VISIBLE_DEVICES, so its server sees that GPU
+            # alone; a client reads its own CUDA_VISIBLE_DEVICES against the server's devices, where
+            # "1" (Slurm's second GPU) names none.  NVIDIA's MPS guide: not set in the client.
+            env.pop("CUDA_VISIBLE_DEVICES", None)
         env["CUDA_MPS_PIPE_DIRECTORY"] = self.pipe_dir
         if self.log_dir:
             env["CUDA_MPS_LOG_DIRECTORY"] = self.log_dir
@@ -75,22 +83,32 @@ class Mps:
             env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={max(1, memory_limit_bytes // 2**20)}M"
         return env
 
-    def percentage_for(self, sms: int, total_sms: int, base: Mapping[str, str]) -> tuple[float, dict[str, Any]]:
+    def percentage_for(self, sms: int, total_sms: int, base: Mapping[str, str],
+                       gpu_uuid: str | None = None) -> tuple[float, dict[str, Any]]:
         """The thread percentage under which a client sees exactly ``sms`` of ``total_sms`` SMs, and the
-        probe's report.  Raises MpsUnavailable when no percentage near ``sms / total_sms`` gives it."""
+        probe's report.  Raises MpsUnavailable when no percentage near ``sms / total_sms`` gives it, or
+        when the client's GPU is not ``gpu_uuid`` (the Target's board)."""
         key = (sms, total_sms)
         if key in self._percentages:
             return self._percentages[key]
-        seen: list[tuple[float, int | None]] = []
+        seen: list[str] = []
+        errors: list[str] = []
         for pct in candidate_percentages(sms, total_sms):
             report = probe(self.client_env(base, percentage=pct))
+            if "error" in report:
+                errors.append(report["error"])
+                seen.append(f"{format_percentage(pct)}% -> {report['error']}")
+                continue
+            if gpu_uuid and report.get("uuid") and report["uuid"] != gpu_uuid:
+                raise MpsUnavailable(f"the MPS client ran on {report['uuid']}, not on the Target's GPU {gpu_uuid}")
             got = report.get("sms")
-            seen.append((pct, got))
+            seen.append(f"{format_percentage(pct)}% -> {got} SMs")
             if got == sms:
                 self._percentages[key] = (pct, report)
                 return pct, report
-        tried = ", ".join(f"{format_percentage(p)}% -> {g} SMs" for p, g in seen)
-        raise MpsUnavailable(f"no MPS thread percentage gave exactly {sms} of {total_sms} SMs ({tried})")
+        if len(errors) == len(seen) and len(set(errors)) == 1:  # the client never started: say so once
+            raise MpsUnavailable(f"the MPS probe client failed at every thread percentage tried: {errors[0]}")
+        raise MpsUnavailable(f"no MPS thread percentage gave exactly {sms} of {total_sms} SMs ({', '.join(seen)})")
 
     def stop(self) -> None:
         if not self.owned:
@@ -184,13 +202,13 @@ atexit.register(shutdown)
 
 
 def confine(sms: int | None, total_sms: int | None, memory_limit_bytes: int,
-            base: Mapping[str, str]) -> tuple[dict[str, str], dict[str, Any]]:
-    """The environment of an MPS client with ``sms`` SMs and a memory cap, and what was set (for the
-    record).  Raises MpsUnavailable with the reason."""
+            base: Mapping[str, str], gpu_uuid: str | None = None) -> tuple[dict[str, str], dict[str, Any]]:
+    """The environment of an MPS client with ``sms`` SMs and a memory cap on the GPU ``gpu_uuid``, and
+    what was set (for the record).  Raises MpsUnavailable with the reason."""
     if not sms or not total_sms:
         raise MpsUnavailable("the profile's SM count or the GPU's is unknown")
     daemon = shared()
-    pct, report = daemon.percentage_for(sms, total_sms, base)
+    pct, report = daemon.percentage_for(sms, total_sms, base, gpu_uuid)
     env = daemon.client_env(base, percentage=pct, memory_limit_bytes=memory_limit_bytes)
     return env, {"method": "CUDA MPS client", "active_thread_percentage": pct,
                  "memory_limit_bytes": memory_limit_bytes, "probe": report,
@@ -203,7 +221,8 @@ def confine_engine(target: Target, base: Mapping[str, str], engine: str) -> tupl
     from .workloads import DoesNotFit
 
     try:
-        return confine(target.effective_sms, _total_sms(target), target.memory_budget(), base)
+        return confine(target.effective_sms, _total_sms(target), target.memory_budget(), base,
+                       target.board.get("gpu_uuid") or target.uuid)
     except MpsUnavailable as exc:
         raise DoesNotFit(f"{engine} makes its own CUDA context, which a green context does not confine, and MPS "
                          f"could not confine it to the emulated {target.profile} instead: {exc}") from None
@@ -256,7 +275,8 @@ def context_resources(device: int = 0) -> dict[str, Any]:
 
     The primary context is created (as every engine's is), then the SM count is read from the
     context's own SM resource where the driver has cuCtxGetDevResource (CUDA 12.4+: under MPS it is
-    the client's share), else from the device attribute; memory from cuMemGetInfo.
+    the client's share), else from the device attribute; memory from cuMemGetInfo; and the
+    device's UUID, so that a client can be shown to run on the Target's GPU.
     """
     cuda = _libcuda()
     if cuda is None:
@@ -272,6 +292,10 @@ def context_resources(device: int = 0) -> dict[str, Any]:
         return {"error": f"cuDevicePrimaryCtxRetain returned {rc}"}
     cuda.cuCtxSetCurrent(ctx)
     out: dict[str, Any] = {}
+    uuid = (ctypes.c_ubyte * 16)()
+    get_uuid = getattr(cuda, "cuDeviceGetUuid_v2", None) or getattr(cuda, "cuDeviceGetUuid", None)
+    if get_uuid is not None and get_uuid(uuid, dev) == 0:
+        out["uuid"] = format_uuid(bytes(uuid))
     attr = ctypes.c_int()
     if cuda.cuDeviceGetAttribute(ctypes.byref(attr), _CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev) == 0:
         out["device_sms"] = attr.value
@@ -285,6 +309,12 @@ def context_resources(device: int = 0) -> dict[str, Any]:
     if fn(ctypes.byref(free), ctypes.byref(total)) == 0:
         out["memory_free"], out["memory_total"] = free.value, total.value
     return out
+
+
+def format_uuid(raw: bytes) -> str:
+    """A CUuuid's 16 bytes as NVML and nvidia-smi write a GPU's UUID: GPU-8-4-4-4-12 hex digits."""
+    h = raw.hex()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
 
 
 class _SmResource(ctypes.Structure):

@@ -21,6 +21,15 @@ def test_client_env_adds_the_pipe_the_share_and_the_cap():
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in daemon.client_env({})
 
 
+def test_our_daemons_clients_leave_cuda_visible_devices_to_the_daemon():
+    # Slurm gave the job its second GPU: our daemon's server sees that GPU alone, as its device 0,
+    # and a client that kept "1" would ask the server for a second device it does not have
+    ours = mps.Mps("/tmp/p", None, owned=True).client_env({"CUDA_VISIBLE_DEVICES": "1"}, percentage=25)
+    assert "CUDA_VISIBLE_DEVICES" not in ours and ours["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+    sites = mps.Mps("/tmp/p", None, owned=False).client_env({"CUDA_VISIBLE_DEVICES": "1"})
+    assert sites["CUDA_VISIBLE_DEVICES"] == "1"  # a site's daemon: its layout is the site's to know
+
+
 def test_candidate_percentages_start_at_the_share():
     assert mps.candidate_percentages(16, 132)[:3] == [13.0, 14.0, 12.0]
     assert mps.candidate_percentages(132, 132)[0] == 100.0
@@ -55,6 +64,35 @@ def test_percentage_for_says_what_each_try_gave(monkeypatch):
         mps.Mps("/tmp/p", None, owned=False).percentage_for(16, 132, {})
 
 
+def test_a_probe_client_that_cannot_start_is_named_once_with_its_error(monkeypatch):
+    monkeypatch.setattr(mps, "probe", lambda env: {"error": "the MPS probe client failed (exit 1): "
+                                                            "cuDeviceGet returned 101"})
+    with pytest.raises(mps.MpsUnavailable) as info:
+        mps.Mps("/tmp/p", None, owned=True).percentage_for(32, 132, {})
+    assert str(info.value) == ("the MPS probe client failed at every thread percentage tried: "
+                               "the MPS probe client failed (exit 1): cuDeviceGet returned 101")
+
+
+def test_errors_among_other_tries_are_listed_with_them(monkeypatch):
+    answers = iter([{"error": "timed out"}] + [{"sms": 30}] * 10)
+    monkeypatch.setattr(mps, "probe", lambda env: next(answers))
+    with pytest.raises(mps.MpsUnavailable, match=r"\(25% -> timed out, 26% -> 30 SMs, "):
+        mps.Mps("/tmp/p", None, owned=True).percentage_for(32, 132, {})
+
+
+def test_a_client_on_another_gpu_is_refused(monkeypatch):
+    monkeypatch.setattr(mps, "probe", lambda env: {"sms": 16, "uuid": "GPU-bbbb"})
+    daemon = mps.Mps("/tmp/p", None, owned=False)
+    with pytest.raises(mps.MpsUnavailable, match="the MPS client ran on GPU-bbbb, not on the Target's GPU GPU-aaaa"):
+        daemon.percentage_for(16, 132, {}, "GPU-aaaa")
+    assert daemon.percentage_for(16, 132, {}, "GPU-bbbb")[1]["uuid"] == "GPU-bbbb"
+
+
+def test_a_cuuuid_is_written_as_nvml_writes_a_gpu_uuid():
+    raw = bytes.fromhex("f24f0055de382b0dc2f32701da2d8e51")
+    assert mps.format_uuid(raw) == "GPU-f24f0055-de38-2b0d-c2f3-2701da2d8e51"
+
+
 def test_a_sites_daemon_is_used_and_left_alone(tmp_path, monkeypatch):
     (tmp_path / "control").write_text("")
     monkeypatch.setattr(mps.shutil, "which", lambda name: pytest.fail("no daemon may be started"))
@@ -75,6 +113,7 @@ def test_without_the_control_binary_mps_is_unavailable(monkeypatch):
 STAND_IN = """#!/bin/sh
 # nvidia-cuda-mps-control: -d makes the control pipe; 'quit' on stdin removes it
 echo "$@ pipe=$CUDA_MPS_PIPE_DIRECTORY log=$CUDA_MPS_LOG_DIRECTORY" >> "$MPS_CALLS"
+echo "${CUDA_VISIBLE_DEVICES-unset}" >> "$MPS_CALLS.cvd"
 if [ "$1" = "-d" ]; then [ -n "$FAIL" ] && { echo "cannot start: $FAIL" >&2; exit 1; }; touch "$CUDA_MPS_PIPE_DIRECTORY/control"; exit 0; fi
 read cmd; [ "$cmd" = "quit" ] && rm -f "$CUDA_MPS_PIPE_DIRECTORY/control"
 """
@@ -108,6 +147,12 @@ def test_our_daemon_runs_on_private_folders_and_is_stopped(stand_in):
     assert len(stand_in.read_text().splitlines()) == 2
 
 
+def test_our_daemon_serves_the_jobs_gpu(stand_in):
+    daemon = mps.start({**os.environ, "CUDA_VISIBLE_DEVICES": "GPU-d69698fb"})
+    daemon.stop()
+    assert Path(f"{stand_in}.cvd").read_text().splitlines()[0] == "GPU-d69698fb"
+
+
 def test_a_daemon_that_does_not_start_says_why(stand_in, monkeypatch):
     monkeypatch.setenv("FAIL", "MPS is not supported on this GPU")
     with pytest.raises(mps.MpsUnavailable, match=r"did not start \(exit 1: cannot start: MPS is not supported"):
@@ -130,6 +175,17 @@ def test_confine_sets_the_share_found_and_the_cap(monkeypatch):
     assert record["probe"]["sms"] == 16 and record["daemon"] == "started by pytest-mig"
     with pytest.raises(mps.MpsUnavailable, match="SM count"):
         mps.confine(None, 132, 1, {})
+
+
+def test_an_engine_is_confined_on_the_targets_own_board(monkeypatch):
+    from pytest_mig.target import Target
+
+    asked = []
+    monkeypatch.setattr(mps, "confine", lambda *a: asked.append(a) or ({}, {}))
+    target = Target(kind="emulated", profile="1g.18gb", chosen_by="emulation", gpu_name="NVIDIA H200",
+                    uuid="GPU-d69698fb", sms=16, memory_bytes=2**30, board={"gpu_uuid": "GPU-d69698fb"})
+    mps.confine_engine(target, {}, "OpenMM")
+    assert asked[0][-1] == "GPU-d69698fb"
 
 
 def test_probe_client_reports_an_error_without_a_driver():
