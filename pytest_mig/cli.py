@@ -204,13 +204,17 @@ def reference_lines(gpu_names: Sequence[str], root: Path | None = None) -> list[
     store = ReferenceStore(root or SHIPPED)
     models = store.models()
 
-    def shown(model: str, profile: str) -> str:  # "full (quick x5, normal x2)": a run of either mode is judged
+    def shown(model: str, profile: str) -> str:  # "full (quick x5, normal x1 not judged)"
         ref = store.load(model_slug(model), profile)
-        runs = ref.runs() if ref is not None else {}
-        return f"{profile} ({', '.join(f'{mode} x{n}' for mode, n in runs.items())})" if runs else profile
+        if ref is None or not ref.runs():
+            return profile
+        judged = {key[2] for key in ref.sigma}
+        modes = [f"{mode} x{n}" + ("" if mode in judged else " not judged") for mode, n in ref.runs().items()]
+        return f"{profile} ({', '.join(modes)})"
 
     lines = [f"references (figures with no local baseline are judged against them, in a band of at least "
-             f"{REFERENCE_FLOOR:.0%}; runs per mode):"]
+             f"{REFERENCE_FLOOR:.0%}; runs per mode, 'not judged' where no figure of the mode has a second "
+             f"run of the model to show its noise):"]
     lines += [f"  {model}: {', '.join(shown(model, p) for p in profiles)}"
               for model, profiles in models.items()] or ["  none"]
     have = {model_slug(m) for m in models}

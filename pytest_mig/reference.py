@@ -213,6 +213,10 @@ def judged_against(targets: Iterable[Any], store: BaselineStore, references: Ref
             lines.append(f"verdicts for {name}: no local baseline ({path}), and the reference for {t.gpu_name} {name} "
                          f"holds {other} only: this run's figures are reported, not judged; record a baseline with "
                          f"--mig-save-baseline")
+        elif not any(key[2] == mode for key in ref.sigma):
+            lines.append(f"verdicts for {name}: no local baseline yet ({path}): shown beside the reference, "
+                         f"{ref.describe(mode)}, but not judged: no figure of this mode has a second reference run "
+                         f"of {t.gpu_name} to show its run-to-run noise; record a baseline with --mig-save-baseline")
         else:
             lines.append(f"verdicts for {name}: no local baseline yet ({path}): judged against the reference, "
                          f"{ref.describe(mode)}, in a band of at least {REFERENCE_FLOOR:.0%} (another board); a saved "

@@ -466,6 +466,24 @@ def test_a_first_run_is_judged_against_the_reference_until_a_baseline_is_saved(
     assert rate_record(pytester, "own.json").verdict["source"] == "baseline"
 
 
+def test_a_reference_of_one_run_is_shown_beside_not_said_to_judge(
+        h200: Callable[..., pytest.RunResult], pytester: pytest.Pytester, mig_env: pytest.MonkeyPatch) -> None:
+    from pytest_mig.cli import main
+
+    mig_env.setenv("RATE", "100")
+    h200("--mig-results", "ref0.json", "--mig-baseline-dir", "elsewhere").assert_outcomes(passed=1)
+    assert main(["reference", str(pytester.path / "ref0.json"), "--out", str(pytester.path / "ref")]) == 0
+    mig_env.setenv("RATE", "84")  # 16% under: with one reference run its noise is unknown, so not judged
+    first = h200("--mig-reference", "ref", "--mig-results", "first.json")
+    first.assert_outcomes(passed=1)
+    first.stdout.fnmatch_lines([
+        "pytest-mig: verdicts for full: no local baseline yet (*): shown beside the reference, 1 run(s) of NVIDIA "
+        "H200 full (normal), *, but not judged: no figure of this mode has a second reference run of NVIDIA H200 to "
+        "show its run-to-run noise; record a baseline with --mig-save-baseline"])
+    verdict = rate_record(pytester, "first.json").verdict
+    assert verdict["outcome"] == "noisy" and "the reference has one run of it" in verdict["message"]
+
+
 def test_a_reference_folder_that_does_not_exist_is_one_sentence_at_start_up(
         h200: Callable[..., pytest.RunResult]) -> None:
     result = h200("--mig-reference", "no-such-folder")
