@@ -13,11 +13,17 @@ profile, Columbia/IBM's experiment), with ``--mig-profile full`` only the GPUs w
 ``CUDA_VISIBLE_DEVICES`` is set (a Slurm or Kubernetes allocation), only the devices it shows.
 Under emulation it is refused: green contexts on one GPU share its bandwidth and power, so they are
 not independent devices.
+
+Stopped (SIGTERM, as Kubernetes sends it to the container's first process, or Ctrl-C): the runner
+passes SIGTERM on to every worker, each of which stops as a single run does and keeps the figures of
+its finished tests (:mod:`pytest_mig.checkpoint`); it waits for them (``STOP_GRACE_S``, then kills
+what is left), merges what they wrote, marks the merged file stopped and exits 2.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -27,6 +33,7 @@ from pathlib import Path
 from typing import Sequence, TextIO
 
 from . import exports
+from .checkpoint import stop_on_sigterm
 from .nvml import Inventory, cuda_visible
 from .profiles import ALL, FULL
 from .results import ResultRecord, ResultsFileError, read_results, write_results
@@ -36,6 +43,9 @@ from .target import SelectionError
 OWN_OPTIONS = ("--mig-device", "--mig-results", "--mig-report", "--mig-scaling-plot", "--mig-export")
 #: Options whose file each worker gets its own copy of (the device's index in the name).
 PER_WORKER_FILES = ("--junitxml", "--junit-xml", "--benchmark-json")
+#: Seconds a stopped worker has to write its figures and end, before it is killed (inside the 30 s
+#: that Slurm's KillWait and Kubernetes' grace period give by default).
+STOP_GRACE_S = 20.0
 
 
 @dataclass(frozen=True)
@@ -110,6 +120,7 @@ class Worker:
     proc: subprocess.Popen[bytes] | None = None
     returncode: int | None = None
     seconds: float = 0.0
+    stopped: str | None = None  # "SIGTERM" or "interrupted" (Ctrl-C): asked to stop before it ended
 
 
 def run_workers(args: Sequence[str], devs: Sequence[Device], folder: Path, out: TextIO,
@@ -128,11 +139,35 @@ def run_workers(args: Sequence[str], devs: Sequence[Device], folder: Path, out: 
             w.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         w.seconds = time.monotonic()
     print(f"pytest-mig node: {sum(w.proc is not None for w in workers)} worker(s) started, logs in {folder}", file=out)
-    for w in workers:
-        if w.proc is not None:
-            w.returncode = w.proc.wait()
-            w.seconds = time.monotonic() - w.seconds
+    stop = stop_on_sigterm()
+    try:
+        for w in workers:
+            if w.proc is not None:
+                w.returncode = w.proc.wait()
+                w.seconds = time.monotonic() - w.seconds
+    except KeyboardInterrupt:  # SIGTERM or Ctrl-C: every worker stops and keeps what it measured
+        stop_workers(workers, "SIGTERM" if stop.received else "interrupted")
+    finally:
+        stop.restore()
     return workers
+
+
+def stop_workers(workers: Sequence[Worker], reason: str, grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM to every worker still running, then wait up to ``grace_s`` for them; kill what is left."""
+    running = [w for w in workers if w.proc is not None and w.returncode is None]
+    for w in running:
+        w.stopped = reason
+        if w.proc is not None and w.proc.poll() is None:
+            w.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for w in running:
+        assert w.proc is not None
+        try:
+            w.returncode = w.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            w.proc.kill()
+            w.returncode = w.proc.wait()
+        w.seconds = time.monotonic() - w.seconds
 
 
 def _tail(path: Path, lines: int = 3) -> str:
@@ -158,10 +193,11 @@ def merge(workers: Sequence[Worker], out: TextIO) -> tuple[list[ResultRecord], l
             except ResultsFileError as exc:
                 problems.append(f"{w.device.label}: {exc}")
         records.extend(got)
-        state = {0: "passed", 1: "tests failed", 5: "no tests ran"}.get(w.returncode or 0, f"exit {w.returncode}")
+        state = ("stopped" if w.stopped else
+                 {0: "passed", 1: "tests failed", 5: "no tests ran"}.get(w.returncode or 0, f"exit {w.returncode}"))
         print(f"pytest-mig node: {w.device.label}: {state} ({len(got)} figures, {w.seconds:.0f} s), log {w.log}",
               file=out)
-        if w.returncode not in (0, 1, 5):
+        if w.returncode not in (0, 1, 5) and not w.stopped:
             problems.append(f"{w.device.label}: the worker ended with exit {w.returncode}: {_tail(w.log)}")
     return records, problems
 
@@ -176,6 +212,10 @@ def main(args: Sequence[str], inv: Inventory, profile: str | None, emulate: bool
     devs = devices(inv, profile, emulate, os.environ.get("CUDA_VISIBLE_DEVICES"))
     folder = Path(tempfile.mkdtemp(prefix="pytest-mig-node-"))
     workers = run_workers(args, devs, folder, out)
+    stopped = next((w.stopped for w in workers if w.stopped), None)
+    if stopped:
+        print(f"pytest-mig node: stopped ({stopped}): every worker was asked to stop; the figures of their "
+              "finished tests are kept, marked incomplete", file=out)
     records, problems = merge(workers, out)
     if records:
         import pandas as pd
@@ -190,7 +230,8 @@ def main(args: Sequence[str], inv: Inventory, profile: str | None, emulate: bool
             print(o.line(), file=out)
         if results != "none":
             path = Path(results) if results else default_results_path(rootdir)
-            write_results(path, records, meta={"node_mode": [w.device.label for w in workers]})
+            meta = {"node_mode": [w.device.label for w in workers], "complete": not stopped}
+            write_results(path, records, meta={**meta, "stopped": stopped} if stopped else meta)
             print(f"pytest-mig node: merged results of {len(devs)} device(s): {path}", file=out)
         if report:
             write_report(Path(report), records)
@@ -202,9 +243,11 @@ def main(args: Sequence[str], inv: Inventory, profile: str | None, emulate: bool
             problems.append(str(exc))
     for p in problems:
         print(f"pytest-mig node: {p}", file=out)
+    if stopped:
+        return 2  # pytest's "interrupted"
     codes = [w.returncode for w in workers if w.proc is not None]
     failed = problems or any(c not in (0, 5) for c in codes) or not codes
     return 1 if failed else (0 if any(c == 0 for c in codes) else 5)
 
 
-__all__ = ["Device", "Worker", "devices", "main", "merge", "run_workers", "worker_args"]
+__all__ = ["Device", "Worker", "devices", "main", "merge", "run_workers", "stop_workers", "worker_args"]

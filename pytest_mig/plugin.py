@@ -19,8 +19,9 @@ import pytest
 from . import exports, mps, nvml
 from . import target as _target
 from .bench import MigBench, drop_failed_test
+from .checkpoint import Checkpoint, stop_on_sigterm
 from .measure import Metric, Telemetry
-from .results import ResultRecord, ResultsFileError, write_results
+from .results import ResultRecord, ResultsFileError
 from .settings import (
     PLOT_SUFFIXES,
     baseline_dir,
@@ -106,6 +107,8 @@ class RunState:
     su: Any = None  # cost.SUCoefficients of the run
     health: Any = None  # health.Watch of the device (None on the CPU or without NVML)
     allocation: tuple[float, float] = (1.0, 4.0)  # (CPUs, RAM GB) billed with the GPU
+    checkpoint: Checkpoint | None = None  # the results file, written as the run goes (None: --mig-results none)
+    sigterm: Any = None  # checkpoint.SigtermStop: SIGTERM stops the run as Ctrl-C does (from the first benchmark)
 
 
 STATE = pytest.StashKey[RunState]()
@@ -245,6 +248,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     state = session.config.stash.get(STATE, None)
     if state is None:
         return
+    results = session.config.getoption("mig_results")
+    if results != "none":
+        state.checkpoint = Checkpoint(Path(results) if results else default_results_path(Path(session.config.rootpath)))
     plan = state.plan
     first = plan.targets[0]
     state.fingerprint = nvml.fingerprint(first.gpu_index)
@@ -440,6 +446,8 @@ def _test_key(item: pytest.Item, target: Target) -> str:
 def mig_bench(request: pytest.FixtureRequest, benchmark: Any, mig_device: Target) -> MigBench:
     """pytest-benchmark's ``benchmark`` wrapped for GPU work: a CUDA-event timer and metric records."""
     state = _state(request.config)
+    if state.sigterm is None:  # from the first benchmark on, not in every pytest session that loads the plugin
+        state.sigterm = stop_on_sigterm()
     item = request.node
     records = item.stash.setdefault(ITEM_RECORDS, [])
     quick = bool(request.config.getoption("mig_quick"))
@@ -581,6 +589,20 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[Any]:
+    """After every test that recorded figures, the results file holds them (a killed run keeps them)."""
+    result = yield
+    state = item.config.stash.get(STATE, None)
+    if state is not None and state.checkpoint is not None and state.records:
+        state.checkpoint.update(state.records, _results_meta(state))
+    return result
+
+
+def _results_meta(state: RunState) -> dict[str, Any]:
+    return {"target": state.plan.targets[0].to_dict(), "fingerprint": state.fingerprint}
+
+
 # --------------------------------------------------------------------------- pytest-benchmark integration
 
 
@@ -602,6 +624,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     state = config.stash.get(STATE, None)
     if state is None:
         return
+    if state.sigterm is not None:  # from here a second SIGTERM ends the process (files are written atomically)
+        state.sigterm.restore()
     if state.board is not None:
         state.board.close()
         state.board = None
@@ -612,15 +636,19 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         state.health = None
         if state.errors and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    stopped = ("SIGTERM" if state.sigterm is not None and state.sigterm.received
+               else "interrupted" if exitstatus == pytest.ExitCode.INTERRUPTED else None)
+    if stopped and state.records:
+        tests = len({r.test for r in state.records})
+        why = "SIGTERM: a time limit or a cancelled job" if stopped == "SIGTERM" else stopped
+        state.messages.append(f"stopped ({why}): the figures of the {tests} test(s) that finished are kept, "
+                              "marked incomplete")
     if not state.records:
         return
-    t = state.plan.targets[0]
-    results = config.getoption("mig_results")
-    if results != "none":
-        path = Path(results) if results else default_results_path(Path(config.rootpath))
+    if state.checkpoint is not None:
         try:
-            write_results(path, state.records, meta={"target": t.to_dict(), "fingerprint": state.fingerprint})
-            state.messages.append(f"results: {path}")
+            state.checkpoint.finish(state.records, _results_meta(state), stopped)
+            state.messages.append(f"results: {state.checkpoint.path}")
         except ResultsFileError as exc:  # the report and the baseline are still written
             state.errors.append(str(exc))
     if config.getoption("mig_export"):
@@ -671,6 +699,12 @@ def add_summary_section(config: pytest.Config, title: str, text: str) -> None:
     state = config.stash.get(STATE, None)
     if state is not None:
         state.sections.append((title, text))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    state = config.stash.get(STATE, None)
+    if state is not None and state.sigterm is not None:  # a session that never reached its end
+        state.sigterm.restore()
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

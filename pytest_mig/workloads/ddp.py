@@ -66,13 +66,22 @@ def run_count(devices: Sequence[str], quick: bool, folder: Path, python: str = s
         log = open(folder / f"ddp{len(devices)}-rank{rank}.log", "wb")
         procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
     codes = []
-    for p, log in procs:
-        try:
-            codes.append(p.wait(timeout=TIMEOUT_S))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            codes.append(-9)
-        log.close()
+    try:
+        for p, _ in procs:
+            try:
+                codes.append(p.wait(timeout=TIMEOUT_S))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                codes.append(-9)
+    except BaseException:  # the run is stopping (SIGTERM, Ctrl-C): no rank outlives it
+        for p, _ in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        raise
+    finally:
+        for _, log in procs:
+            log.close()
     if any(codes):
         tail = (folder / f"ddp{len(devices)}-rank0.log").read_text(errors="replace").strip().splitlines()[-3:]
         raise WorkloadError(f"DDP on {len(devices)} GPU(s): ranks exited {codes}: {' | '.join(tail)}")

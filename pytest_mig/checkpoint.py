@@ -1,0 +1,101 @@
+"""A run stopped partway keeps what it measured.
+
+A nightly is stopped before its end more often than it crashes: Slurm's time limit and
+``scancel``, a Kubernetes Job's ``activeDeadlineSeconds`` or a node drain, a CI runner's timeout.
+Each sends SIGTERM, then SIGKILL after a grace period (Slurm's ``KillWait``, Kubernetes'
+``terminationGracePeriodSeconds``: 30 s by default).  Before this, a run stopped so lost every
+figure it had measured, because the results file was written at the end.  Now:
+
+- **The results file is written as the run goes** (:class:`Checkpoint`): after every test that
+  recorded figures it is rewritten atomically with the records so far and ``"complete": false`` in
+  its meta.  Even SIGKILL leaves every finished test's figures, and never a half-written file.
+- **SIGTERM stops the run the way Ctrl-C does** (:func:`stop_on_sigterm`): while the session runs,
+  it raises KeyboardInterrupt, so pytest ends the test under way and runs the session's end: the MPS
+  daemon is stopped, exports and report are written, and the file's meta says ``"stopped":
+  "SIGTERM"``.  A handler the site (or another plugin) set is left alone.  A second SIGTERM while
+  stopping ends the process at once (the default action).
+
+A stopped run is never added to a history by ``--mig-save-if-passed`` (its exit status is not 0);
+``--mig-save-baseline`` saves the tests that finished, as it would have at the end.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any, Callable, Sequence
+
+from .results import ResultRecord, ResultsFileError, write_results
+
+#: meta["stopped"] of a run that SIGTERM stopped
+SIGTERM_STOP = "SIGTERM"
+
+
+@dataclass
+class Checkpoint:
+    """The run's results file, rewritten as records arrive and finally at the session's end."""
+
+    path: Path
+    written: int = 0  # records in the file now
+    failed: bool = False  # a write failed: no more until the session's end, which reports it
+
+    def update(self, records: Sequence[ResultRecord], meta: dict[str, Any]) -> None:
+        """Rewrite the file if records arrived since the last write (an incomplete run's file)."""
+        if len(records) == self.written or self.failed:
+            return
+        try:
+            write_results(self.path, records, meta={**meta, "complete": False})
+            self.written = len(records)
+        except ResultsFileError:
+            self.failed = True
+
+    def finish(self, records: Sequence[ResultRecord], meta: dict[str, Any], stopped: str | None) -> None:
+        """The session's end: the whole run, complete unless it was stopped.  Raises ResultsFileError."""
+        meta = {**meta, "complete": stopped is None}
+        if stopped:
+            meta["stopped"] = stopped
+        write_results(self.path, records, meta=meta)
+        self.written = len(records)
+
+
+@dataclass
+class SigtermStop:
+    """SIGTERM turned into KeyboardInterrupt for the session's length; whether it came."""
+
+    previous: Any = None
+    installed: bool = False
+    received: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
+        with self._lock:
+            first = not self.received
+            self.received = True
+        if not first:  # stopping already: a second SIGTERM ends the process
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.raise_signal(signal.SIGTERM)
+            return
+        raise KeyboardInterrupt("SIGTERM")
+
+    def restore(self) -> None:
+        if self.installed and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self.previous)
+        self.installed = False
+
+
+def stop_on_sigterm(getsignal: Callable[[int], Any] = signal.getsignal) -> SigtermStop:
+    """Install the SIGTERM handler where SIGTERM still has its default action (a site's own handler is
+    left alone) and this is the main thread (the only one Python lets set a handler)."""
+    stop = SigtermStop()
+    if threading.current_thread() is not threading.main_thread():
+        return stop
+    previous = getsignal(signal.SIGTERM)
+    if previous not in (signal.SIG_DFL, None):
+        return stop
+    stop.previous = signal.SIG_DFL
+    signal.signal(signal.SIGTERM, stop._handler)
+    stop.installed = True
+    return stop

@@ -1,0 +1,192 @@
+"""A run stopped partway keeps what it measured: the results file is written after every test that
+recorded figures (what SIGKILL leaves), and SIGTERM, as a scheduler's time limit sends it, stops the
+run as Ctrl-C does, with the file marked incomplete.  Real pytest runs on the fake H200, as in
+test_verdict_flow.py; the signal is real, sent by the test to its own process."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import fake_pynvml
+import pytest
+from test_verdict_flow import BENCH, QUIET
+
+from pytest_mig import checkpoint
+from pytest_mig.workloads import ddp
+
+STOPPED = '''
+import os
+import shutil
+import signal
+
+from pytest_mig.measure import Metric
+
+
+def test_first(mig_bench):
+    mig_bench.record(Metric("rate", 100.0, "items/s", "higher", [99.0, 100.0, 101.0] * 3, kind="compute"))
+
+
+def test_second(mig_bench):
+    shutil.copy("night.json", "after_first.json")  # what a SIGKILL here would leave
+    os.kill(os.getpid(), signal.SIGTERM)  # the scheduler's time limit
+    mig_bench.record(Metric("never", 1.0, "items/s", "higher", [1.0] * 3, kind="compute"))
+
+
+def test_third(mig_bench):
+    mig_bench.record(Metric("never_either", 1.0, "items/s", "higher", [1.0] * 3, kind="compute"))
+'''
+
+
+@pytest.fixture
+def h200(mig_env: pytest.MonkeyPatch, stand_in_cuda: Callable[..., None], cuda_props_of: Callable[..., Any]) -> None:
+    """The fake H200 of test_verdict_flow.py (NVML from a real H200's data, CUDA's answer stood in for)."""
+    fake_pynvml.install(mig_env, "h200-mig-off")
+    stand_in_cuda(cuda_props_of("h200-mig-off"))
+    mig_env.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+
+def run_stopped(pytester: pytest.Pytester, *options: str) -> pytest.RunResult:
+    pytester.makepyfile(test_stop=STOPPED)
+    return pytester.runpytest("test_stop.py", "--mig-profile", "full", *QUIET, "--mig-results", "night.json",
+                              *options, no_reraise_ctrlc=True)
+
+
+def figures(path: Path) -> tuple[list[str], dict[str, Any]]:
+    doc = json.loads(path.read_text())
+    return [r["metric"]["name"] for r in doc["records"]], doc["meta"]
+
+
+def test_sigterm_stops_the_run_and_keeps_the_finished_tests_figures(h200: None, pytester: pytest.Pytester) -> None:
+    result = run_stopped(pytester)
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    names, meta = figures(pytester.path / "after_first.json")  # written after the first test, before the end
+    assert names == ["rate"] and meta["complete"] is False and "stopped" not in meta
+    names, meta = figures(pytester.path / "night.json")
+    assert names == ["rate"] and meta["complete"] is False and meta["stopped"] == "SIGTERM"
+    assert meta["target"]["gpu_name"] == "NVIDIA H200"
+    result.stdout.fnmatch_lines(["*stopped (SIGTERM: a time limit or a cancelled job): the figures of the 1 test(s) "
+                                 "that finished are kept, marked incomplete",
+                                 "results: *night.json"])
+    assert result.parseoutcomes() == {"passed": 1}  # the second test was stopped and the third never ran
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # given back at the session's end
+
+
+def test_a_stopped_run_is_not_learned_by_save_if_passed(h200: None, pytester: pytest.Pytester) -> None:
+    result = run_stopped(pytester, "--mig-save-if-passed")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines(["baseline: this run failed, so it was not added to the history*"])
+    assert not (pytester.path / "baselines").exists()
+
+
+def test_a_finished_run_is_marked_complete(h200: None, pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_bench=BENCH)
+    pytester.runpytest("--mig-profile", "full", *QUIET, "--mig-results", "whole.json").assert_outcomes(passed=1)
+    _, meta = figures(pytester.path / "whole.json")
+    assert meta["complete"] is True and "stopped" not in meta
+
+
+def test_a_handler_the_site_set_is_left_alone() -> None:
+    def sites(signum: int, frame: Any) -> None:
+        pass
+
+    previous = signal.signal(signal.SIGTERM, sites)
+    try:
+        stop = checkpoint.stop_on_sigterm()
+        assert not stop.installed and signal.getsignal(signal.SIGTERM) is sites
+        stop.restore()
+        assert signal.getsignal(signal.SIGTERM) is sites
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_results_file_that_cannot_be_written_is_tried_once_as_the_run_goes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from test_verdict import record
+
+    from pytest_mig.results import ResultsFileError
+
+    tries = []
+
+    def full_disk(path: Path, records: Any, meta: Any) -> None:
+        tries.append(len(records))
+        raise ResultsFileError(f"{path}: results not written (No space left on device)")
+
+    monkeypatch.setattr(checkpoint, "write_results", full_disk)
+    cp = checkpoint.Checkpoint(tmp_path / "night.json")
+    cp.update([record(100.0)], {})
+    cp.update([record(100.0), record(101.0)], {})  # not tried again after every test
+    assert cp.failed and cp.written == 0 and tries == [1]
+    with pytest.raises(ResultsFileError, match="No space left on device"):  # the session's end says it
+        cp.finish([record(100.0)], {}, None)
+
+
+def test_ddp_ranks_do_not_outlive_a_stopped_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[subprocess.Popen[bytes]] = []
+    real = subprocess.Popen
+
+    def popen(cmd: list[str], **kw: Any) -> subprocess.Popen[bytes]:  # each rank sleeps, as a slow rank would
+        started.append(real([sys.executable, "-c", "import time; time.sleep(60)"], **kw))
+        return started[-1]
+
+    monkeypatch.setattr(ddp.subprocess, "Popen", popen)
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, 0.5)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ddp.run_count(["GPU-a", "GPU-b"], quick=True, folder=tmp_path)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert len(started) == 2 and all(p.poll() is not None for p in started)
+
+
+NODE_BENCH = '''
+import os
+import signal
+import time
+from pathlib import Path
+
+from pytest_mig.measure import Metric
+
+
+def test_rate(mig_bench):
+    mig_bench.record(Metric("rate", 100.0, "items/s", "higher", [100.0] * 3, kind="compute"))
+    Path(f"done-{os.environ['PYTEST_MIG_NODE_WORKER']}").write_text("")
+
+
+def test_long(mig_bench):
+    if os.environ["PYTEST_MIG_NODE_WORKER"] == "0":  # Kubernetes: SIGTERM to the container's first process only
+        while len(list(Path().glob("done-*"))) < 7:
+            time.sleep(0.1)
+        os.kill(os.getppid(), signal.SIGTERM)
+    time.sleep(120)  # every worker is still measuring when the runner is stopped
+    mig_bench.record(Metric("never", 1.0, "items/s", "higher", [1.0] * 3, kind="compute"))
+'''
+
+
+def test_a_stopped_node_run_stops_every_worker_and_merges_what_they_measured(
+        pytester: pytest.Pytester, mig_env: pytest.MonkeyPatch) -> None:
+    from test_node import CONFTEST, SLOW_PLUGINS
+
+    fake_pynvml.install_subprocess(mig_env, "h100-mig")
+    mig_env.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_bench=NODE_BENCH)
+    result = pytester.runpytest_subprocess(*SLOW_PLUGINS, "--mig-profile", "1g.10gb", "--mig-device", "all",
+                                           "--mig-results", "node.json", timeout=100)
+    out = result.stdout.str()
+    assert result.ret == 2, out
+    assert "pytest-mig node: stopped (SIGTERM): every worker was asked to stop" in out
+    assert out.count(": stopped (1 figures") == 7  # every worker kept its finished test's figure
+    doc = json.loads((pytester.path / "node.json").read_text())
+    assert [r["metric"]["name"] for r in doc["records"]] == ["rate"] * 7
+    assert doc["meta"]["complete"] is False and doc["meta"]["stopped"] == "SIGTERM"
