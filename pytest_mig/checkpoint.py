@@ -12,8 +12,9 @@ figure it had measured, because the results file was written at the end.  Now:
 - **SIGTERM stops the run the way Ctrl-C does** (:func:`stop_on_sigterm`): while the session runs,
   it raises KeyboardInterrupt, so pytest ends the test under way and runs the session's end: the MPS
   daemon is stopped, exports and report are written, and the file's meta says ``"stopped":
-  "SIGTERM"``.  A handler the site (or another plugin) set is left alone.  A second SIGTERM while
-  stopping ends the process at once (the default action).
+  "SIGTERM"``.  A handler the site (or another plugin) set is left alone.  Further SIGTERMs while
+  stopping are ignored: Slurm signals every process of the job and a wrapper script may pass the
+  signal on as well, so two can come at once; SIGKILL after the grace period stays the hard stop.
 
 A stopped run is never added to a history by ``--mig-save-if-passed`` (its exit status is not 0);
 ``--mig-save-baseline`` saves the tests that finished, as it would have at the end.
@@ -74,11 +75,8 @@ class SigtermStop:
         with self._lock:
             first = not self.received
             self.received = True
-        if not first:  # stopping already: a second SIGTERM ends the process
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            signal.raise_signal(signal.SIGTERM)
-            return
-        raise KeyboardInterrupt("SIGTERM")
+        if first:  # later ones (the scheduler's and a wrapper's at once) must not break off the stopping
+            raise KeyboardInterrupt("SIGTERM")
 
     def restore(self) -> None:
         if self.installed and threading.current_thread() is threading.main_thread():

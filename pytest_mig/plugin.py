@@ -624,8 +624,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     state = config.stash.get(STATE, None)
     if state is None:
         return
-    if state.sigterm is not None:  # from here a second SIGTERM ends the process (files are written atomically)
-        state.sigterm.restore()
     if state.board is not None:
         state.board.close()
         state.board = None
@@ -703,7 +701,7 @@ def add_summary_section(config: pytest.Config, title: str, text: str) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     state = config.stash.get(STATE, None)
-    if state is not None and state.sigterm is not None:  # a session that never reached its end
+    if state is not None and state.sigterm is not None:  # SIGTERM's own action again, after the session's end
         state.sigterm.restore()
 
 

@@ -32,8 +32,19 @@ args=(-m pytest "$suite"
 if [ "${MIG_REQUIRE_GPU:-1}" = 1 ]; then
     args+=(--mig-require-gpu)
 fi
-"$python" "${args[@]}" "$@"
+# SIGTERM (a time limit, a cancelled job, a Kubernetes deadline: where this script is the container's
+# first process, only it is signalled) is passed on to pytest, which stops and keeps the figures of its
+# finished tests; the page below is still drawn. SIGKILL after the grace period is the hard stop.
+"$python" "${args[@]}" "$@" &
+child=$!
+trap 'kill -TERM "$child" 2>/dev/null' TERM INT
+wait "$child"
 status=$?
+while kill -0 "$child" 2>/dev/null; do  # wait returned early for the signal: wait for pytest itself
+    wait "$child"
+    status=$?
+done
+trap - TERM INT
 
 # Keep the newest results files (their names sort by time) and draw the page from them and the history.
 mapfile -t old < <(find "$state/results" -maxdepth 1 -name '*.json' | sort | head -n "-${MIG_KEEP_RESULTS:-90}")

@@ -165,3 +165,42 @@ def test_the_kubernetes_cronjob_asks_for_the_slice_it_tests_and_keeps_its_histor
     assert mount["mountPath"] == state
     (volume,) = pod["volumes"]
     assert volume["name"] == mount["name"] and volume["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+
+
+STOPPED_SUITE = '''
+import time
+
+from pytest_mig.measure import Metric
+
+
+def test_rate(mig_bench):
+    mig_bench.record(Metric("rate", 100.0, "items/s", "higher", [99.9, 100.0, 100.1], kind="compute"))
+
+
+def test_long(mig_bench):
+    time.sleep(120)  # still measuring when the job's time is up
+'''
+
+
+def test_a_night_stopped_by_sigterm_keeps_its_figures_and_still_draws_the_page(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    (tmp_path / "suite").mkdir()
+    (tmp_path / "suite" / "test_suite.py").write_text(STOPPED_SUITE)
+    # SIGTERM to the script alone, as Kubernetes sends it to a container's first process
+    night = subprocess.Popen(["bash", str(NIGHTLY), "-p", "no:cacheprovider"], cwd=tmp_path, env=_env(tmp_path),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    results = tmp_path / "state" / "results"
+    deadline = time.monotonic() + 120
+    while not list(results.glob("*.json")) and time.monotonic() < deadline:  # the first test's figure is kept
+        time.sleep(0.2)
+    night.send_signal(signal.SIGTERM)
+    out, _ = night.communicate(timeout=120)
+    assert night.returncode == 2, out[-3000:]
+    assert "stopped (SIGTERM: a time limit or a cancelled job): the figures of the 1 test(s) that finished" in out
+    (kept,) = results.glob("*.json")
+    doc = json.loads(kept.read_text())
+    assert [r["metric"]["name"] for r in doc["records"]] == ["rate"] and doc["meta"]["stopped"] == "SIGTERM"
+    assert "rate" in (tmp_path / "publish" / "trend.html").read_text()  # the page was drawn after the stop
+    assert not (tmp_path / "state" / "baselines" / "cpu").exists()  # a stopped night is not learned

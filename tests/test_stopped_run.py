@@ -104,6 +104,14 @@ def test_a_handler_the_site_set_is_left_alone() -> None:
         signal.signal(signal.SIGTERM, previous)
 
 
+def test_only_the_first_sigterm_stops_a_second_at_once_does_not_break_off_the_stopping() -> None:
+    stop = checkpoint.SigtermStop()
+    with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+        stop._handler(signal.SIGTERM, None)
+    stop._handler(signal.SIGTERM, None)  # Slurm's and a wrapper's: ignored while the results are written
+    assert stop.received
+
+
 def test_a_results_file_that_cannot_be_written_is_tried_once_as_the_run_goes(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from test_verdict import record
