@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from .baselines import BaselineStore, load_baseline_file, meta_from_record
-from .results import ResultRecord, atomic_write_text, read_results, utc_now
+from .results import ResultRecord, atomic_write_text, read_results_file, utc_now
 from .verdict import fingerprint_changes, format_number
 
 #: Fingerprint keys whose change is marked on the time axis (what a nightly is run to watch).
@@ -46,6 +46,7 @@ class Point:
     fingerprint: dict[str, Any] = field(default_factory=dict)
     node: str = ""
     run: str = ""  # the results file it came from ("": known only from a baseline history)
+    stopped: str = ""  # the run was stopped partway ("SIGTERM", "interrupted"): its file is incomplete
 
 
 @dataclass
@@ -95,9 +96,11 @@ def collect(baseline_dir: Path | None, results: Sequence[Path]) -> list[Series]:
         series.setdefault(s.key, s).points.append(p)
 
     for path in results:  # verdicts first: a run that is also in a history keeps its verdict
-        for rec in read_results(path):
+        records, meta = read_results_file(path)
+        stopped = str(meta.get("stopped") or "")
+        for rec in records:
             if rec.metric.compare and math.isfinite(rec.metric.value):
-                s, p = _series_of(rec), _point_of(rec, str(path))
+                s, p = _series_of(rec), _point_of(rec, str(path), stopped)
                 from_results.add((s.key, p.at, p.fingerprint.get("gpu_uuid")))
                 add(s, p)  # several devices of a node-mode file may share a second: each is a point
     if baseline_dir is not None:
@@ -119,11 +122,11 @@ def _series_of(rec: ResultRecord) -> Series:
     return Series(meta.gpu_model, meta.profile, rec.mode, rec.test, m.name, m.unit, m.direction)
 
 
-def _point_of(rec: ResultRecord, run: str) -> Point:
+def _point_of(rec: ResultRecord, run: str, stopped: str = "") -> Point:
     v = rec.verdict or {}
     return Point(rec.timestamp, float(rec.metric.value), str(v.get("outcome") or "no-baseline"),
                  v.get("baseline"), v.get("threshold"), str(v.get("message") or ""), dict(rec.fingerprint or {}),
-                 rec.node, run)
+                 rec.node, run, stopped)
 
 
 # -- the page --------------------------------------------------------------------------------------
@@ -234,6 +237,9 @@ def _summary(groups: dict[tuple[str, str, str], list[Series]]) -> str:
         for _, p in now:
             counts[p.outcome] = counts.get(p.outcome, 0) + 1
         what = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+        stopped = next((p.stopped for _, p in now if p.stopped), "")
+        if stopped:  # fewer figures than a whole night: say why, beside what it did measure
+            latest += f" stopped ({stopped}): incomplete"
         if bad:
             items = "".join(f"<li><code>{_esc(s.test.split('::')[-1])} {_esc(s.metric)}</code>: "
                             f"{_esc(format_number(p.value))} {_esc(s.unit)}, "

@@ -115,6 +115,12 @@ def write_results(path: Path, records: Iterable[ResultRecord], meta: dict[str, A
 
 
 def read_results(path: Path) -> list[ResultRecord]:
+    return read_results_file(path)[0]
+
+
+def read_results_file(path: Path) -> tuple[list[ResultRecord], dict[str, Any]]:
+    """The records of a results file and its meta (``complete`` false, ``stopped`` set: a run stopped
+    partway, :mod:`pytest_mig.checkpoint`).  ResultsFileError with one sentence on a bad file."""
     path = Path(path)
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
@@ -124,7 +130,8 @@ def read_results(path: Path) -> list[ResultRecord]:
         raise ResultsFileError(f"{path}: not a readable JSON results file ({exc})") from None
     if not isinstance(doc, dict) or doc.get("schema") != RESULTS_SCHEMA or not isinstance(doc.get("records"), list):
         raise ResultsFileError(f"{path}: not a pytest-mig results file (schema {RESULTS_SCHEMA} expected)")
+    meta = doc.get("meta") if isinstance(doc.get("meta"), dict) else {}
     try:
-        return [ResultRecord.from_dict(r) for r in doc["records"]]
+        return [ResultRecord.from_dict(r) for r in doc["records"]], meta
     except (KeyError, TypeError, ValueError) as exc:
         raise ResultsFileError(f"{path}: a record is malformed ({exc})") from None

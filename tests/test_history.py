@@ -145,3 +145,15 @@ def test_two_devices_of_one_node_mode_run_are_two_points_and_not_a_change(tmp_pa
     (s,) = collect(tmp_path / "baselines", [path])
     assert sorted(p.value for p in s.points) == [97.0, 100.0]  # each device once, not deduplicated away
     assert all(p.outcome != "saved" for p in s.points) and s.changes() == []
+
+
+def test_a_night_stopped_partway_is_named_in_the_summary(tmp_path: Path) -> None:
+    files = nights(tmp_path, [100.0, 100.2, 99.9])
+    whole = render(collect(None, files), "night")
+    assert "): incomplete" not in whole
+    last = tmp_path / "stopped.json"  # a night cut off by its time limit (pytest_mig.checkpoint): one figure kept
+    rec = record(100.1)
+    rec.timestamp = "2026-11-20T02:00:00+00:00"
+    write_results(last, [rec], meta={"complete": False, "stopped": "SIGTERM"})
+    page = render(collect(None, [*files, last]), "night")
+    assert re.search(r"<td>2026-11-20T02:00:00\+00:00 \(stopped\.json\) stopped \(SIGTERM\): incomplete</td>", page)
