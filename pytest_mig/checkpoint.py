@@ -15,6 +15,8 @@ figure it had measured, because the results file was written at the end.  Now:
   "SIGTERM"``.  A handler the site (or another plugin) set is left alone.  Further SIGTERMs while
   stopping are ignored: Slurm signals every process of the job and a wrapper script may pass the
   signal on as well, so two can come at once; SIGKILL after the grace period stays the hard stop.
+  One that comes after the last test, while the session's end writes its files (results, report,
+  baseline), interrupts nothing and stops no run (:meth:`SigtermStop.hold`).
 
 A stopped run is never added to a history by ``--mig-save-if-passed`` (its exit status is not 0);
 ``--mig-save-baseline`` saves the tests that finished, as it would have at the end.
@@ -68,15 +70,23 @@ class SigtermStop:
 
     previous: Any = None
     installed: bool = False
-    received: bool = False
+    received: bool = False  # SIGTERM came while tests ran: the run was stopped
+    holding: bool = False  # the session's end is writing its files: SIGTERM no longer interrupts
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
         with self._lock:
-            first = not self.received
-            self.received = True
+            first = not self.received and not self.holding
+            self.received = self.received or not self.holding
         if first:  # later ones (the scheduler's and a wrapper's at once) must not break off the stopping
             raise KeyboardInterrupt("SIGTERM")
+
+    def hold(self) -> bool:
+        """From the session's end on, SIGTERM interrupts nothing (the results, report and baseline are
+        being written; SIGKILL stays the hard stop).  Whether the run was stopped by one before."""
+        with self._lock:
+            self.holding = True
+            return self.received
 
     def restore(self) -> None:
         if self.installed and threading.current_thread() is threading.main_thread():

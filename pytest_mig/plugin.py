@@ -624,6 +624,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     state = config.stash.get(STATE, None)
     if state is None:
         return
+    # every test has ended: a SIGTERM from here on lets the files below be written (SIGKILL stays the hard stop)
+    stopped = ("SIGTERM" if state.sigterm is not None and state.sigterm.hold()
+               else "interrupted" if exitstatus == pytest.ExitCode.INTERRUPTED else None)
     if state.board is not None:
         state.board.close()
         state.board = None
@@ -634,8 +637,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         state.health = None
         if state.errors and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
-    stopped = ("SIGTERM" if state.sigterm is not None and state.sigterm.received
-               else "interrupted" if exitstatus == pytest.ExitCode.INTERRUPTED else None)
     if stopped and state.records:
         tests = len({r.test for r in state.records})
         why = "SIGTERM: a time limit or a cancelled job" if stopped == "SIGTERM" else stopped

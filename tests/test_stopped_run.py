@@ -109,7 +109,14 @@ def test_only_the_first_sigterm_stops_a_second_at_once_does_not_break_off_the_st
     with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
         stop._handler(signal.SIGTERM, None)
     stop._handler(signal.SIGTERM, None)  # Slurm's and a wrapper's: ignored while the results are written
-    assert stop.received
+    assert stop.received and stop.hold()
+
+
+def test_a_sigterm_while_the_files_are_written_interrupts_nothing_and_stops_no_run() -> None:
+    stop = checkpoint.SigtermStop()
+    assert stop.hold() is False  # every test ended
+    stop._handler(signal.SIGTERM, None)  # no KeyboardInterrupt inside the baseline save
+    assert not stop.received  # the run was whole: its file is complete
 
 
 def test_a_results_file_that_cannot_be_written_is_tried_once_as_the_run_goes(
