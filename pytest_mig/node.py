@@ -142,9 +142,8 @@ def run_workers(args: Sequence[str], devs: Sequence[Device], folder: Path, out: 
     stop = stop_on_sigterm()
     try:
         for w in workers:
-            if w.proc is not None:
-                w.returncode = w.proc.wait()
-                w.seconds = time.monotonic() - w.seconds
+            if w.proc is not None:  # one assignment: a stop between the two would lose the start time
+                w.returncode, w.seconds = w.proc.wait(), time.monotonic() - w.seconds
     except KeyboardInterrupt:  # SIGTERM or Ctrl-C: every worker stops and keeps what it measured
         stop_workers(workers, "SIGTERM" if stop.received else "interrupted")
     finally:
