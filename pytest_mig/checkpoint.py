@@ -26,15 +26,12 @@ from __future__ import annotations
 
 import signal
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from .results import ResultRecord, ResultsFileError, write_results
-
-#: meta["stopped"] of a run that SIGTERM stopped
-SIGTERM_STOP = "SIGTERM"
 
 
 @dataclass
@@ -66,27 +63,27 @@ class Checkpoint:
 
 @dataclass
 class SigtermStop:
-    """SIGTERM turned into KeyboardInterrupt for the session's length; whether it came."""
+    """SIGTERM turned into KeyboardInterrupt for the session's length; whether it came.
+
+    No lock: Python runs signal handlers in the main thread, where :meth:`hold` runs too (a lock
+    taken there would deadlock a handler that interrupts it)."""
 
     previous: Any = None
     installed: bool = False
     received: bool = False  # SIGTERM came while tests ran: the run was stopped
     holding: bool = False  # the session's end is writing its files: SIGTERM no longer interrupts
-    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
-        with self._lock:
-            first = not self.received and not self.holding
-            self.received = self.received or not self.holding
-        if first:  # later ones (the scheduler's and a wrapper's at once) must not break off the stopping
-            raise KeyboardInterrupt("SIGTERM")
+        if self.received or self.holding:  # later ones (the scheduler's and a wrapper's at once) must not
+            return                         # break off the stopping, nor the session's end its writing
+        self.received = True
+        raise KeyboardInterrupt("SIGTERM")
 
     def hold(self) -> bool:
         """From the session's end on, SIGTERM interrupts nothing (the results, report and baseline are
         being written; SIGKILL stays the hard stop).  Whether the run was stopped by one before."""
-        with self._lock:
-            self.holding = True
-            return self.received
+        self.holding = True
+        return self.received
 
     def restore(self) -> None:
         if self.installed and threading.current_thread() is threading.main_thread():
@@ -94,13 +91,13 @@ class SigtermStop:
         self.installed = False
 
 
-def stop_on_sigterm(getsignal: Callable[[int], Any] = signal.getsignal) -> SigtermStop:
+def stop_on_sigterm() -> SigtermStop:
     """Install the SIGTERM handler where SIGTERM still has its default action (a site's own handler is
     left alone) and this is the main thread (the only one Python lets set a handler)."""
     stop = SigtermStop()
     if threading.current_thread() is not threading.main_thread():
         return stop
-    previous = getsignal(signal.SIGTERM)
+    previous = signal.getsignal(signal.SIGTERM)
     if previous not in (signal.SIG_DFL, None):
         return stop
     stop.previous = signal.SIG_DFL
