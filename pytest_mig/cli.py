@@ -208,7 +208,7 @@ def reference_lines(gpu_names: Sequence[str], root: Path | None = None) -> list[
         ref = store.load(model_slug(model), profile)
         if ref is None or not ref.runs():
             return profile
-        judged = {key[2] for key in ref.sigma}
+        judged = ref.judged_modes()
         modes = [f"{mode} x{n}" + ("" if mode in judged else " not judged") for mode, n in ref.runs().items()]
         return f"{profile} ({', '.join(modes)})"
 

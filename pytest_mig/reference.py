@@ -86,6 +86,10 @@ class Reference:
             out[e.mode] = max(out.get(e.mode, 0), len(e.runs))
         return {m: out[m] for m in sorted(out, key=lambda m: (m != "quick", m))}
 
+    def judged_modes(self) -> set[str]:
+        """The modes with a pooled sigma for some figure: those this reference can judge."""
+        return {mode for _test, _metric, mode in self.sigma}
+
     def describe(self, mode: str | None = None) -> str:
         """'5 runs of NVIDIA H100 80GB HBM3 full (quick), driver 580.159.04, CUDA 13.0, torch 2.11.0'."""
         meta = self.baseline.meta
@@ -213,7 +217,7 @@ def judged_against(targets: Iterable[Any], store: BaselineStore, references: Ref
             lines.append(f"verdicts for {name}: no local baseline ({path}), and the reference for {t.gpu_name} {name} "
                          f"holds {other} only: this run's figures are reported, not judged; record a baseline with "
                          f"--mig-save-baseline")
-        elif not any(key[2] == mode for key in ref.sigma):
+        elif mode not in ref.judged_modes():
             lines.append(f"verdicts for {name}: no local baseline yet ({path}): shown beside the reference, "
                          f"{ref.describe(mode)}, but not judged: no figure of this mode has a second reference run "
                          f"of {t.gpu_name} to show its run-to-run noise; record a baseline with --mig-save-baseline")
