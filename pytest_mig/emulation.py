@@ -12,7 +12,7 @@ import contextlib
 from dataclasses import replace
 from typing import Any, Iterator
 
-from .mps import current_context_sms
+from .mps import current_context, current_context_sms, make_current
 from .target import Target
 
 
@@ -96,6 +96,36 @@ def warm_up_blas(device_index: int = 0) -> None:
         torch.backends.cuda.matmul.allow_tf32 = keep
 
 
+@contextlib.contextmanager
+def set_device_keeps_context(device_index: int) -> Iterator[None]:
+    """While a green context of ``device_index`` is current, ``torch.cuda.set_device`` of that same
+    device changes nothing.
+
+    torch's ``set_device`` forces ``cudaSetDevice``, which makes the device's primary context current
+    on the calling thread, even where the device already is the current one.  Inductor's generated
+    code calls ``torch.cuda.set_device(0)`` before each compiled graph: on an H200, the first compiled
+    GPT-2 step under a 60-SM green context left the thread in the primary context (132 SMs, read back
+    with cuCtxGetDevResource), so every later step ran on the whole GPU and the green context could
+    not be popped.  Asking for the device the green context lives on is already satisfied; another
+    device is passed on (and then caught by :meth:`Emulator.escaped`).
+    """
+    import torch
+    from torch.cuda._utils import _get_device_index
+
+    original = torch.cuda.set_device
+
+    def set_device(device: Any) -> None:
+        if _get_device_index(device, optional=True) == device_index:
+            return
+        original(device)
+
+    torch.cuda.set_device = set_device
+    try:
+        yield
+    finally:
+        torch.cuda.set_device = original
+
+
 class Emulator:
     """Creates one green context per SM count (reused across tests) and activates it around a test."""
 
@@ -109,6 +139,20 @@ class Emulator:
         self._contexts: dict[int, Any] = {}
         self._obtained: dict[int, tuple[int | None, str]] = {}
         self._streams: dict[int, Any] = {}
+        self._active: tuple[int, int] | None = None  # (the current green context's CUcontext, its SMs)
+
+    def escaped(self) -> str | None:
+        """Why the work on this thread is no longer in the active green context, None while it is
+        (or where none is active): a figure measured after such an escape is not the profile's."""
+        if self._active is None:
+            return None
+        context, sms = self._active
+        if current_context() == context:
+            return None
+        now = current_context_sms()
+        return (f"the test's CUDA work left the profile's green context of {sms} SMs (the thread's current context "
+                f"now has {now if now else 'an unknown number of'} SMs), so its figures would be another "
+                f"context's, not the profile's")
 
     def _context(self, sms: int) -> Any:
         if sms not in self._contexts:
@@ -143,15 +187,21 @@ class Emulator:
         torch.cuda.empty_cache()
         torch.cuda.set_per_process_memory_fraction(fraction, self.device_index)
         ctx.set_context()
+        green = current_context()
         try:
             stream = self._stream(sms, ctx)
-            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext(), \
+                    set_device_keeps_context(self.device_index):
                 if sms not in self._obtained:
                     self._obtained[sms] = read_back_sms()
+                self._active = (green, sms) if green else None
                 yield self._obtained[sms]
                 torch.cuda.synchronize()
         finally:
+            self._active = None
             torch.cuda.synchronize()
+            if green and current_context() != green:  # something replaced it (escaped() said so): pop ours
+                make_current(green)
             ctx.pop_context()
             torch.cuda.empty_cache()
             torch.cuda.set_per_process_memory_fraction(1.0, self.device_index)

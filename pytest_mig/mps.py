@@ -325,16 +325,31 @@ class _SmResource(ctypes.Structure):
                 ("_rest", ctypes.c_ubyte * 300)]
 
 
-def current_context_sms() -> int | None:
-    """SMs of this thread's current CUDA context (a green context's own share, an MPS client's
-    share), read with cuCtxGetDevResource; None where there is no context or the driver cannot say."""
+def current_context() -> int | None:
+    """This thread's current CUDA context (its CUcontext handle), None where there is none."""
     cuda = _libcuda()
     if cuda is None:
         return None
     ctx = ctypes.c_void_p()
-    if cuda.cuCtxGetCurrent(ctypes.byref(ctx)) != 0 or not ctx.value:
+    if cuda.cuCtxGetCurrent(ctypes.byref(ctx)) != 0:
         return None
-    return _ctx_sms(cuda, ctx)
+    return ctx.value or None
+
+
+def make_current(context: int) -> bool:
+    """Make ``context`` (a CUcontext handle) this thread's current context; False where that failed."""
+    cuda = _libcuda()
+    return cuda is not None and cuda.cuCtxSetCurrent(ctypes.c_void_p(context)) == 0
+
+
+def current_context_sms() -> int | None:
+    """SMs of this thread's current CUDA context (a green context's own share, an MPS client's
+    share), read with cuCtxGetDevResource; None where there is no context or the driver cannot say."""
+    cuda = _libcuda()
+    ctx = current_context()
+    if cuda is None or ctx is None:
+        return None
+    return _ctx_sms(cuda, ctypes.c_void_p(ctx))
 
 
 def _ctx_sms(cuda: Any, ctx: ctypes.c_void_p) -> int | None:

@@ -104,6 +104,7 @@ class StandInEmulator:
 
     activated: list[str] = []
     device_sms = 132
+    escape: str | None = None  # what escaped() says while a test runs (set by a test)
 
     def __init__(self, device_index: int = 0) -> None:
         self.device_index = device_index
@@ -113,13 +114,21 @@ class StandInEmulator:
         type(self).activated.append(t.profile)
         obtained = min(-(-(t.sms or 0) // 8) * 8, self.device_sms)
         note = f"stand-in green context: {t.sms} SMs asked, {obtained} obtained"
-        yield replace(t, sms_obtained=obtained, verified=note)
+        self._running = True
+        try:
+            yield replace(t, sms_obtained=obtained, verified=note)
+        finally:
+            self._running = False
+
+    def escaped(self) -> str | None:
+        return type(self).escape if getattr(self, "_running", False) else None
 
 
 @pytest.fixture
 def stand_in_emulator(monkeypatch: pytest.MonkeyPatch) -> type[StandInEmulator]:
     """Replace the emulator the plugin starts for an emulated run; returns the class (see .activated)."""
     monkeypatch.setattr(StandInEmulator, "activated", [])
+    monkeypatch.setattr(StandInEmulator, "escape", None)
     monkeypatch.setattr(emulation, "Emulator", StandInEmulator)
     return StandInEmulator
 

@@ -386,6 +386,21 @@ def test_an_emulated_profile_is_saved_apart_from_real_slices(h200: Callable[...,
     assert sorted(p.name for p in baseline_path(pytester).parent.iterdir()) == ["3g.71gb-emulated.json", "full.json"]
 
 
+def test_a_test_whose_work_left_the_green_context_fails_and_records_nothing(
+        h200: Callable[..., pytest.RunResult], pytester: pytest.Pytester, green_contexts: Callable[[bool], None],
+        stand_in_emulator: Any) -> None:
+    green_contexts(True)
+    h200()  # the plan's header reads the whole GPU first
+    stand_in_emulator.escape = "the test's CUDA work left the profile's green context of 64 SMs"
+    result = pytester.runpytest("--mig-profile", "3g.71gb", "--mig-emulate", "--mig-results", "r.json",
+                                "--mig-save-baseline", *QUIET)
+    result.assert_outcomes(failed=1)
+    said = "\n".join(result.outlines)
+    assert "left the profile's green context of 64 SMs; this test's figures are not recorded" in said, said
+    assert not (pytester.path / "r.json").exists()  # no figure at all: no results file
+    assert not baseline_path(pytester, profile="3g.71gb-emulated").exists()
+
+
 def test_a_report_path_without_a_known_suffix_fails_the_run(h200: Callable[..., pytest.RunResult]) -> None:
     result = h200("--mig-report", "out.txt")
     assert result.ret != 0
