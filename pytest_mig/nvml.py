@@ -343,9 +343,9 @@ def _cuda_version_text(v: int | None) -> str | None:
 
 def fingerprint(gpu_index: int | None) -> dict[str, Any]:
     """What a verdict must name when it changes: driver, firmware, board settings, software versions."""
-    fp: dict[str, Any] = {"python": platform.python_version(), **software_versions()}
+    # the host's CPU too: launch-bound figures (small-batch training) follow it, not the GPU
+    fp: dict[str, Any] = {"python": platform.python_version(), **software_versions(), "cpu_model": cpu_model()}
     if gpu_index is None:
-        fp["cpu_model"] = cpu_model()
         return fp
     with _Session() as s:
         if s.nv is None:

@@ -21,6 +21,7 @@ import pytest
 import topologies
 
 import pytest_mig.report  # noqa: F401  (imported once here, not again by every in-process run)
+from pytest_mig.nvml import cpu_model
 from pytest_mig.results import read_results
 
 BENCH = '''
@@ -116,6 +117,7 @@ def test_each_save_adds_a_run_to_the_history_one_line_each_and_keeps_the_last_n(
     (fp,) = doc["fingerprints"].values()
     assert fp["driver"] == "580.159.04" and fp["memory_total_mib"] == 143771
     assert fp["gpu_uuid"] == topologies.H200_GPU0  # the board: boards of one model share a baseline file
+    assert fp["cpu_model"] == cpu_model()  # the host too: launch-bound figures follow its CPU
     rate = entry(path)
     assert (rate["unit"], rate["direction"], rate["kind"], rate["tolerance"]) == ("items/s", "higher", "compute", None)
     (run,) = rate["runs"]
