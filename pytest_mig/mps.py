@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import functools
 import json
 import math
 import os
@@ -261,7 +262,10 @@ def probe(env: Mapping[str, str]) -> dict[str, Any]:
 _CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
 
 
+@functools.cache
 def _libcuda() -> Any:
+    """The CUDA driver library, loaded once: the emulator asks for the current context before every
+    figure it records."""
     for name in ("libcuda.so.1", "libcuda.so"):
         try:
             return ctypes.CDLL(name)
