@@ -108,6 +108,7 @@ class StandInEmulator:
 
     def __init__(self, device_index: int = 0) -> None:
         self.device_index = device_index
+        self._running = False
 
     @contextlib.contextmanager
     def activate(self, t: Target) -> Iterator[Target]:
@@ -121,7 +122,7 @@ class StandInEmulator:
             self._running = False
 
     def escaped(self) -> str | None:
-        return type(self).escape if getattr(self, "_running", False) else None
+        return type(self).escape if self._running else None
 
 
 @pytest.fixture
