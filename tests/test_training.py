@@ -147,6 +147,63 @@ def test_a_wrong_loss_fails_the_chance_check(cpu, timer, monkeypatch):
         tr.run_training(cpu, timer, config="gpt2-small", mode="full", quick=True)
 
 
+def _scaled_loss_trainer(mode: str, *, fused: bool, scale: float = 1e4) -> tr._Trainer:
+    """A CPU trainer whose loss is multiplied by ``scale``, so its gradients' norm is far over 1."""
+    torch.manual_seed(0)
+    trainer = tr._Trainer(tr.CONFIGS["gpt2-small"].tiny(), mode, "cpu", fused=fused)
+    model = trainer.model
+    trainer.step_model = lambda **kw: type("Out", (), {"loss": model(**kw).loss * scale})()
+    return trainer
+
+
+@pytest.mark.parametrize("mode", ["full", "lora"])
+def test_gradients_are_clipped_before_the_optimizer_step(mode, monkeypatch):
+    """The Trainer's max_grad_norm (unfused AdamW): whatever the loss's scale, AdamW sees a norm of at most 1."""
+    seen: list[float] = []
+    real_step = torch.optim.AdamW.step
+
+    def recording(self, closure=None):
+        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
+        seen.append(float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))))
+        return real_step(self, closure)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", recording)
+    trainer = _scaled_loss_trainer(mode, fused=False)
+    tokens = trainer.task.batch(2)
+    trainer.step(tokens)
+    assert seen[-1] == pytest.approx(tr.MAX_GRAD_NORM, rel=1e-3)
+    trainer.max_grad_norm = None  # the same step unclipped: the scaled loss's gradients are large
+    trainer.step(tokens)
+    assert seen[-1] > 10 * tr.MAX_GRAD_NORM
+    trainer.close()
+
+
+@pytest.mark.parametrize("mode", ["full", "lora"])
+def test_fused_adamw_clips_as_clip_grad_norm_does(mode):
+    """GPU path: the clip folded into fused AdamW's grad_scale feeds AdamW the gradients clip_grad_norm_ makes.
+
+    Compared through AdamW's first moment after one step (0.1 x the gradient it was given); the
+    weights themselves are no test: Adam's first update is about lr x sign(gradient) whatever its scale.
+    """
+    fused, plain = _scaled_loss_trainer(mode, fused=True), _scaled_loss_trainer(mode, fused=True)
+    plain.clip_gradients = lambda: torch.nn.utils.clip_grad_norm_(plain.params, tr.MAX_GRAD_NORM)  # scales the grads
+    unclipped = _scaled_loss_trainer(mode, fused=True)
+    unclipped.max_grad_norm = None
+    tokens = plain.task.batch(2)
+    for trainer in (fused, plain, unclipped):
+        trainer.step(tokens)
+
+    def first_moments(trainer):
+        return torch.cat([trainer.opt.state[p]["exp_avg"].flatten() for p in trainer.params])
+
+    clipped = first_moments(plain)
+    torch.testing.assert_close(first_moments(fused), clipped, rtol=1e-5, atol=1e-12)
+    assert float(torch.linalg.vector_norm(clipped)) == pytest.approx(0.1 * tr.MAX_GRAD_NORM, rel=1e-3)
+    assert float(torch.linalg.vector_norm(first_moments(unclipped))) > 100 * tr.MAX_GRAD_NORM  # could fail
+    for trainer in (fused, plain, unclipped):
+        trainer.close()
+
+
 def test_check_loss():
     assert tr.check_loss([6.0, 5.9, 5.0, 4.0, 3.1, 3.0]) == pytest.approx((5.95 - 3.05) / 5.95)
     with pytest.raises(WorkloadError, match="did not fall"):

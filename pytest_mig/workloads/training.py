@@ -5,6 +5,8 @@ What is measured (reference/measurement.md, "Training"; the Wulver, SparkTrainer
 - The models are built by ``transformers`` from the configurations of GPT-2 small and
   Qwen2.5-1.5B (:mod:`.hf`: random weights, no downloads, SDPA attention with no mask tensor).
   Full fine-tune: fp32 master weights under bf16 autocast and fused AdamW, as the Trainer's ``bf16=True`` runs it.
+  Every mode clips the gradients' global norm at 1.0 before the optimizer step, the Trainer's
+  default ``max_grad_norm``.
   LoRA: ``peft`` adapters on every attention and MLP projection of a frozen bf16 base.  QLoRA,
   Wulver's setup: the base loaded in bitsandbytes NF4 with bf16 compute,
   ``prepare_model_for_kbit_training`` (gradient checkpointing on), then LoRA.
@@ -86,6 +88,11 @@ LR = {"full": 3e-4, "lora": 5e-4, "qlora": 5e-4}
 LR_CPU = {"full": 3e-3, "lora": 3e-3, "qlora": 3e-3}
 WEIGHT_DECAY = 0.1
 BETAS = (0.9, 0.95)
+#: The gradients' global norm is clipped to this before each optimizer step (transformers' Trainer
+#: default).  Without it, Qwen2.5-1.5B's full fine-tune at the batch of 5 that a 40 GB slice holds
+#: diverged under torch.compile (the loss fell from 6.4 to 4.3, then rose: the last 3 of 10 measured
+#: steps averaged 7.25).
+MAX_GRAD_NORM = 1.0
 #: The loss must fall by this share between the first and the last third of the measured steps.
 MIN_LOSS_DROP = 0.05
 #: The first loss must lie within this share of ln(vocab): the model starts at chance.
@@ -369,9 +376,10 @@ def check_initial_loss(loss: float, vocab: int, *, tolerance: float = INITIAL_LO
 class _Trainer:
     """A transformers model (with peft adapters for LoRA/QLoRA), its optimizer, the task, one step."""
 
-    def __init__(self, cfg: ModelConfig, mode: str, device: str) -> None:
+    def __init__(self, cfg: ModelConfig, mode: str, device: str, *, fused: bool | None = None) -> None:
         self.cfg, self.mode, self.device = cfg, mode, device
         cuda = device.startswith("cuda")
+        self.fused = cuda if fused is None else fused  # fused AdamW on a GPU (one kernel for every tensor)
         self.amp = cuda  # bf16 autocast on a GPU; fp32 on the CPU
         if mode == "qlora":
             model = hf.build_qlora(cfg, device, seed=SEED)
@@ -388,11 +396,13 @@ class _Trainer:
         self.model = model
         self.step_model: Callable[..., Any] = model
         params = [p for p in model.parameters() if p.requires_grad]
+        self.params = params
+        self.max_grad_norm: float | None = MAX_GRAD_NORM
         groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": WEIGHT_DECAY},
                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
         self.lr = (LR if cuda else LR_CPU)[mode]
         self.opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=self.lr, betas=BETAS,
-                                     **({"fused": True} if cuda else {}))
+                                     **({"fused": True} if self.fused else {}))
         self.task = CycleTask(cfg.vocab, cfg.seq_len, device)
         self.losses: list[torch.Tensor] = []
         self.first_loss: float | None = None
@@ -402,11 +412,31 @@ class _Trainer:
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.amp):
             loss = self.step_model(input_ids=tokens, labels=tokens).loss
         loss.backward()
+        self.clip_gradients()
         self.opt.step()
         loss = loss.detach()
         if self.first_loss is None:
             self.first_loss = float(loss)
         return loss
+
+    def clip_gradients(self) -> None:
+        """Clip the gradients' global norm to ``max_grad_norm``, as ``clip_grad_norm_`` does, with no host sync.
+
+        With fused AdamW the scaling is left to the optimizer's kernel: it divides every gradient by
+        its ``grad_scale`` tensor (what ``GradScaler`` sets to unscale fp16 gradients), so the clip
+        costs one read of the gradients for the norm.  ``clip_grad_norm_`` reads them twice more and
+        writes them once to scale them (it cost a Qwen2.5-1.5B step at batch 12 on an H100 3.5% on one
+        board and 0.6% on another; docs/benchmarks.md).
+        """
+        if self.max_grad_norm is None:
+            self.opt.grad_scale = None  # type: ignore[attr-defined]  # no scale left from an earlier step
+            return
+        if not self.fused:
+            torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+            return
+        norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
+        coef = torch.clamp(self.max_grad_norm / (norm.float() + 1e-6), max=1.0)  # clip_grad_norm_'s coefficient
+        self.opt.grad_scale = 1.0 / coef  # type: ignore[attr-defined]
 
     def compile(self) -> None:
         """Run the model through torch.compile from the next step on (compiled at that step's shapes)."""
@@ -454,7 +484,7 @@ class _Trainer:
 
     def close(self) -> None:
         self.opt.zero_grad(set_to_none=True)
-        del self.opt, self.model, self.step_model, self.losses
+        del self.opt, self.model, self.step_model, self.losses, self.params
 
 
 def _release(device: str) -> None:
