@@ -107,8 +107,9 @@ def set_device_keeps_context(device_index: int) -> Iterator[None]:
     GPT-2 step under a 60-SM green context left the thread in the primary context (132 SMs, read back
     with cuCtxGetDevResource) and the green context could not be popped.  The kernels still went to
     the green context's stream (the figures matched those after this guard to 0.01%), but any
-    stream or context made from then on would have been the whole GPU's.  Asking for the device the green context lives on is already satisfied; another
-    device is passed on (and then caught by :meth:`Emulator.escaped`).
+    stream or context made from then on would have been the whole GPU's.  Asking for the device the
+    green context lives on is already satisfied; another device is passed on (and then caught by
+    :meth:`Emulator.escaped`).
     """
     import torch
     from torch.cuda._utils import _get_device_index
