@@ -10,6 +10,7 @@ QLoRA needs bitsandbytes' CUDA kernels: its settings are checked here, its run o
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -152,7 +153,7 @@ def _scaled_loss_trainer(mode: str, *, fused: bool, scale: float = 1e4) -> tr._T
     torch.manual_seed(0)
     trainer = tr._Trainer(tr.CONFIGS["gpt2-small"].tiny(), mode, "cpu", fused=fused)
     model = trainer.model
-    trainer.step_model = lambda **kw: type("Out", (), {"loss": model(**kw).loss * scale})()
+    trainer.step_model = lambda **kw: SimpleNamespace(loss=model(**kw).loss * scale)
     return trainer
 
 
