@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Sequence, TextIO
 
 from .baselines import DEFAULT_KEEP, BaselineError, entry_from_records, meta_from_record
-from .reference import SHIPPED, ReferenceStore, build, store_for
+from .reference import SHIPPED, ReferenceStore, build, count_range, store_for
 from .report import (
     OUTLIER_FACTOR,
     ReportError,
@@ -204,17 +204,18 @@ def reference_lines(gpu_names: Sequence[str], root: Path | None = None) -> list[
     store = ReferenceStore(root or SHIPPED)
     models = store.models()
 
-    def shown(model: str, profile: str) -> str:  # "full (quick x5, normal x1 not judged)"
+    def shown(model: str, profile: str) -> str:  # "full (quick x5, normal x2-3)": fewest-most runs of a figure
         ref = store.load(model_slug(model), profile)
         if ref is None or not ref.runs():
             return profile
         judged = ref.judged_modes()
-        modes = [f"{mode} x{n}" + ("" if mode in judged else " not judged") for mode, n in ref.runs().items()]
+        modes = [f"{mode} x{count_range(lo, hi)}" + ("" if mode in judged else " not judged")
+                 for mode, (lo, hi) in ref.run_counts().items()]
         return f"{profile} ({', '.join(modes)})"
 
     lines = [f"references (figures with no local baseline are judged against them, in a band of at least "
-             f"{REFERENCE_FLOOR:.0%}; runs per mode, 'not judged' where no figure of the mode has a second "
-             f"run of the model to show its noise):"]
+             f"{REFERENCE_FLOOR:.0%}; runs per mode, the fewest-most of any figure, 'not judged' where no "
+             f"figure of the mode has a second run of the model to show its noise):"]
     lines += [f"  {model}: {', '.join(shown(model, p) for p in profiles)}"
               for model, profiles in models.items()] or ["  none"]
     have = {model_slug(m) for m in models}

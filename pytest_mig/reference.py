@@ -86,6 +86,15 @@ class Reference:
             out[e.mode] = max(out.get(e.mode, 0), len(e.runs))
         return {m: out[m] for m in sorted(out, key=lambda m: (m != "quick", m))}
 
+    def run_counts(self) -> dict[str, tuple[int, int]]:
+        """Per mode, the fewest and the most runs any figure has: ``{"normal": (2, 3)}`` where a
+        later part-run added some figures only.  Quick first, as :meth:`runs`."""
+        out: dict[str, tuple[int, int]] = {}
+        for e in self.baseline.entries.values():
+            lo, hi = out.get(e.mode, (len(e.runs), len(e.runs)))
+            out[e.mode] = (min(lo, len(e.runs)), max(hi, len(e.runs)))
+        return {m: out[m] for m in sorted(out, key=lambda m: (m != "quick", m))}
+
     def judged_modes(self) -> set[str]:
         """The modes with a pooled sigma for some figure: those this reference can judge."""
         return {mode for _test, _metric, mode in self.sigma}
@@ -93,13 +102,19 @@ class Reference:
     def describe(self, mode: str | None = None) -> str:
         """'5 runs of NVIDIA H100 80GB HBM3 full (quick), driver 580.159.04, CUDA 13.0, torch 2.11.0'."""
         meta = self.baseline.meta
-        per_mode = {m: n for m, n in self.runs().items() if mode is None or m == mode}
-        runs = max(per_mode.values(), default=0)
+        per_mode = {m: n for m, n in self.run_counts().items() if mode is None or m == mode}
+        runs = count_range(min((lo for lo, _ in per_mode.values()), default=0),
+                           max((hi for _, hi in per_mode.values()), default=0))
         modes = sorted(per_mode)
         fp = meta.fingerprint
         soft = ", ".join(f"{_LABELS[k][0]} {_shown(k, fp[k])}" for k in SHOWN[:3] if fp.get(k) is not None)
         return (f"{runs} run(s) of {meta.gpu_model} {meta.profile} ({', '.join(modes) or 'no figures'})"
                 + (f", {soft}" if soft else ""))
+
+
+def count_range(lo: int, hi: int) -> str:
+    """'2' or '2-3'."""
+    return str(hi) if lo == hi else f"{lo}-{hi}"
 
 
 def fingerprint_beside(reference: dict[str, Any], mine: dict[str, Any]) -> str:
@@ -311,4 +326,4 @@ def _write_sigma(store: BaselineStore) -> list[Path]:
 
 
 __all__ = ["NONE", "REFERENCE_KEEP", "Built", "Reference", "ReferenceStore", "SHIPPED", "build", "fingerprint_beside",
-           "judged_against", "pooled_sigma", "store_for"]
+           "count_range", "judged_against", "pooled_sigma", "store_for"]

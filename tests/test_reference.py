@@ -250,6 +250,14 @@ def test_pytest_mig_reference_builds_a_folder_and_devices_names_the_models(
     assert main(["reference", str(h), "--out", str(tmp_path / "mine")]) == 0
     assert reference_lines(["NVIDIA H200"], tmp_path / "mine")[1] == ("  NVIDIA H200: 3g.71gb "
                                                                       "(quick x2, normal x1 not judged)")
+    # A part-run (another test, or one case re-run) adds some figures only: the count says so.
+    k = results_file(tmp_path, "quick3", {"fp16_tflops": 50.2, "bf16_tflops": 60.0}, mode="quick")
+    assert main(["reference", str(k), "--out", str(tmp_path / "mine")]) == 0
+    assert reference_lines(["NVIDIA H200"], tmp_path / "mine")[1] == ("  NVIDIA H200: 3g.71gb "
+                                                                      "(quick x1-3, normal x1 not judged)")
+    ref = ReferenceStore(tmp_path / "mine").load("nvidia-h200", "3g.71gb")
+    assert ref is not None and ref.describe("quick").startswith("1-3 run(s) of NVIDIA H200 3g.71gb (quick)")
+    assert ref.describe("normal").startswith("1 run(s) of NVIDIA H200 3g.71gb (normal)")
     assert lines[2].startswith("  no reference for NVIDIA A100-SXM4-40GB: its first runs are reported, not judged")
     assert main(["reference", str(tmp_path / "missing.json"), "--out", str(tmp_path / "x")]) == 2
     assert "no such results file" in capsys.readouterr().err
