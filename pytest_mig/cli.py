@@ -206,11 +206,12 @@ def reference_lines(gpu_names: Sequence[str], root: Path | None = None) -> list[
 
     def shown(model: str, profile: str) -> str:  # "full (quick x5, normal x2-3)": fewest-most runs of a figure
         ref = store.load(model_slug(model), profile)
-        if ref is None or not ref.runs():
+        counts = ref.run_counts() if ref is not None else {}
+        if ref is None or not counts:
             return profile
         judged = ref.judged_modes()
         modes = [f"{mode} x{count_range(lo, hi)}" + ("" if mode in judged else " not judged")
-                 for mode, (lo, hi) in ref.run_counts().items()]
+                 for mode, (lo, hi) in counts.items()]
         return f"{profile} ({', '.join(modes)})"
 
     lines = [f"references (figures with no local baseline are judged against them, in a band of at least "

@@ -80,15 +80,12 @@ class Reference:
         return self.sigma.get((entry.test, entry.metric, entry.mode))
 
     def runs(self) -> dict[str, int]:
-        """Runs per mode, quick first: ``{"quick": 5, "normal": 2}``."""
-        out: dict[str, int] = {}
-        for e in self.baseline.entries.values():
-            out[e.mode] = max(out.get(e.mode, 0), len(e.runs))
-        return {m: out[m] for m in sorted(out, key=lambda m: (m != "quick", m))}
+        """Runs per mode (the most any figure has), quick first: ``{"quick": 5, "normal": 2}``."""
+        return {m: hi for m, (_lo, hi) in self.run_counts().items()}
 
     def run_counts(self) -> dict[str, tuple[int, int]]:
         """Per mode, the fewest and the most runs any figure has: ``{"normal": (2, 3)}`` where a
-        later part-run added some figures only.  Quick first, as :meth:`runs`."""
+        later part-run added some figures only.  Quick first."""
         out: dict[str, tuple[int, int]] = {}
         for e in self.baseline.entries.values():
             lo, hi = out.get(e.mode, (len(e.runs), len(e.runs)))

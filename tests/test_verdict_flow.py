@@ -22,6 +22,7 @@ import topologies
 
 import pytest_mig.report  # noqa: F401  (imported once here, not again by every in-process run)
 from pytest_mig.nvml import cpu_model
+from pytest_mig.reference import ReferenceStore
 from pytest_mig.results import read_results
 
 BENCH = '''
@@ -460,13 +461,18 @@ def test_a_first_run_is_judged_against_the_reference_until_a_baseline_is_saved(
         h200("--mig-results", f"ref{i}.json", "--mig-baseline-dir", "elsewhere").assert_outcomes(passed=1)
     assert main(["reference", *(str(pytester.path / f"ref{i}.json") for i in range(3)),
                  "--out", str(pytester.path / "ref")]) == 0
+    # The three runs' rates make 3 runs; their equal latency counts once per second they fell in
+    # (a run is known by its time and value), so the header reads "3", "2-3" or "1-3 run(s)".
+    shipped = ReferenceStore(pytester.path / "ref").load("nvidia-h200", "full")
+    assert shipped is not None
+    runs = shipped.describe("normal")
+    assert re.match(r"(?:[12]-)?3 run\(s\) of NVIDIA H200 full \(normal\), driver 580\.159\.04, ", runs), runs
     mig_env.setenv("RATE", "84")  # this GPU is 16% under the reference on its first night
     slow = h200("--mig-reference", "ref", "--mig-results", "first.json", "-v")
     slow.assert_outcomes(failed=1)
     slow.stdout.fnmatch_lines([
         "pytest-mig: verdicts for full: no local baseline yet (*baselines/nvidia-h200/full.json): judged against the "
-        # "1-3 run(s)": the three reference runs' equal latency within one second counts as one run
-        "reference, *3 run(s) of NVIDIA H200 full (normal), driver 580.159.04, *",
+        f"reference, {runs}, in a band of at least 10% (another board)*",
         "*REGRESSED test_bench.py::test_rate rate 84.00 items/s, reference 100.0 items/s (median of 3 runs of the "
         "reference for this GPU model): -16.0%, threshold 10% (against another board*",
     ])
