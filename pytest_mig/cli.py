@@ -198,25 +198,26 @@ def cmd_devices(out: TextIO) -> int:
 
 def reference_lines(gpu_names: Sequence[str], root: Path | None = None) -> list[str]:
     """Which GPU models have shipped references (first-night verdicts), and whether this machine's do."""
-    from .noise import REFERENCE_FLOOR
+    from .noise import REFERENCE_FLOOR, REFERENCE_MAX
     from .profiles import model_slug
 
     store = ReferenceStore(root or SHIPPED)
     models = store.models()
 
-    def shown(model: str, profile: str) -> str:  # "full (quick x5, normal x2-3)": fewest-most runs of a figure
+    def shown(model: str, profile: str) -> str:  # "full (quick x5 66/75 judged, normal x2-3 99/124 judged)"
         ref = store.load(model_slug(model), profile)
         counts = ref.run_counts() if ref is not None else {}
         if ref is None or not counts:
             return profile
-        judged = ref.judged_modes()
-        modes = [f"{mode} x{count_range(lo, hi)}" + ("" if mode in judged else " not judged")
+        judged = ref.judged_counts()
+        modes = [f"{mode} x{count_range(lo, hi)} {judged[mode][0]}/{judged[mode][1]} judged"
                  for mode, (lo, hi) in counts.items()]
         return f"{profile} ({', '.join(modes)})"
 
     lines = [f"references (figures with no local baseline are judged against them, in a band of at least "
-             f"{REFERENCE_FLOOR:.0%}; runs per mode, the fewest-most of any figure, 'not judged' where no "
-             f"figure of the mode has a second run of the model to show its noise):"]
+             f"{REFERENCE_FLOOR:.0%}; per mode, runs (the fewest-most of any figure) and how many of its figures "
+             f"are judged: those whose noise a second run of the model shows and whose band stays within "
+             f"{REFERENCE_MAX:.0%}):"]
     lines += [f"  {model}: {', '.join(shown(model, p) for p in profiles)}"
               for model, profiles in models.items()] or ["  none"]
     have = {model_slug(m) for m in models}

@@ -44,7 +44,7 @@ from .baselines import (
     measured_value,
     meta_from_record,
 )
-from .noise import REFERENCE_FLOOR
+from .noise import REFERENCE_FLOOR, REFERENCE_MAX, reference_band
 from .results import ResultRecord, atomic_write_text, read_results
 
 #: The references shipped with the package.
@@ -95,6 +95,19 @@ class Reference:
     def judged_modes(self) -> set[str]:
         """The modes with a pooled sigma for some figure: those this reference can judge."""
         return {mode for _test, _metric, mode in self.sigma}
+
+    def judged_counts(self) -> dict[str, tuple[int, int]]:
+        """Per mode, how many of its figures a first night judges, and how many it holds:
+        ``{"quick": (66, 75)}``.  A figure is judged where its band gates, the rule a verdict
+        applies (:func:`~pytest_mig.noise.reference_band`: a pooled sigma, and 5 sigma within the
+        widest reference band).  Quick first."""
+        out: dict[str, tuple[int, int]] = {}
+        for e in self.baseline.entries.values():
+            finite = [v for v in e.values if math.isfinite(v)]
+            gates = bool(finite) and reference_band(finite, self.sigma_for(e)).gates
+            judged, total = out.get(e.mode, (0, 0))
+            out[e.mode] = (judged + gates, total + 1)
+        return {m: out[m] for m in sorted(out, key=lambda m: (m != "quick", m))}
 
     def describe(self, mode: str | None = None) -> str:
         """'5 runs of NVIDIA H100 80GB HBM3 full (quick), driver 580.159.04, CUDA 13.0, torch 2.11.0'."""
@@ -229,14 +242,20 @@ def judged_against(targets: Iterable[Any], store: BaselineStore, references: Ref
             lines.append(f"verdicts for {name}: no local baseline ({path}), and the reference for {t.gpu_name} {name} "
                          f"holds {other} only: this run's figures are reported, not judged; record a baseline with "
                          f"--mig-save-baseline")
-        elif mode not in ref.judged_modes():
+        elif (judged := ref.judged_counts()[mode])[0] == 0:
+            why = (f"no figure of this mode has a second reference run of {t.gpu_name} to show its run-to-run noise"
+                   if mode not in ref.judged_modes() else
+                   f"every figure of this mode varies across the reference's runs more than a band of "
+                   f"{REFERENCE_MAX:.0%} allows")
             lines.append(f"verdicts for {name}: no local baseline yet ({path}): shown beside the reference, "
-                         f"{ref.describe(mode)}, but not judged: no figure of this mode has a second reference run "
-                         f"of {t.gpu_name} to show its run-to-run noise; record a baseline with --mig-save-baseline")
+                         f"{ref.describe(mode)}, but not judged: {why}; record a baseline with --mig-save-baseline")
         else:
+            which = (f"all {judged[1]} of its {mode} figures" if judged[0] == judged[1] else
+                     f"{judged[0]} of its {judged[1]} {mode} figures, the others reported only (too noisy across the "
+                     f"reference's runs, or with one run)")
             lines.append(f"verdicts for {name}: no local baseline yet ({path}): judged against the reference, "
-                         f"{ref.describe(mode)}, in a band of at least {REFERENCE_FLOOR:.0%} (another board); a saved "
-                         f"baseline (--mig-save-baseline, pytest-mig calibrate) takes over")
+                         f"{ref.describe(mode)}, in a band of at least {REFERENCE_FLOOR:.0%} (another board): {which}; "
+                         f"a saved baseline (--mig-save-baseline, pytest-mig calibrate) takes over")
     return lines
 
 

@@ -6,15 +6,24 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from test_verdict import FP_OLD, TEST, record
 
 from pytest_mig.baselines import BaselineError, BaselineStore
 from pytest_mig.cli import main, reference_lines
+from pytest_mig.measure import Metric
 from pytest_mig.noise import DETECT_Z, REFERENCE_FLOOR, REFERENCE_MAX, K, reference_band
-from pytest_mig.reference import SHIPPED, ReferenceStore, build, fingerprint_beside, pooled_sigma
-from pytest_mig.results import write_results
+from pytest_mig.reference import (
+    SHIPPED,
+    ReferenceStore,
+    build,
+    fingerprint_beside,
+    judged_against,
+    pooled_sigma,
+)
+from pytest_mig.results import ResultRecord, write_results
 from pytest_mig.verdict import Judge, compare_reference
 
 BOARD = {**FP_OLD, "gpu_uuid": "GPU-aaaaaaaa-0000-0000-0000-000000000001"}
@@ -178,6 +187,43 @@ def test_the_shipped_references_read_and_every_judged_figure_has_its_sigma() -> 
         assert judged  # every shipped profile judges something
 
 
+def test_the_shipped_judged_counts_are_what_a_first_night_judges() -> None:
+    """``pytest-mig devices`` says how many figures each reference judges: that count must be the
+    verdict's own, a figure at the reference's median judged (pass) exactly where it is counted."""
+    store = ReferenceStore(SHIPPED)
+    for path in BaselineStore(SHIPPED).files():
+        ref = store.load(path.parent.name, path.stem)
+        assert ref is not None
+        meta = ref.baseline.meta
+        target = {"kind": "emulated" if meta.emulated else "gpu", "profile": meta.target_profile,
+                  "gpu_name": meta.gpu_model, "gpu_slug": meta.gpu_slug, "emulated": meta.emulated,
+                  "baseline_profile": meta.profile}
+        outcomes: dict[str, list[str]] = {}
+        for e in ref.baseline.entries.values():
+            metric = Metric(e.metric, e.value, e.unit, e.direction, [e.value] * 3, e.kind)  # type: ignore[arg-type]
+            rec = ResultRecord(e.test, metric, target, dict(meta.fingerprint), mode=e.mode)
+            outcomes.setdefault(e.mode, []).append(compare_reference(rec, ref).outcome)
+        counts = ref.judged_counts()
+        assert set(counts) == set(outcomes)
+        for mode, got in outcomes.items():
+            assert set(got) <= {"pass", "noisy"}, (path.name, mode, set(got))
+            assert counts[mode] == (got.count("pass"), len(got)), (path.name, mode)
+            assert counts[mode][0] > 0, (path.name, mode)  # every shipped mode judges something
+
+
+def test_the_header_says_how_many_figures_the_reference_judges(tmp_path: Path, refs: ReferenceStore) -> None:
+    target = SimpleNamespace(baseline_profile="3g.71gb", gpu_slug="nvidia-h200", gpu_name="NVIDIA H200")
+    store = BaselineStore(tmp_path / "none")
+    (line,) = judged_against([target], store, refs, "normal")
+    assert "judged against the reference, 5 run(s) of NVIDIA H200 3g.71gb (normal)" in line
+    assert ("in a band of at least 10% (another board): 1 of its 2 normal figures, the others reported only (too "
+            "noisy across the reference's runs, or with one run);") in line
+    loud = results_file(tmp_path, "loud", {"small_batch_tflops": 60.0})  # only the noisy figure
+    build([results_file(tmp_path, "loud0", {"small_batch_tflops": 100.0}), loud], tmp_path / "loud-ref")
+    (none,) = judged_against([target], store, ReferenceStore(tmp_path / "loud-ref"), "normal")
+    assert "shown beside the reference" in none and "but not judged: every figure of this mode varies" in none
+
+
 # --------------------------------------------------------------------------- judging
 
 
@@ -241,22 +287,29 @@ def test_pytest_mig_reference_builds_a_folder_and_devices_names_the_models(
     f = results_file(tmp_path, "night", {"fp16_tflops": 100.0})
     assert main(["reference", str(f), "--out", str(tmp_path / "mine")]) == 0
     out = capsys.readouterr().out
-    assert "  NVIDIA H200: 3g.71gb (normal x1 not judged)" in out and "reference written:" in out
+    assert "  NVIDIA H200: 3g.71gb (normal x1 0/1 judged)" in out and "reference written:" in out
     g = results_file(tmp_path, "quick", {"fp16_tflops": 50.0}, mode="quick")
     assert main(["reference", str(g), "--out", str(tmp_path / "mine")]) == 0
     lines = reference_lines(["NVIDIA H200", "NVIDIA A100-SXM4-40GB"], tmp_path / "mine")
-    assert lines[1] == "  NVIDIA H200: 3g.71gb (quick x1 not judged, normal x1 not judged)"
+    assert lines[1] == "  NVIDIA H200: 3g.71gb (quick x1 0/1 judged, normal x1 0/1 judged)"
     h = results_file(tmp_path, "quick2", {"fp16_tflops": 50.5}, mode="quick")  # a second run tells the noise
     assert main(["reference", str(h), "--out", str(tmp_path / "mine")]) == 0
     assert reference_lines(["NVIDIA H200"], tmp_path / "mine")[1] == ("  NVIDIA H200: 3g.71gb "
-                                                                      "(quick x2, normal x1 not judged)")
+                                                                      "(quick x2 1/1 judged, normal x1 0/1 judged)")
     # A part-run (another test, or one case re-run) adds some figures only: the count says so.
     k = results_file(tmp_path, "quick3", {"fp16_tflops": 50.2, "bf16_tflops": 60.0}, mode="quick")
     assert main(["reference", str(k), "--out", str(tmp_path / "mine")]) == 0
     assert reference_lines(["NVIDIA H200"], tmp_path / "mine")[1] == ("  NVIDIA H200: 3g.71gb "
-                                                                      "(quick x1-3, normal x1 not judged)")
+                                                                      "(quick x1-3 1/2 judged, normal x1 0/1 judged)")
+    # A second run of bf16 that differs by a third: its sigma needs a band far over 12%, so it stays unjudged.
+    n = results_file(tmp_path, "quick4", {"fp16_tflops": 50.1, "bf16_tflops": 80.0}, mode="quick")
+    assert main(["reference", str(n), "--out", str(tmp_path / "mine")]) == 0
+    noisy = ReferenceStore(tmp_path / "mine").load("nvidia-h200", "3g.71gb")
+    assert noisy is not None and noisy.judged_counts() == {"quick": (1, 2), "normal": (0, 1)}
+    assert reference_lines(["NVIDIA H200"], tmp_path / "mine")[1] == ("  NVIDIA H200: 3g.71gb "
+                                                                      "(quick x2-4 1/2 judged, normal x1 0/1 judged)")
     ref = ReferenceStore(tmp_path / "mine").load("nvidia-h200", "3g.71gb")
-    assert ref is not None and ref.describe("quick").startswith("1-3 run(s) of NVIDIA H200 3g.71gb (quick)")
+    assert ref is not None and ref.describe("quick").startswith("2-4 run(s) of NVIDIA H200 3g.71gb (quick)")
     assert ref.describe("normal").startswith("1 run(s) of NVIDIA H200 3g.71gb (normal)")
     assert lines[2].startswith("  no reference for NVIDIA A100-SXM4-40GB: its first runs are reported, not judged")
     assert main(["reference", str(tmp_path / "missing.json"), "--out", str(tmp_path / "x")]) == 2
