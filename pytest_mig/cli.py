@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Sequence, TextIO
 
 from .baselines import DEFAULT_KEEP, BaselineError, entry_from_records, meta_from_record
+from .profiles import model_slug
 from .reference import SHIPPED, ReferenceStore, build, count_range, store_for
 from .report import (
     OUTLIER_FACTOR,
@@ -196,10 +197,19 @@ def cmd_devices(out: TextIO) -> int:
     return 0
 
 
-def reference_lines(gpu_names: Sequence[str], root: Path | None = None) -> list[str]:
-    """Which GPU models have shipped references (first-night verdicts), and whether this machine's do."""
+def judged_by(root: Path) -> dict[tuple[str, str, str], tuple[int, int]]:
+    """Per (GPU model, profile, mode) of a reference folder: its figures judged and held."""
+    store = ReferenceStore(root)
+    return {(model, profile, mode): n
+            for model, profiles in store.models().items() for profile in profiles
+            for mode, n in store.load(model_slug(model), profile).judged_counts().items()}  # type: ignore[union-attr]
+
+
+def reference_lines(gpu_names: Sequence[str], root: Path | None = None,
+                    before: dict[tuple[str, str, str], tuple[int, int]] | None = None) -> list[str]:
+    """Which GPU models have shipped references (first-night verdicts), and whether this machine's do.
+    With ``before`` (:func:`judged_by` of the folder before a build), a count that changed says what it was."""
     from .noise import REFERENCE_FLOOR, REFERENCE_MAX
-    from .profiles import model_slug
 
     store = ReferenceStore(root or SHIPPED)
     models = store.models()
@@ -210,7 +220,12 @@ def reference_lines(gpu_names: Sequence[str], root: Path | None = None) -> list[
         if ref is None or not counts:
             return profile
         judged = ref.judged_counts()
-        modes = [f"{mode} x{count_range(lo, hi)} {judged[mode][0]}/{judged[mode][1]} judged"
+
+        def was(mode: str) -> str:
+            old = (before or {}).get((model, profile, mode))
+            return f" (was {old[0]}/{old[1]})" if old is not None and old != judged[mode] else ""
+
+        modes = [f"{mode} x{count_range(lo, hi)} {judged[mode][0]}/{judged[mode][1]} judged{was(mode)}"
                  for mode, (lo, hi) in counts.items()]
         return f"{profile} ({', '.join(modes)})"
 
@@ -251,11 +266,12 @@ def cmd_history(files: Sequence[Path], baselines: Path | None, page: Path, title
 
 def cmd_reference(files: Sequence[Path], out_dir: Path, out: TextIO) -> int:
     """Add the figures of results files to a reference folder (``--mig-reference DIR`` uses it)."""
+    before = judged_by(out_dir) if out_dir.is_dir() else {}
     built = build(files, out_dir)
     if not built.files:
         print(f"no comparable figures in {len(files)} file(s); nothing written", file=out)
         return 1
-    for line in reference_lines([], out_dir)[1:]:
+    for line in reference_lines([], out_dir, before)[1:]:
         print(line, file=out)
     if built.repeated:
         print(f"{built.repeated} figure(s) not added again: their run is in the reference already (a results file "

@@ -293,7 +293,10 @@ def test_pytest_mig_reference_builds_a_folder_and_devices_names_the_models(
     lines = reference_lines(["NVIDIA H200", "NVIDIA A100-SXM4-40GB"], tmp_path / "mine")
     assert lines[1] == "  NVIDIA H200: 3g.71gb (quick x1 0/1 judged, normal x1 0/1 judged)"
     h = results_file(tmp_path, "quick2", {"fp16_tflops": 50.5}, mode="quick")  # a second run tells the noise
+    capsys.readouterr()
     assert main(["reference", str(h), "--out", str(tmp_path / "mine")]) == 0
+    # the build says what it changed: the quick figure is judged now, the normal one as before
+    assert "  NVIDIA H200: 3g.71gb (quick x2 1/1 judged (was 0/1), normal x1 0/1 judged)" in capsys.readouterr().out
     assert reference_lines(["NVIDIA H200"], tmp_path / "mine")[1] == ("  NVIDIA H200: 3g.71gb "
                                                                       "(quick x2 1/1 judged, normal x1 0/1 judged)")
     # A part-run (another test, or one case re-run) adds some figures only: the count says so.
