@@ -90,7 +90,7 @@ class Reference:
         for e in self.baseline.entries.values():
             lo, hi = out.get(e.mode, (len(e.runs), len(e.runs)))
             out[e.mode] = (min(lo, len(e.runs)), max(hi, len(e.runs)))
-        return {m: out[m] for m in sorted(out, key=lambda m: (m != "quick", m))}
+        return _quick_first(out)
 
     def judged_modes(self) -> set[str]:
         """The modes with a pooled sigma for some figure: those this reference can judge."""
@@ -107,7 +107,7 @@ class Reference:
             gates = bool(finite) and reference_band(finite, self.sigma_for(e)).gates
             judged, total = out.get(e.mode, (0, 0))
             out[e.mode] = (judged + gates, total + 1)
-        return {m: out[m] for m in sorted(out, key=lambda m: (m != "quick", m))}
+        return _quick_first(out)
 
     def describe(self, mode: str | None = None) -> str:
         """'5 runs of NVIDIA H100 80GB HBM3 full (quick), driver 580.159.04, CUDA 13.0, torch 2.11.0'."""
@@ -120,6 +120,11 @@ class Reference:
         soft = ", ".join(f"{_LABELS[k][0]} {_shown(k, fp[k])}" for k in SHOWN[:3] if fp.get(k) is not None)
         return (f"{runs} run(s) of {meta.gpu_model} {meta.profile} ({', '.join(modes) or 'no figures'})"
                 + (f", {soft}" if soft else ""))
+
+
+def _quick_first(per_mode: dict[str, Any]) -> dict[str, Any]:
+    """The same per-mode mapping, quick mode first, then the others by name."""
+    return {m: per_mode[m] for m in sorted(per_mode, key=lambda m: (m != "quick", m))}
 
 
 def count_range(lo: int, hi: int) -> str:
