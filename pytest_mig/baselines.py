@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
-from .measure import METRIC_KINDS, Metric
+from .measure import METRIC_KINDS, Metric, timing_partners
 from .profiles import CPU, FULL, model_slug
 from .results import MODES, ResultRecord, atomic_write_text, utc_now
 
@@ -249,6 +249,13 @@ class Baseline:
 
     def get(self, test: str, metric: str, mode: str = "normal") -> BaselineEntry | None:
         return self.entries.get((test, metric, mode))
+
+    def timing_partners(self, entry: BaselineEntry) -> list[BaselineEntry]:
+        """The rate figures of the same test and mode whose timing energy figure ``entry`` shares
+        (:func:`pytest_mig.measure.timing_partners`); none for any other figure."""
+        test = [e for (t, _m, mode), e in self.entries.items() if t == entry.test and mode == entry.mode]
+        names = set(timing_partners(entry.metric, entry.kind, ((e.metric, e.kind) for e in test)))
+        return [e for e in test if e.metric in names]
 
     def other_mode(self, test: str, metric: str, mode: str) -> str | None:
         """The mode in which this figure was recorded, when it was not recorded in ``mode``."""

@@ -28,9 +28,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Sequence, TextIO
+from typing import Mapping, Sequence, TextIO
 
-from .baselines import DEFAULT_KEEP, BaselineError, entry_from_records, meta_from_record
+from .baselines import DEFAULT_KEEP, BaselineError, BaselineMeta, entry_from_records, measured_value, meta_from_record
+from .measure import timing_partners
 from .profiles import model_slug
 from .reference import SHIPPED, ReferenceStore, build, count_range, store_for
 from .report import (
@@ -329,6 +330,20 @@ def cmd_report(files: Sequence[Path], out_path: Path | None, factor: float, fail
 # -- compare -------------------------------------------------------------------------------------
 
 
+def _partners(rec: ResultRecord, by_key: Mapping[tuple[str, str, str], Sequence[ResultRecord]],
+              mine: BaselineMeta) -> dict[str, list[float]]:
+    """The old values, on this GPU model and profile, of the rate figures whose timing energy
+    figure ``rec`` shares (:func:`pytest_mig.measure.timing_partners`), by name."""
+    test = {metric: recs for (t, metric, mode), recs in by_key.items() if t == rec.test and mode == rec.mode and recs}
+    out: dict[str, list[float]] = {}
+    for metric in timing_partners(rec.metric.name, rec.metric.kind, ((m, r[0].metric.kind) for m, r in test.items())):
+        values = [measured_value(c) for c in test[metric]
+                  if (meta_from_record(c).gpu_slug, meta_from_record(c).profile) == (mine.gpu_slug, mine.profile)]
+        if values:
+            out[metric] = values
+    return out
+
+
 def compare_records(
     old: Sequence[ResultRecord] | Sequence[Sequence[ResultRecord]],
     new: Sequence[ResultRecord],
@@ -363,7 +378,7 @@ def compare_records(
         if same:
             entry = entry_from_records(same)
             v = compare(rec, entry, meta_from_record(same[-1]), tolerance=tolerance,
-                        improvement_fails=improvement_fails)
+                        improvement_fails=improvement_fails, partners=_partners(rec, by_key, mine))
             if v.failed and taken:
                 v = confirm(v, rec, entry, taken, improvement_fails=improvement_fails)
         elif ref is not None:

@@ -24,11 +24,11 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence, TextIO
+from typing import Iterable, Sequence, TextIO
 
-from .baselines import entry_from_records
+from .baselines import entry_from_records, measured_value
 from .calibrate import check_pytest_args, run_suite
-from .measure import Metric
+from .measure import Metric, timing_partners
 from .noise import MIN_RUNS, band
 from .results import ResultRecord, ResultsFileError, read_results
 from .verdict import compare, confirm, format_number
@@ -79,14 +79,30 @@ def _gating_records(records: Sequence[ResultRecord]) -> dict[Key, ResultRecord]:
     return {(r.test, r.metric.name, r.mode): r for r in records if r.metric.compare and r.metric.value > 0}
 
 
-def _judge_replayed(rec: ResultRecord, history: Sequence[ResultRecord], confirmations: Sequence[ResultRecord]) -> tuple[bool, bool]:
+def _judge_replayed(rec: ResultRecord, history: Sequence[ResultRecord], confirmations: Sequence[ResultRecord],
+                    partners: dict[str, list[float]]) -> tuple[bool, bool]:
     """(beyond on the first measurement, still beyond after re-measuring) for a replayed record."""
     entry = entry_from_records(history)
-    v = compare(rec, entry, None)
+    v = compare(rec, entry, None, partners=partners)
     if not v.failed:
         return False, False
     v2 = confirm(v, rec, entry, [c.metric.value for c in confirmations])
     return True, v2.failed
+
+
+@dataclass
+class _Partners:
+    """The rate figures whose timing an energy figure shares (``mates``), read in the runs that
+    hold the figure (``at``: indices into ``runs``)."""
+
+    runs: Sequence[dict[Key, ResultRecord]]
+    at: Sequence[int]
+    mates: Sequence[Key]
+
+    def __call__(self, picked: Iterable[int]) -> dict[str, list[float]]:
+        """Their values, by name, in the figure's runs ``picked`` (indices into its series)."""
+        rows = [self.runs[self.at[i]] for i in picked]
+        return {k[1]: [measured_value(r[k]) for r in rows if k in r] for k in self.mates}
 
 
 def analyse(unchanged: Sequence[Sequence[ResultRecord]], slowed: dict[int, list[Sequence[ResultRecord]]]) -> list[Figure]:
@@ -95,12 +111,17 @@ def analyse(unchanged: Sequence[Sequence[ResultRecord]], slowed: dict[int, list[
     keys = sorted({k for r in runs for k in r})
     figures: list[Figure] = []
     for key in keys:
-        series = [r[key] for r in runs if key in r]
+        at = [j for j, r in enumerate(runs) if key in r]  # the runs that hold the figure
+        series = [runs[j][key] for j in at]
         if len(series) < MIN_RUNS + 1:
             continue
         first = series[0].metric
+        test = {k: next(r[k] for r in runs if k in r).metric.kind for k in keys if k[0] == key[0] and k[2] == key[2]}
+        names = set(timing_partners(first.name, first.kind, ((k[1], kind) for k, kind in test.items())))
+        mates = [k for k in test if k[1] in names]
+        partners = _Partners(runs, at, mates)
         fig = Figure(key, first.unit, first.direction, first.kind, [s.metric.value for s in series])
-        b = band(fig.unchanged[-KEEP:])
+        b = band(fig.unchanged[-KEEP:], partners=partners(range(len(series))[-KEEP:]))
         fig.cv, fig.threshold, fig.detectable, fig.gates = b.sigma, b.threshold, b.detectable, b.gates
         # 1. the plugin flow: each run judged against the runs saved before it, with its own re-measurements
         for i, rec in enumerate(series):
@@ -108,7 +129,7 @@ def analyse(unchanged: Sequence[Sequence[ResultRecord]], slowed: dict[int, list[
                 continue
             fig.flow_judged += 1
             entry = entry_from_records(series[max(0, i - KEEP):i])
-            v = compare(rec, entry, None)
+            v = compare(rec, entry, None, partners=partners(range(max(0, i - KEEP), i)))
             if not v.failed:
                 continue
             taken = (rec.verdict or {}).get("confirmations") or []
@@ -120,15 +141,16 @@ def analyse(unchanged: Sequence[Sequence[ResultRecord]], slowed: dict[int, list[
         # 3. replay: leave one out, re-measurements modelled by two other runs
         n = len(series)
         for i, rec in enumerate(series):
-            others = [series[j] for j in range(n) if j != i]
-            history = others[-KEEP:]
+            picked = [j for j in range(n) if j != i][-KEEP:]
+            history = [series[j] for j in picked]
             conf = [series[(i + 1) % n], series[(i + 2) % n]]
-            first_beyond, still = _judge_replayed(rec, history, conf)
+            shared = partners(picked)
+            first_beyond, still = _judge_replayed(rec, history, conf, shared)
             fig.replay_n += 1
             fig.replay_first += first_beyond
             fig.replay_false += still
             for size in SIZES:
-                _, caught = _judge_replayed(_scaled(rec, size), history, [_scaled(c, size) for c in conf])
+                _, caught = _judge_replayed(_scaled(rec, size), history, [_scaled(c, size) for c in conf], shared)
                 got, tried = fig.detect.get(size, (0, 0))
                 fig.detect[size] = (got + caught, tried + 1)
         # 2. slowed runs, judged in the plugin flow against the whole history

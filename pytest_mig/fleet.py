@@ -25,6 +25,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
+from .measure import ENERGY_INFIX, RATE_KINDS  # a rate figure adds up across devices
 from .profiles import ProfileError, parse_profile
 from .results import ResultRecord
 from .verdict import format_number
@@ -35,8 +36,6 @@ SPREAD_K = 5.0
 #: With fewer than MIN_OTHERS other devices the bar is at least FEW_GAP.
 MIN_OTHERS = 3
 FEW_GAP = 0.10
-#: Kinds whose figures are work per second that adds up across devices.
-RATE_KINDS = ("compute", "tensor", "memory", "training", "simulation")
 
 
 def device_key(rec: ResultRecord) -> tuple[str, str]:
@@ -139,7 +138,7 @@ def provider_figures(records: Sequence[ResultRecord]) -> list[ProviderFigure]:
                 and first.unit != "fraction" and first.compare:
             values = [r.metric.value for r in devs.values()]
             out.append(ProviderFigure(test, metric, first.unit, len(values), sum(values), values, mode))
-        elif first.kind == "energy" and "energy_j_per_" in metric:
+        elif first.kind == "energy" and ENERGY_INFIX in metric:
             fig = _provider_energy(test, metric, mode, devs, by)
             if fig is not None:
                 out.append(fig)
@@ -149,7 +148,7 @@ def provider_figures(records: Sequence[ResultRecord]) -> list[ProviderFigure]:
 def _provider_energy(test: str, metric: str, mode: str, devs: dict[tuple[str, str], ResultRecord],
                      by: dict[tuple[str, str, str], dict[tuple[str, str], ResultRecord]]) -> ProviderFigure | None:
     """J per unit of work of the node: each board's power once, over the sum of the devices' rates."""
-    power_name = metric.split("energy_j_per_")[0] + "power_w"
+    power_name = metric.split(ENERGY_INFIX)[0] + "power_w"
     powers = by.get((test, power_name, mode), {})
     boards: dict[tuple[str, str], list[float]] = defaultdict(list)
     rate = 0.0

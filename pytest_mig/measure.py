@@ -12,12 +12,18 @@ import statistics
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Iterable, Literal, Sequence
 
 Direction = Literal["higher", "lower"]
 
 #: Kinds of metric; the verdict and scaling layers pick tolerances and ideal bases by kind.
 METRIC_KINDS = ("compute", "tensor", "memory", "training", "simulation", "energy", "cost", "info")
+#: Kinds that rate a test's timed work (TFLOPS, GB/s, tokens/s, ns/day, or the time per unit of it).
+RATE_KINDS = ("compute", "tensor", "memory", "training", "simulation")
+#: ``energy_metrics`` names its figure ``<label>_energy_j_per_<unit>`` (no label: ``energy_j_per_<unit>``).
+ENERGY_INFIX = "energy_j_per_"
+#: A rate over the energy window itself is named ``<label>_sustained_<unit>`` (see timing_partners).
+SUSTAINED = "sustained_"
 
 
 @dataclass
@@ -503,7 +509,7 @@ def energy_metrics(timing: Timing, work_per_call: float, unit: str, *, label: st
         joules_per_call = timing.power.joules / timing.energy_calls
     else:  # power read during the timed repeats themselves: their busy time at the mean power
         joules_per_call = mean_w * sum(timing.samples) / len(timing.samples)
-    tag = f"{label}_" if label else ""
+    tag = f"{label}_" if label else ""  # timing_partners() relies on this prefix
     info: dict[str, Any] = {"scope": "board", "source": timing.power.source, "samples": len(timing.power.watts),
                             "window_s": round(timing.power.seconds, 3),
                             "calls": timing.energy_calls or len(timing.samples)}
@@ -514,10 +520,31 @@ def energy_metrics(timing: Timing, work_per_call: float, unit: str, *, label: st
                          f"error, so this energy figure is not compared")
     return [
         Metric(f"{tag}power_w", mean_w, "W", "lower", [], kind="energy", info=info, compare=False),
-        Metric(f"{tag}energy_j_per_{unit.lower()}", joules_per_call / work_per_call, f"J/{unit}", "lower",
+        Metric(f"{tag}{ENERGY_INFIX}{unit.lower()}", joules_per_call / work_per_call, f"J/{unit}", "lower",
                [], kind="energy", info=info, compare=valid),
     ]
 
 
 #: An average above the enforced power limit by more than NVML's stated accuracy (+-5%) cannot be real.
 POWER_LIMIT_SLACK = 1.05
+
+
+def timing_partners(energy_metric: str, energy_kind: str, figures: Iterable[tuple[str, str]]) -> list[str]:
+    """Of one test's figures, given as (name, kind) pairs, the rate figures timed over the work
+    that energy figure ``energy_metric`` divides its joules by: those with its label
+    (``fp32_triad_energy_j_per_gb``: ``fp32_triad_gbs``; ``energy_j_per_token``: every rate figure
+    of the test, ``tokens_per_s`` and ``step_time_s``), and where one of them is the rate over the
+    energy window itself (``<label>_sustained_<unit>``, as GEMM reports it beside a headline from
+    short repeats and a per-cycle figure), that one alone.  Empty for a figure that is not energy.
+
+    Energy per unit of work is power x time / work, so it moves with that timing: a training step
+    slowed by the host draws less power but not proportionally less (an H100's 4g.40gb-sized slice:
+    tokens/s -15.5%, power -6%, J/token +11.9%).  The verdict layer never judges it more tightly
+    than the rate figures it shares the timing of.
+    """
+    if energy_kind != "energy" or ENERGY_INFIX not in energy_metric:
+        return []
+    label = energy_metric.split(ENERGY_INFIX, 1)[0]
+    rates = [name for name, kind in figures if kind in RATE_KINDS and name.startswith(label)]
+    window = [name for name in rates if name.startswith(label + SUSTAINED)]
+    return window or rates

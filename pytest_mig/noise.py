@@ -44,6 +44,15 @@ measures on the GPU):
   ``REFERENCE_FLOOR`` (10%), wider where the figure's run-to-run sigma across the reference's runs
   (``K`` x sigma) is wider, and a figure whose threshold would exceed ``REFERENCE_MAX`` (12%) is too
   noisy to judge against another board: reported, not judged.  A GPU 15% under the reference fails.
+* **Energy shares its timing**: energy per unit of work is power x time / work, so a figure such as
+  J/token moves with the step time it divides.  Its runs alone can look quieter than they are (a
+  host-bound step that ran slower drew less power in the reference runs, and not in the next one:
+  on an H100, small-batch GPT-2 training's J/token had a pooled sigma of 1.9% while its tokens/s had
+  5.1%, and an unchanged run then read tokens/s -15.5% and J/token +11.9%, a false alarm at the 10%
+  band).  So its sigma is never below that of the rate figures whose timing it shares
+  (``partners``: :func:`pytest_mig.measure.timing_partners`), and the band names the one that set it.
+  For quiet kernels (GEMM, STREAM, OpenMM) the energy figure's own sigma is the larger and nothing
+  changes; a figure whose throughput is too noisy to gate does not gate its energy either.
 """
 
 from __future__ import annotations
@@ -51,7 +60,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 from scipy import stats
@@ -86,6 +95,7 @@ class Band:
     gates: bool  # False: too noisy to gate at the tolerance
     basis: str  # "noise", "floor", "few-runs", "tolerance" (capped by an explicit tolerance) or "reference"
     limit: float  # the tolerance the threshold was held to
+    sigma_of: str | None = None  # the partner figure whose larger spread set the sigma (None: its own)
 
     @property
     def cv(self) -> float | None:
@@ -106,12 +116,30 @@ def run_sigma(values: Sequence[float]) -> float:
     return max(mad, float(np.std(rest, ddof=1))) / abs(med)
 
 
+def spread(values: Sequence[float]) -> float:
+    """A history's relative spread as :func:`band` reads it: :func:`run_sigma` from ``MIN_RUNS``
+    runs on, below that the sample standard deviation over the median (0 with fewer than two)."""
+    xs = [float(v) for v in values if math.isfinite(v)]
+    if len(xs) >= MIN_RUNS:
+        return run_sigma(xs)
+    center = statistics.median(xs) if xs else 0.0
+    return statistics.stdev(xs) / abs(center) if len(xs) >= 2 and center else 0.0
+
+
+def _widest(own: float, partners: Mapping[str, float]) -> tuple[float, str | None]:
+    """The larger of a figure's own sigma and its partners' (ties keep its own), and whose it is."""
+    name, value = max(partners.items(), key=lambda kv: kv[1], default=(None, -1.0))
+    return (value, name) if value > own else (own, None)
+
+
 def band(values: Sequence[float], *, tolerance: float | None = None,
-         default_tolerance: float = 0.05) -> Band:
+         default_tolerance: float = 0.05, partners: Mapping[str, Sequence[float]] | None = None) -> Band:
     """The band of a figure whose kept runs are ``values`` (oldest first).
 
     ``tolerance`` is a site's explicit tolerance (it caps the threshold); ``default_tolerance`` is
-    what a figure must be able to hold to gate when no tolerance was set.
+    what a figure must be able to hold to gate when no tolerance was set.  ``partners`` are the
+    histories of the rate figures whose timing an energy figure shares, by name: its sigma is at
+    least each one's :func:`spread`.
     """
     xs = [float(v) for v in values if math.isfinite(v)]
     if not xs:
@@ -119,13 +147,14 @@ def band(values: Sequence[float], *, tolerance: float | None = None,
     center = float(statistics.median(xs))
     n = len(xs)
     limit = tolerance if tolerance is not None else default_tolerance
+    shared = {name: spread(v) for name, v in (partners or {}).items()}
     if n < MIN_RUNS:
-        spread = statistics.stdev(xs) / abs(center) if n >= 2 and center else 0.0
-        threshold, basis = max(FEW_RUNS_BAND, K * spread), "few-runs"
+        own, sigma_of = _widest(spread(xs), shared)
+        threshold, basis = max(FEW_RUNS_BAND, K * own), "few-runs"
         if tolerance is not None and tolerance < threshold:
             threshold, basis = tolerance, "tolerance"
-        return Band(center, n, None, threshold, threshold, True, basis, limit)
-    sigma = run_sigma(xs)
+        return Band(center, n, None, threshold, threshold, True, basis, limit, sigma_of)
+    sigma, sigma_of = _widest(run_sigma(xs), shared)
     noise_threshold = K * sigma
     threshold, basis = (noise_threshold, "noise") if noise_threshold > FLOOR else (FLOOR, "floor")
     gates = True
@@ -134,25 +163,33 @@ def band(values: Sequence[float], *, tolerance: float | None = None,
             threshold, basis = tolerance, "tolerance"
     elif threshold > default_tolerance:
         gates = False
-    return Band(center, n, sigma, threshold, threshold + DETECT_Z * sigma, gates, basis, limit)
+    return Band(center, n, sigma, threshold, threshold + DETECT_Z * sigma, gates, basis, limit, sigma_of)
 
 
-def reference_band(values: Sequence[float], sigma: float | None) -> Band:
+def _known(sigma: float | None) -> bool:
+    return sigma is not None and math.isfinite(sigma) and sigma >= 0
+
+
+def reference_band(values: Sequence[float], sigma: float | None,
+                   partners: Mapping[str, float | None] | None = None) -> Band:
     """The band of a figure judged against a shipped reference whose runs are ``values``.
 
     ``sigma`` is the figure's relative run-to-run sigma across the reference's runs (pooled over the
     model's profiles when it was built).  None (a single run: its noise unknown): the figure is
     shown against the reference but not judged, since a noisy figure would raise false alarms.
+    ``partners``: the pooled sigmas of the rate figures whose timing an energy figure shares, by
+    name; the larger one is its sigma, and one that is unknown leaves its noise unknown too.
     """
     xs = [float(v) for v in values if math.isfinite(v)]
     if not xs:
         raise ValueError("a band needs at least one finite run")
-    known = sigma is not None and math.isfinite(sigma) and sigma >= 0
-    s = float(sigma) if known else 0.0
+    partners = partners or {}
+    known = _known(sigma) and all(_known(p) for p in partners.values())
+    s, sigma_of = _widest(float(sigma), {k: float(v) for k, v in partners.items()}) if known else (0.0, None)  # type: ignore[arg-type]
     threshold = max(REFERENCE_FLOOR, K * s)
     return Band(float(statistics.median(xs)), len(xs), s if known else None, threshold, threshold + DETECT_Z * s,
-                known and threshold <= REFERENCE_MAX, "reference", REFERENCE_MAX)
+                known and threshold <= REFERENCE_MAX, "reference", REFERENCE_MAX, sigma_of)
 
 
 __all__ = ["Band", "DETECT_Z", "FEW_RUNS_BAND", "FLOOR", "K", "MIN_RUNS", "REFERENCE_FLOOR", "REFERENCE_MAX",
-           "TRIM_FROM", "band", "reference_band", "run_sigma"]
+           "TRIM_FROM", "band", "reference_band", "run_sigma", "spread"]

@@ -44,7 +44,7 @@ from .baselines import (
     measured_value,
     meta_from_record,
 )
-from .noise import REFERENCE_FLOOR, REFERENCE_MAX, reference_band
+from .noise import REFERENCE_FLOOR, REFERENCE_MAX, Band, reference_band
 from .results import ResultRecord, atomic_write_text, read_results
 
 #: The references shipped with the package.
@@ -79,6 +79,12 @@ class Reference:
     def sigma_for(self, entry: BaselineEntry) -> float | None:
         return self.sigma.get((entry.test, entry.metric, entry.mode))
 
+    def band_for(self, entry: BaselineEntry) -> Band:
+        """The reference band a verdict applies to ``entry`` (:func:`~pytest_mig.noise.reference_band`):
+        its pooled sigma, or that of a rate figure whose timing it shares where larger."""
+        partners = {p.metric: self.sigma_for(p) for p in self.baseline.timing_partners(entry)}
+        return reference_band(entry.values, self.sigma_for(entry), partners)
+
     def runs(self) -> dict[str, int]:
         """Runs per mode (the most any figure has), quick first: ``{"quick": 5, "normal": 2}``."""
         return {m: hi for m, (_lo, hi) in self.run_counts().items()}
@@ -99,12 +105,12 @@ class Reference:
     def judged_counts(self) -> dict[str, tuple[int, int]]:
         """Per mode, how many of its figures a first night judges, and how many it holds:
         ``{"quick": (66, 75)}``.  A figure is judged where its band gates, the rule a verdict
-        applies (:func:`~pytest_mig.noise.reference_band`: a pooled sigma, and 5 sigma within the
-        widest reference band).  Quick first."""
+        applies (:meth:`band_for`: a pooled sigma, and 5 sigma within the widest reference band).
+        Quick first."""
         out: dict[str, tuple[int, int]] = {}
         for e in self.baseline.entries.values():
             finite = [v for v in e.values if math.isfinite(v)]
-            gates = bool(finite) and reference_band(finite, self.sigma_for(e)).gates
+            gates = bool(finite) and self.band_for(e).gates
             judged, total = out.get(e.mode, (0, 0))
             out[e.mode] = (judged + gates, total + 1)
         return _quick_first(out)

@@ -49,6 +49,7 @@ from .baselines import (
 )
 from .noise import (
     DETECT_Z,
+    FEW_RUNS_BAND,
     FLOOR,
     MIN_RUNS,
     REFERENCE_FLOOR,
@@ -56,7 +57,6 @@ from .noise import (
     Band,
     K,
     band,
-    reference_band,
 )
 from .reference import Reference, ReferenceStore, fingerprint_beside
 from .results import ResultRecord
@@ -90,6 +90,7 @@ class Verdict:
     direction: str = "higher"
     basis: str | None = None  # where the threshold came from: noise, floor, few-runs, tolerance, reference
     source: str = "baseline"  # judged against the site's own history ("baseline") or a shipped "reference"
+    sigma_of: str | None = None  # the rate figure whose timing it shares, where its sigma was the larger
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -205,17 +206,25 @@ def _worse(value: float, center: float, direction: str) -> float:
     return -change if direction == "higher" else change
 
 
+def _sigma_text(v: Verdict) -> str:
+    """'0.42%', or '5.1% (that of tokens_per_s, whose timing it shares)' where a partner's sigma was used."""
+    shared = f" (that of {v.sigma_of}, whose timing it shares)" if v.sigma_of else ""
+    return f"{_pct(v.sigma or 0.0)}{shared}"
+
+
 def _band_text(v: Verdict) -> str:
     """The threshold of a compared verdict, where it came from, and the smallest change it detects."""
     threshold = _pct(v.threshold or 0.0)
     if v.basis == "reference":
         return (f"threshold {threshold} (against another board: at least {_pct(REFERENCE_FLOOR)} for the spread "
-                f"between boards, {K:g} x the reference's run-to-run sigma {_pct(v.sigma or 0.0)}), detects >= "
+                f"between boards, {K:g} x the reference's run-to-run sigma {_sigma_text(v)}), detects >= "
                 f"{_pct(v.detectable or 0.0)}")
     if v.basis == "few-runs":
+        widened = (f", widened to the spread of {v.sigma_of}, whose timing it shares"
+                   if v.sigma_of and (v.threshold or 0.0) > FEW_RUNS_BAND else "")
         return (f"threshold {threshold}: only {v.runs} run(s) in the baseline, too few to measure its "
-                f"noise, so a conservative band until {MIN_RUNS} runs (pytest-mig calibrate)")
-    sig = f"run-to-run sigma {_pct(v.sigma or 0.0)}"
+                f"noise, so a conservative band until {MIN_RUNS} runs (pytest-mig calibrate){widened}")
+    sig = f"run-to-run sigma {_sigma_text(v)}"
     if v.basis == "tolerance":
         alone = _pct(max(K * (v.sigma or 0.0), FLOOR))
         head = f"threshold {threshold} (the tolerance set; {sig} alone would give {alone})"
@@ -234,6 +243,7 @@ def compare(
     tolerance: float | None = None,
     improvement_fails: bool = False,
     default_tolerance: float = DEFAULT_TOLERANCE,
+    partners: Mapping[str, Sequence[float]] | None = None,
 ) -> Verdict:
     """Judge one record against its figure's history (see the module docstring for the rule).
 
@@ -241,7 +251,8 @@ def compare(
     in the baseline file, and caps the threshold.  ``baseline_meta`` says what the baseline file is
     for, so a figure of another GPU model, profile or kind of target is never compared.  A whole
     :class:`Baseline` may be passed instead of the entry: its entry for this test, metric and mode
-    and its meta are used.
+    and its meta are used, and, for an energy figure, the histories of the rate figures whose timing
+    it shares (``partners``, by name, given directly otherwise: :func:`pytest_mig.noise.band`).
     """
     m = record.metric
     other_mode: str | None = None
@@ -251,6 +262,8 @@ def compare(
         baseline_entry = whole.get(record.test, m.name, record.mode)
         if baseline_entry is None:
             other_mode = whole.other_mode(record.test, m.name, record.mode)
+        else:
+            partners = {p.metric: p.values for p in whole.timing_partners(baseline_entry)}
     meta = baseline_meta.meta if isinstance(baseline_meta, Baseline) else baseline_meta
     throttled = throttle_reasons(m.info)
     value_text = _value_text(record)
@@ -278,7 +291,7 @@ def compare(
     if early is not None:
         return early
     tol = tolerance if tolerance is not None else e.tolerance
-    b = band(e.values, tolerance=tol, default_tolerance=default_tolerance)
+    b = band(e.values, tolerance=tol, default_tolerance=default_tolerance, partners=partners)
     changes = fingerprint_diff(e.fingerprint or (meta.fingerprint if meta else {}), record.fingerprint)
     return _judged(record, e, b, changes, improvement_fails=improvement_fails)
 
@@ -301,7 +314,7 @@ def compare_reference(record: ResultRecord, reference: Reference, *, improvement
     early = _unjudgeable(record, e, throttled)
     if early is not None:
         return early
-    b = reference_band(e.values, reference.sigma_for(e))
+    b = reference.band_for(e)
     return _judged(record, e, b, [], improvement_fails=improvement_fails, source="reference")
 
 
@@ -338,7 +351,7 @@ def _judged(record: ResultRecord, e: BaselineEntry, b: Band, changes: list[str],
     v = _verdict(record, outcome, "", baseline=b.center, change_pct=change * 100, tolerance=b.limit,
                  threshold=b.threshold, sigma=b.sigma, detectable=b.detectable, runs=b.runs, gates=b.gates,
                  basis=b.basis, fingerprint_changes=changes, throttled=throttle_reasons(m.info), failed=failed,
-                 source=source)
+                 source=source, sigma_of=b.sigma_of)
     v.message = _message(v, record, e)
     return v
 
@@ -355,12 +368,11 @@ def _message(v: Verdict, record: ResultRecord, e: BaselineEntry) -> str:
         msg += ("not judged: the reference has one run of it, so its run-to-run noise is unknown; "
                 "reported only")
     elif v.outcome == "noisy" and reference:
-        msg += (f"too noisy to judge against another board (run-to-run sigma {_pct(v.sigma or 0)} across the "
+        msg += (f"too noisy to judge against another board (run-to-run sigma {_sigma_text(v)} across the "
                 f"reference's runs: its threshold would be {_pct(v.threshold or 0)}, more than "
                 f"{_pct(REFERENCE_MAX)}); reported, not judged")
     elif v.outcome == "noisy":
-        sigma = v.sigma or 0.0
-        msg += (f"too noisy to gate (run-to-run CV {_pct(sigma)} over {v.runs} runs: its threshold would be "
+        msg += (f"too noisy to gate (run-to-run CV {_sigma_text(v)} over {v.runs} runs: its threshold would be "
                 f"{_pct(v.threshold or 0)}, more than the {_pct(v.tolerance or 0)} tolerance); reported, not judged")
     else:
         msg += _band_text(v)

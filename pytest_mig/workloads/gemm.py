@@ -25,7 +25,7 @@ from typing import Any, Iterator
 
 import torch
 
-from ..measure import Metric, Timer, Timing, energy_metrics, time_fn
+from ..measure import SUSTAINED, Metric, Timer, Timing, energy_metrics, time_fn
 from ..target import Target
 from . import DoesNotFit, WorkloadError, all_finite, check_close
 
@@ -434,7 +434,7 @@ def _metrics(
         # The rate over the whole energy window (1.5 s quick, 3 s normal), at the clocks the power cap
         # settles on: on a power-capped H100 its run-to-run sigma was 0.4-0.5% for bf16, fp16 and tf32,
         # where the few short timed repeats of the headline gave 0.9-2.4% for fp16 and tf32.
-        metrics.append(Metric(f"{p}_sustained_tflops", flops / timing.window_seconds_per_call / 1e12, "TFLOPS",
+        metrics.append(Metric(f"{p}_{SUSTAINED}tflops", flops / timing.window_seconds_per_call / 1e12, "TFLOPS",
                               "higher", [], kind=prec.kind,
                               info={"window_s": round(timing.power.seconds, 3) if timing.power else None,
                                     "calls": timing.energy_calls}))

@@ -1,0 +1,179 @@
+"""An energy figure shares the timing of its test's rate figure: it is never judged more tightly.
+
+J/token is power x step time / tokens.  When the steps slow down (a host-bound small batch), power
+drops, but not in proportion, so J/token moves with tokens/s even where its own history happened to
+be quiet.  These tests hold the rule (pytest_mig.measure.timing_partners, noise.band's and
+noise.reference_band's ``partners``) wherever a figure is judged: the plugin's Judge against a
+local history and against a shipped reference, ``pytest-mig compare``, calibrate's threshold table,
+the detection analysis and ``devices``' judged counts.  The values are synthetic.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pytest_mig import cli
+from pytest_mig.baselines import BaselineStore
+from pytest_mig.calibrate import threshold_rows
+from pytest_mig.detection import analyse
+from pytest_mig.measure import Metric, timing_partners
+from pytest_mig.noise import FEW_RUNS_BAND, K, REFERENCE_FLOOR, band, reference_band, run_sigma, spread
+from pytest_mig.reference import ReferenceStore, build
+from pytest_mig.results import ResultRecord, read_results, write_results
+from pytest_mig.verdict import Judge
+
+TRAIN = "benchmarks/test_training.py::test_training[gpt2-small-full-fixed]"
+GEMM = "benchmarks/test_gemm.py::test_gemm[bf16]"
+TARGET = {"kind": "emulated", "profile": "4g.40gb", "baseline_profile": "4g.40gb-emulated",
+          "gpu_name": "NVIDIA H100 80GB HBM3", "gpu_slug": "nvidia-h100-80gb-hbm3", "emulated": True}
+FP = {"driver": "580.159.04", "torch": "2.11.0", "gpu_uuid": "GPU-aaaaaaaa-0000-0000-0000-000000000001"}
+
+#: Ten unchanged runs: a noisy rate (host-bound steps, sigma about 7%) and a quiet energy (0.3%).
+NOISY = [100.0, 112.0, 90.0, 105.0, 95.0, 110.0, 92.0, 104.0, 97.0, 108.0]
+QUIET = [100.0, 100.3, 99.8, 100.1, 99.6, 100.4, 99.9, 100.2, 99.7, 100.0]
+UNITS = {"tokens_per_s": ("tokens/s", "higher", "training"), "step_time_s": ("s", "lower", "training"),
+         "energy_j_per_token": ("J/token", "lower", "energy"), "su_per_1M_tokens": ("SU/1M tokens", "lower", "cost"),
+         "bf16_tflops": ("TFLOPS", "higher", "tensor"), "bf16_sustained_tflops": ("TFLOPS", "higher", "tensor"),
+         "bf16_energy_j_per_tflop": ("J/TFLOP", "lower", "energy")}
+
+
+def rec(name: str, value: float, test: str = TRAIN) -> ResultRecord:
+    unit, direction, kind = UNITS[name]
+    metric = Metric(name, value, unit, direction, [value] * 3, kind)  # type: ignore[arg-type]
+    return ResultRecord(test, metric, dict(TARGET), dict(FP), node="n1")
+
+
+def training_run(tokens: float, joules: float) -> list[ResultRecord]:
+    """One run of the training test: tokens/s and the step time it implies, and J/token."""
+    return [rec("tokens_per_s", tokens), rec("step_time_s", 4096 / tokens), rec("energy_j_per_token", joules / 1000)]
+
+
+# --------------------------------------------------------------------------- which figures share the timing
+
+
+def test_an_energy_figure_shares_the_timing_of_its_tests_rate_figures_with_its_label() -> None:
+    training = [("tokens_per_s", "training"), ("step_time_s", "training"), ("su_per_1M_tokens", "cost"),
+                ("power_w", "energy"), ("peak_allocated_gb", "info")]
+    assert timing_partners("energy_j_per_token", "energy", training) == ["tokens_per_s", "step_time_s"]
+    stream = [("fp32_copy_gbs", "memory"), ("fp32_triad_gbs", "memory"), ("fp32_dot_gbs", "memory")]
+    assert timing_partners("fp32_triad_energy_j_per_gb", "energy", stream) == ["fp32_triad_gbs"]
+    # GEMM reports the rate over the energy window itself beside a headline from short repeats: that one alone
+    gemm = [("bf16_tflops", "tensor"), ("bf16_flop_per_sm_cycle", "tensor"), ("bf16_sustained_tflops", "tensor"),
+            ("fp16_sustained_tflops", "tensor")]
+    assert timing_partners("bf16_energy_j_per_tflop", "energy", gemm) == ["bf16_sustained_tflops"]
+    assert timing_partners("bf16_energy_j_per_tflop", "energy", gemm[:2]) == ["bf16_tflops", "bf16_flop_per_sm_cycle"]
+    # only energy figures have partners
+    assert timing_partners("tokens_per_s", "training", training) == []
+    assert timing_partners("su_per_1M_tokens", "cost", training) == []
+
+
+# --------------------------------------------------------------------------- the bands
+
+
+def test_a_quiet_energy_figure_takes_the_sigma_of_its_noisy_rate_figure_and_says_whose() -> None:
+    alone = band(QUIET)
+    assert alone.gates and alone.sigma_of is None
+    shared = band(QUIET, partners={"tokens_per_s": NOISY})
+    assert shared.sigma == pytest.approx(run_sigma(NOISY)) and shared.sigma_of == "tokens_per_s"
+    assert shared.threshold == pytest.approx(K * run_sigma(NOISY)) and not shared.gates
+    # a quieter partner changes nothing: the figure's own sigma stands
+    assert band(NOISY, partners={"tokens_per_s": QUIET}) == band(NOISY)
+
+
+def test_with_few_runs_the_partners_spread_widens_the_conservative_band() -> None:
+    b = band(QUIET[:3], partners={"tokens_per_s": NOISY[:3]})
+    assert b.basis == "few-runs" and b.sigma is None and b.sigma_of == "tokens_per_s"
+    assert b.threshold == pytest.approx(K * spread(NOISY[:3])) and b.threshold > FEW_RUNS_BAND
+
+
+def test_against_a_reference_the_larger_pooled_sigma_is_used_and_an_unknown_one_leaves_it_unjudged() -> None:
+    assert reference_band([1.0], 0.01, {"tokens_per_s": 0.004}).threshold == REFERENCE_FLOOR
+    wide = reference_band([1.0], 0.01, {"tokens_per_s": 0.05})
+    assert wide.sigma == 0.05 and wide.sigma_of == "tokens_per_s" and not wide.gates
+    unknown = reference_band([1.0], 0.01, {"tokens_per_s": None})
+    assert unknown.sigma is None and not unknown.gates
+
+
+# --------------------------------------------------------------------------- verdicts
+
+
+def test_a_local_history_does_not_fail_energy_that_moved_with_a_rate_too_noisy_to_gate(tmp_path: Path) -> None:
+    """The false alarm seen on an H100: tokens/s -15% (its history too noisy to gate), J/token +12%."""
+    noisy, quiet = BaselineStore(tmp_path / "noisy"), BaselineStore(tmp_path / "quiet")
+    for tokens, joules in zip(NOISY, QUIET):
+        noisy.save(training_run(tokens, joules))
+        quiet.save(training_run(100.0 + (joules - 100.0) / 3, joules))  # a steady rate: the energy alone moved
+    slow = training_run(85.0, 112.0)
+    v = {x.metric: x for x in Judge(noisy).judge(slow)}["energy_j_per_token"]
+    assert v.outcome == "noisy" and not v.failed and v.sigma_of in ("tokens_per_s", "step_time_s")
+    assert f"(that of {v.sigma_of}, whose timing it shares)" in v.message
+    # where the rate is steady, the same +12% in energy alone is a regression
+    v = {x.metric: x for x in Judge(quiet).judge(training_run(100.0, 112.0))}["energy_j_per_token"]
+    assert v.outcome == "regressed" and v.failed and v.sigma_of is None
+
+
+def test_gemm_energy_is_judged_with_the_sustained_rate_not_the_noisier_headline(tmp_path: Path) -> None:
+    store = BaselineStore(tmp_path)
+    for n, q in zip(NOISY, QUIET):
+        store.save([rec("bf16_tflops", n * 7, GEMM), rec("bf16_sustained_tflops", q * 7, GEMM),
+                    rec("bf16_energy_j_per_tflop", q, GEMM)])
+    verdicts = {v.metric: v for v in Judge(store).judge([rec("bf16_tflops", 700.0, GEMM),
+                                                          rec("bf16_sustained_tflops", 700.0, GEMM),
+                                                          rec("bf16_energy_j_per_tflop", 110.0, GEMM)])}
+    energy = verdicts["bf16_energy_j_per_tflop"]
+    assert energy.outcome == "regressed" and energy.sigma_of is None
+
+
+def test_a_reference_does_not_judge_energy_whose_rate_varies_between_its_runs(tmp_path: Path) -> None:
+    files = []
+    for i, (tokens, joules) in enumerate(zip(NOISY[:5], QUIET[:5])):
+        path = tmp_path / f"run{i}.json"
+        write_results(path, training_run(tokens, joules))
+        files.append(path)
+    build(files, tmp_path / "ref")
+    refs = ReferenceStore(tmp_path / "ref")
+    verdicts = {v.metric: v for v in Judge(None, references=refs).judge(training_run(85.0, 112.0))}
+    energy = verdicts["energy_j_per_token"]
+    assert energy.source == "reference" and energy.outcome == "noisy" and not energy.failed
+    assert "too noisy to judge against another board" in energy.message and "whose timing it shares" in energy.message
+    (ref,) = [refs.load("nvidia-h100-80gb-hbm3", "4g.40gb-emulated")]
+    assert ref is not None and ref.judged_counts()["normal"] == (0, 3)  # devices counts it as not judged
+
+
+def test_compare_reads_the_partners_history_from_the_old_files(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    old = []
+    for i, (tokens, joules) in enumerate(zip(NOISY, QUIET)):
+        path = tmp_path / f"old{i}.json"
+        write_results(path, training_run(tokens, joules))
+        old.append(str(path))
+    new = tmp_path / "new.json"
+    write_results(new, training_run(85.0, 112.0))
+    assert cli.main(["compare", *old, str(new), "--reference", "none"]) == 0
+    out = capsys.readouterr().out
+    assert "energy_j_per_token" in out and "whose timing it shares" in out and "REGRESSED" not in out
+
+
+def test_calibrate_shows_whose_cv_an_energy_figure_took(tmp_path: Path) -> None:
+    store = BaselineStore(tmp_path)
+    for tokens, joules in zip(NOISY, QUIET):
+        store.save(training_run(tokens, joules))
+    base = store.load("nvidia-h100-80gb-hbm3", "4g.40gb-emulated")
+    assert base is not None
+    rows = {r["metric"]: r for r in threshold_rows(base)}
+    assert rows["energy_j_per_token"]["cv_of"] in ("tokens_per_s", "step_time_s")
+    assert rows["energy_j_per_token"]["gates"] == "no: too noisy" and rows["tokens_per_s"]["cv_of"] is None
+
+
+def test_the_detection_analysis_applies_the_same_rule(tmp_path: Path) -> None:
+    runs = []
+    for i, (tokens, joules) in enumerate(zip(NOISY, QUIET)):
+        path = tmp_path / f"unchanged-{i:02d}.json"
+        write_results(path, training_run(tokens, joules))
+        runs.append(read_results(path))
+    figures = {f.key[1]: f for f in analyse(runs, {})}
+    energy = figures["energy_j_per_token"]
+    assert not energy.gates and energy.cv == pytest.approx(max(figures["tokens_per_s"].cv or 0,
+                                                               figures["step_time_s"].cv or 0))
