@@ -40,3 +40,27 @@ def test_replicas_that_differ_after_training_are_a_wrong_result(monkeypatch: pyt
 def test_nvlink_multicast_stays_off_unless_the_caller_set_it() -> None:
     assert ddp.NCCL_DEFAULTS == {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                                  "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+@pytest.mark.parametrize("max_norm", [1.0, None])
+def test_a_rank_clips_the_gradients_as_the_single_gpu_trainer_does(max_norm, monkeypatch: pytest.MonkeyPatch) -> None:
+    """rank_step on the CPU (no DDP wrapper: the step around it is the same): a loss scaled so its
+    gradients' norm is far over 1 reaches fused AdamW clipped to MAX_GRAD_NORM, seen in AdamW's first
+    moment after one step (0.1 x the gradient it was given); with the clip switched off it is not."""
+    import torch
+    from test_training import _scaled_loss_trainer
+
+    from pytest_mig.workloads import training as tr
+
+    monkeypatch.setattr(tr, "MAX_GRAD_NORM", max_norm)
+    trainer = _scaled_loss_trainer("full", fused=True)
+    tokens = trainer.task.batch(2)
+    loss = ddp.rank_step(trainer.step_model, trainer.params, trainer.opt, tokens, amp=False)
+    moment = float(torch.linalg.vector_norm(torch.cat([trainer.opt.state[p]["exp_avg"].flatten()
+                                                       for p in trainer.params])))
+    if max_norm is None:
+        assert moment > 100.0
+    else:
+        assert moment == pytest.approx(0.1 * max_norm, rel=1e-3)
+    assert loss.requires_grad is False and torch.isfinite(loss)
+    trainer.close()

@@ -2,8 +2,9 @@
 
 Each GPU count runs as N fresh processes, one per GPU (``CUDA_VISIBLE_DEVICES`` set to that GPU's
 UUID, as torchrun's one-process-per-GPU layout), joined by ``torch.distributed`` over NCCL and
-training one model with DistributedDataParallel: bf16 autocast, fused AdamW, the cycle task with
-a different stream of batches on every rank.  Rank 0 times the measured steps between barriers.
+training one model with DistributedDataParallel: bf16 autocast, fused AdamW, the gradients' global
+norm clipped to 1.0 as the single-GPU trainer clips it (:func:`rank_step`), the cycle task with a
+different stream of batches on every rank.  Rank 0 times the measured steps between barriers.
 
 Checked on every count: the loss falls, and after training the parameters are identical on every
 rank (DDP's all-reduce keeps the replicas in step; a checksum that differs is a wrong result).
@@ -23,7 +24,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from ..measure import Metric
 from . import WorkloadError
@@ -113,6 +114,23 @@ def run_ddp_scaling(devices: Sequence[str], *, quick: bool, folder: Path) -> lis
     return metrics
 
 
+def rank_step(model: Any, params: list[Any], opt: Any, tokens: Any, *, amp: bool = True) -> Any:
+    """One rank's training step, as the single-GPU trainer takes it: bf16 autocast (``amp``), backward
+    (DDP all-reduces the gradients), their global norm clipped to ``training.MAX_GRAD_NORM`` (folded
+    into fused AdamW), the optimizer step.  Returns the loss, detached, with no host sync."""
+    import torch
+
+    from .training import MAX_GRAD_NORM, clip_gradients
+
+    opt.zero_grad(set_to_none=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+        loss = model(input_ids=tokens, labels=tokens).loss
+    loss.backward()
+    clip_gradients(params, opt, MAX_GRAD_NORM, fused=True)
+    opt.step()
+    return loss.detach()
+
+
 def _rank_main(out: Path, quick: bool) -> None:
     """One rank: train GPT-2-small under DDP, write tokens/s, losses and a parameter checksum."""
     import torch
@@ -128,7 +146,8 @@ def _rank_main(out: Path, quick: bool) -> None:
     # transformers' GPT-2, the same initial weights on every rank (DDP also broadcasts rank 0's)
     model = hf.build_model(cfg, "cuda:0", torch.float32, seed=SEED)
     ddp = DistributedDataParallel(model, device_ids=[0])
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=3e-4, fused=True)
     task = CycleTask(cfg.vocab, cfg.seq_len, "cuda:0", seed=SEED + rank)
     warmup, steps = STEPS[quick]
     losses, times = [], []
@@ -139,13 +158,9 @@ def _rank_main(out: Path, quick: bool) -> None:
             torch.cuda.synchronize()
             start = time.perf_counter()
         t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = ddp(input_ids=tokens_in, labels=tokens_in).loss
-        loss.backward()
-        opt.step()
+        loss = rank_step(ddp, params, opt, tokens_in)
         if i >= warmup:
-            losses.append(loss.detach())
+            losses.append(loss)
             torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
     dist.barrier()

@@ -373,6 +373,28 @@ def check_initial_loss(loss: float, vocab: int, *, tolerance: float = INITIAL_LO
                             "the loss or the forward pass is wrong")
 
 
+def clip_gradients(params: list[torch.nn.Parameter], opt: torch.optim.Optimizer, max_grad_norm: float | None, *,
+                   fused: bool) -> None:
+    """Clip the gradients' global norm to ``max_grad_norm``, as ``clip_grad_norm_`` does, with no host sync
+    (None: no clip).  Every trainer here calls it between backward and the optimizer step, the DDP ranks too.
+
+    With fused AdamW the scaling is left to the optimizer's kernel: it divides every gradient by
+    its ``grad_scale`` tensor (what ``GradScaler`` sets to unscale fp16 gradients), so the clip
+    costs one read of the gradients for the norm.  ``clip_grad_norm_`` reads them twice more and
+    writes them once to scale them (it cost a Qwen2.5-1.5B step at batch 12 on an H100 3.5% on one
+    board and 0.6% on another; docs/benchmarks.md).
+    """
+    if max_grad_norm is None:
+        opt.grad_scale = None  # type: ignore[attr-defined]  # no scale left from an earlier step
+        return
+    if not fused:
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        return
+    norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    coef = torch.clamp(max_grad_norm / (norm.float() + 1e-6), max=1.0)  # clip_grad_norm_'s coefficient
+    opt.grad_scale = 1.0 / coef  # type: ignore[attr-defined]
+
+
 class _Trainer:
     """A transformers model (with peft adapters for LoRA/QLoRA), its optimizer, the task, one step."""
 
@@ -420,23 +442,8 @@ class _Trainer:
         return loss
 
     def clip_gradients(self) -> None:
-        """Clip the gradients' global norm to ``max_grad_norm``, as ``clip_grad_norm_`` does, with no host sync.
-
-        With fused AdamW the scaling is left to the optimizer's kernel: it divides every gradient by
-        its ``grad_scale`` tensor (what ``GradScaler`` sets to unscale fp16 gradients), so the clip
-        costs one read of the gradients for the norm.  ``clip_grad_norm_`` reads them twice more and
-        writes them once to scale them (it cost a Qwen2.5-1.5B step at batch 12 on an H100 3.5% on one
-        board and 0.6% on another; docs/benchmarks.md).
-        """
-        if self.max_grad_norm is None:
-            self.opt.grad_scale = None  # type: ignore[attr-defined]  # no scale left from an earlier step
-            return
-        if not self.fused:
-            torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
-            return
-        norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
-        coef = torch.clamp(self.max_grad_norm / (norm.float() + 1e-6), max=1.0)  # clip_grad_norm_'s coefficient
-        self.opt.grad_scale = 1.0 / coef  # type: ignore[attr-defined]
+        """Clip the gradients' global norm to ``max_grad_norm`` (:func:`clip_gradients`)."""
+        clip_gradients(self.params, self.opt, self.max_grad_norm, fused=self.fused)
 
     def compile(self) -> None:
         """Run the model through torch.compile from the next step on (compiled at that step's shapes)."""
