@@ -330,6 +330,11 @@ def cmd_report(files: Sequence[Path], out_path: Path | None, factor: float, fail
 # -- compare -------------------------------------------------------------------------------------
 
 
+def _on(recs: Sequence[ResultRecord], mine: BaselineMeta) -> list[ResultRecord]:
+    """The records measured on the GPU model and profile of ``mine``."""
+    return [c for c in recs if (meta_from_record(c).gpu_slug, meta_from_record(c).profile) == (mine.gpu_slug, mine.profile)]
+
+
 def _partners(rec: ResultRecord, by_key: Mapping[tuple[str, str, str], Sequence[ResultRecord]],
               mine: BaselineMeta) -> dict[str, list[float]]:
     """The old values, on this GPU model and profile, of the rate figures whose timing energy
@@ -337,8 +342,7 @@ def _partners(rec: ResultRecord, by_key: Mapping[tuple[str, str, str], Sequence[
     test = {metric: recs for (t, metric, mode), recs in by_key.items() if t == rec.test and mode == rec.mode and recs}
     out: dict[str, list[float]] = {}
     for metric in timing_partners(rec.metric.name, rec.metric.kind, ((m, r[0].metric.kind) for m, r in test.items())):
-        values = [measured_value(c) for c in test[metric]
-                  if (meta_from_record(c).gpu_slug, meta_from_record(c).profile) == (mine.gpu_slug, mine.profile)]
+        values = [measured_value(c) for c in _on(test[metric], mine)]
         if values:
             out[metric] = values
     return out
@@ -370,8 +374,7 @@ def compare_records(
     verdicts = []
     for rec in new:
         mine = meta_from_record(rec)
-        same = [c for c in by_key.get((rec.test, rec.metric.name, rec.mode), [])
-                if (meta_from_record(c).gpu_slug, meta_from_record(c).profile) == (mine.gpu_slug, mine.profile)]
+        same = _on(by_key.get((rec.test, rec.metric.name, rec.mode), []), mine)
         others = [c for m in ("normal", "quick") for c in by_key.get((rec.test, rec.metric.name, m), [])]
         taken = list((rec.verdict or {}).get("confirmations") or [])
         ref = references.holding(rec) if references is not None and not same else None

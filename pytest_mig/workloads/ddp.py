@@ -115,20 +115,13 @@ def run_ddp_scaling(devices: Sequence[str], *, quick: bool, folder: Path) -> lis
 
 
 def rank_step(model: Any, params: list[Any], opt: Any, tokens: Any, *, amp: bool = True) -> Any:
-    """One rank's training step, as the single-GPU trainer takes it: bf16 autocast (``amp``), backward
-    (DDP all-reduces the gradients), their global norm clipped to ``training.MAX_GRAD_NORM`` (folded
-    into fused AdamW), the optimizer step.  Returns the loss, detached, with no host sync."""
-    import torch
+    """One rank's training step: the single-GPU trainer's (``training.optimizer_step``; DDP all-reduces
+    the gradients in backward), their global norm clipped to ``training.MAX_GRAD_NORM`` (folded into
+    fused AdamW).  Returns the loss, detached, with no host sync."""
+    from .training import MAX_GRAD_NORM, clip_gradients, optimizer_step
 
-    from .training import MAX_GRAD_NORM, clip_gradients
-
-    opt.zero_grad(set_to_none=True)
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
-        loss = model(input_ids=tokens, labels=tokens).loss
-    loss.backward()
-    clip_gradients(params, opt, MAX_GRAD_NORM, fused=True)
-    opt.step()
-    return loss.detach()
+    return optimizer_step(model, opt, tokens, amp=amp,
+                          clip=lambda: clip_gradients(params, opt, MAX_GRAD_NORM, fused=True))
 
 
 def _rank_main(out: Path, quick: bool) -> None:

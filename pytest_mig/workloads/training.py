@@ -395,6 +395,20 @@ def clip_gradients(params: list[torch.nn.Parameter], opt: torch.optim.Optimizer,
     opt.grad_scale = 1.0 / coef  # type: ignore[attr-defined]
 
 
+def optimizer_step(model: Callable[..., Any], opt: torch.optim.Optimizer, tokens: torch.Tensor, *, amp: bool,
+                   clip: Callable[[], None]) -> torch.Tensor:
+    """One training step as every trainer here takes it, the DDP ranks too: the gradients zeroed, the
+    forward under bf16 autocast (``amp``), backward, ``clip()`` (:func:`clip_gradients`), the optimizer
+    step.  Returns the loss, detached, with no host sync."""
+    opt.zero_grad(set_to_none=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+        loss = model(input_ids=tokens, labels=tokens).loss
+    loss.backward()
+    clip()
+    opt.step()
+    return loss.detach()
+
+
 class _Trainer:
     """A transformers model (with peft adapters for LoRA/QLoRA), its optimizer, the task, one step."""
 
@@ -430,13 +444,7 @@ class _Trainer:
         self.first_loss: float | None = None
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        self.opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.amp):
-            loss = self.step_model(input_ids=tokens, labels=tokens).loss
-        loss.backward()
-        self.clip_gradients()
-        self.opt.step()
-        loss = loss.detach()
+        loss = optimizer_step(self.step_model, self.opt, tokens, amp=self.amp, clip=self.clip_gradients)
         if self.first_loss is None:
             self.first_loss = float(loss)
         return loss
