@@ -117,6 +117,16 @@ def build_parser() -> argparse.ArgumentParser:
     ref.add_argument("files", nargs="+", type=Path, metavar="FILE", help="results JSON files (from --mig-results)")
     ref.add_argument("--out", type=Path, required=True, metavar="DIR", help="the reference folder to add to")
 
+    chk = sub.add_parser("reference-check", help="judge each run of a reference folder against the others",
+                         description="Take each run of each figure out of the reference folder in turn and judge "
+                                     "it against the rest, as a first night is judged: an unchanged GPU of the "
+                                     "model, so a failure is a false alarm. Then the same run after a loss: "
+                                     "how many such losses fail. Exit 1 where a false alarm is found.")
+    chk.add_argument("folder", nargs="?", type=Path, default=None, metavar="DIR",
+                     help="the reference folder (default: the references shipped with pytest-mig)")
+    chk.add_argument("--loss", type=tolerance_arg, default=None, metavar="PCT",
+                     help="the loss applied to each run, e.g. 15%% (default) or 0.1")
+
     his = sub.add_parser("history", help="write the trend page of every figure (one static HTML file)",
                          description="Write one static HTML page (no network needed to open it) with every "
                                      "figure's values over the runs, the band each run was judged against, its "
@@ -279,6 +289,23 @@ def cmd_reference(files: Sequence[Path], out_dir: Path, out: TextIO) -> int:
               f"given twice)", file=out)
     print(f"reference written: {', '.join(str(p) for p in built.files)}", file=out)
     return 0
+
+
+def cmd_reference_check(folder: Path | None, loss: float | None, out: TextIO) -> int:
+    """Each run of a reference folder judged against the others (:mod:`pytest_mig.reference_check`)."""
+    from .reference_check import LOSS, check_folder, check_lines
+
+    root = folder if folder is not None else SHIPPED
+    if not root.is_dir():
+        raise CliError(f"{root} is not a folder: give a reference folder (pytest-mig reference --out DIR builds one)")
+    loss = LOSS if loss is None else loss
+    tallies = check_folder(root, loss=loss)
+    if not any(t.cases for t in tallies):
+        print(f"no figure in {root} has two runs on one profile: nothing to judge one run against", file=out)
+        return 1
+    for line in check_lines(tallies, loss):
+        print(line, file=out)
+    return 1 if any(t.false_alarms for t in tallies) else 0
 
 
 # -- report --------------------------------------------------------------------------------------
@@ -462,6 +489,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_history(args.files, args.baselines, args.out, args.title, out)
         if args.command == "reference":
             return cmd_reference(args.files, args.out, out)
+        if args.command == "reference-check":
+            return cmd_reference_check(args.folder, args.loss, out)
         if args.command == "compare":
             return cmd_compare(args.files, args.tolerance, args.fail_on_improvement, out, args.reference)
         if args.command == "calibrate":
