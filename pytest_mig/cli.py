@@ -288,6 +288,9 @@ def cmd_reference(files: Sequence[Path], out_dir: Path, out: TextIO) -> int:
         print(f"{built.repeated} figure(s) not added again: their run is in the reference already (a results file "
               f"given twice)", file=out)
     print(f"reference written: {', '.join(str(p) for p in built.files)}", file=out)
+    from .reference_check import check_folder, summary
+
+    print(summary(check_folder(out_dir)), file=out)
     return 0
 
 

@@ -137,4 +137,16 @@ def check_lines(tallies: Sequence[Tally], loss: float) -> list[str]:
     return lines
 
 
-__all__ = ["LOSS", "SigmaRule", "Tally", "check_folder", "check_lines", "leave_one_out", "pooled"]
+def summary(tallies: Sequence[Tally], loss: float = LOSS) -> str:
+    """One sentence of the check, as ``pytest-mig reference`` prints it after a build."""
+    judged = sum(t.judged for t in tallies)
+    if not judged:
+        return ("checked (pytest-mig reference-check): with any one run taken out, no figure has runs enough left "
+                "to be judged (three of a profile, or two and a repeat on another)")
+    alarms = sum(len(t.false_alarms) for t in tallies)
+    found = "no false alarm" if not alarms else f"{alarms} false alarm(s) (pytest-mig reference-check names them)"
+    return (f"checked (pytest-mig reference-check): each run judged against the others, {found} in {judged} judged "
+            f"figures; a {loss:.0%} loss fails {sum(t.caught for t in tallies)} of them")
+
+
+__all__ = ["LOSS", "SigmaRule", "Tally", "check_folder", "check_lines", "leave_one_out", "pooled", "summary"]

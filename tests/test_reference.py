@@ -288,6 +288,7 @@ def test_pytest_mig_reference_builds_a_folder_and_devices_names_the_models(
     assert main(["reference", str(f), "--out", str(tmp_path / "mine")]) == 0
     out = capsys.readouterr().out
     assert "  NVIDIA H200: 3g.71gb (normal x1 0/1 judged)" in out and "reference written:" in out
+    assert "no figure has runs enough left to be judged" in out  # one run: nothing to judge it against
     g = results_file(tmp_path, "quick", {"fp16_tflops": 50.0}, mode="quick")
     assert main(["reference", str(g), "--out", str(tmp_path / "mine")]) == 0
     lines = reference_lines(["NVIDIA H200", "NVIDIA A100-SXM4-40GB"], tmp_path / "mine")
@@ -296,12 +297,18 @@ def test_pytest_mig_reference_builds_a_folder_and_devices_names_the_models(
     capsys.readouterr()
     assert main(["reference", str(h), "--out", str(tmp_path / "mine")]) == 0
     # the build says what it changed: the quick figure is judged now, the normal one as before
-    assert "  NVIDIA H200: 3g.71gb (quick x2 1/1 judged (was 0/1), normal x1 0/1 judged)" in capsys.readouterr().out
+    built = capsys.readouterr().out
+    assert "  NVIDIA H200: 3g.71gb (quick x2 1/1 judged (was 0/1), normal x1 0/1 judged)" in built
+    assert "no figure has runs enough left" in built  # with one of the two runs out, its noise is unknown
     assert reference_lines(["NVIDIA H200"], tmp_path / "mine")[1] == ("  NVIDIA H200: 3g.71gb "
                                                                       "(quick x2 1/1 judged, normal x1 0/1 judged)")
     # A part-run (another test, or one case re-run) adds some figures only: the count says so.
     k = results_file(tmp_path, "quick3", {"fp16_tflops": 50.2, "bf16_tflops": 60.0}, mode="quick")
     assert main(["reference", str(k), "--out", str(tmp_path / "mine")]) == 0
+    # and what its runs are worth, each judged against the other two (pytest-mig reference-check)
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "checked (pytest-mig reference-check): each run judged against the others, no false alarm in 3 judged "
+        "figures; a 15% loss fails 3 of them")
     assert reference_lines(["NVIDIA H200"], tmp_path / "mine")[1] == ("  NVIDIA H200: 3g.71gb "
                                                                       "(quick x1-3 1/2 judged, normal x1 0/1 judged)")
     # A second run of bf16 that differs by a third: its sigma needs a band far over 12%, so it stays unjudged.

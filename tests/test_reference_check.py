@@ -13,7 +13,7 @@ from test_verdict import TEST, record
 from pytest_mig.baselines import BaselineStore, load_baseline_file
 from pytest_mig.cli import main
 from pytest_mig.reference import SHIPPED, build
-from pytest_mig.reference_check import check_folder, leave_one_out, pooled
+from pytest_mig.reference_check import check_folder, leave_one_out, pooled, summary
 from pytest_mig.results import write_results
 
 #: How each figure of these tests is recorded: unit, direction, kind.
@@ -111,6 +111,8 @@ def test_the_command_prints_the_table_and_exits_1_on_a_false_alarm(tmp_path: Pat
                                   "4g.71gb": quiet, "2g.35gb": quiet, "1g.18gb": quiet})
     assert main(["reference-check", str(bad)]) == 1
     assert "false alarm: 3g.71gb" in capsys.readouterr().out
+    assert summary(check_folder(bad)).startswith("checked (pytest-mig reference-check): each run judged against "
+                                                 "the others, 1 false alarm(s) (pytest-mig reference-check names them)")
 
 
 def test_the_command_says_in_one_sentence_what_is_wrong_with_its_folder(tmp_path: Path,
