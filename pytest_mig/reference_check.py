@@ -24,6 +24,7 @@ from pathlib import Path
 from .baselines import Baseline, BaselineEntry, BaselineStore, EntryKey, Run, load_baseline_file
 from .noise import reference_band
 from .reference import pooled_sigma
+from .verdict import worse_by
 
 #: A rule that gives each group (profile) of a figure's runs its sigma.
 SigmaRule = Callable[[Sequence[Sequence[float]]], list[float | None]]
@@ -51,12 +52,6 @@ class Tally:
     @property
     def missed(self) -> int:
         return self.judged - self.caught
-
-
-def _worse(value: float, center: float, direction: str) -> float:
-    """How much worse ``value`` is than ``center``, relative (positive: worse)."""
-    change = (value - center) / abs(center)
-    return -change if direction == "higher" else change
 
 
 def _lost(value: float, direction: str, loss: float) -> float:
@@ -108,11 +103,11 @@ def leave_one_out(bases: Sequence[Baseline], *, rule: SigmaRule = pooled, loss: 
                 if not band.gates:
                     continue
                 t.judged += 1
-                if _worse(run.value, band.center, entry.direction) > band.threshold:
+                worse = worse_by(run.value, band.center, entry.direction)
+                if worse > band.threshold:
                     t.false_alarms.append(f"{bases[n].meta.profile} {test} {metric} {run.recorded_at}: "
-                                          f"{_worse(run.value, band.center, entry.direction):+.1%} worse, "
-                                          f"threshold {band.threshold:.1%}")
-                if _worse(_lost(run.value, entry.direction, loss), band.center, entry.direction) > band.threshold:
+                                          f"{worse:+.1%} worse, threshold {band.threshold:.1%}")
+                if worse_by(_lost(run.value, entry.direction, loss), band.center, entry.direction) > band.threshold:
                     t.caught += 1
     return [tallies[m] for m in sorted(tallies, key=lambda m: m != "quick")]
 

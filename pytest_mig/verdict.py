@@ -200,8 +200,8 @@ def _verdict(record: ResultRecord, outcome: Outcome, message: str, **kw: Any) ->
                    message=message, direction=m.direction, **fields)
 
 
-def _worse(value: float, center: float, direction: str) -> float:
-    """Relative change in the bad direction: positive is worse."""
+def worse_by(value: float, center: float, direction: str) -> float:
+    """Relative change in the bad direction: positive is worse (what a verdict holds against its threshold)."""
     change = (value - center) / abs(center)
     return -change if direction == "higher" else change
 
@@ -338,7 +338,7 @@ def _judged(record: ResultRecord, e: BaselineEntry, b: Band, changes: list[str],
     """The verdict of a record against a history whose band is ``b``."""
     m = record.metric
     change = (m.value - b.center) / abs(b.center)
-    worse = _worse(m.value, b.center, m.direction)
+    worse = worse_by(m.value, b.center, m.direction)
     if not b.gates:
         outcome: Outcome = "noisy"
     elif worse > b.threshold:
@@ -418,7 +418,7 @@ def confirm(verdict: Verdict, record: ResultRecord, entry: BaselineEntry, values
     extra = [float(x) for x in values if x is not None and math.isfinite(x)]
     if not extra:
         return verdict
-    worse = [_worse(x, verdict.baseline, verdict.direction) for x in extra]
+    worse = [worse_by(x, verdict.baseline, verdict.direction) for x in extra]
     still = all(w > verdict.threshold for w in worse) if verdict.outcome == "regressed" \
         else all(-w > verdict.threshold for w in worse)
     v = Verdict(**{**verdict.to_dict(), "confirmations": extra})
@@ -567,5 +567,5 @@ __all__ = [
     "DEFAULT_TOLERANCE", "DETECT_Z", "EMULATED_SUFFIX", "FINGERPRINT_FIELDS", "Judge", "OUTCOMES", "Outcome",
     "Verdict", "compare", "compare_reference", "confirm", "explain_clock", "failing", "failure_text",
     "fingerprint_changes", "fingerprint_diff", "format_number",
-    "incomparable_reason", "judge", "parse_tolerance",
+    "incomparable_reason", "judge", "parse_tolerance", "worse_by",
 ]
