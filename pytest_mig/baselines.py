@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
-from .measure import METRIC_KINDS, Metric, timing_partners
+from .measure import METRIC_KINDS, Metric, partner_keys
 from .profiles import CPU, FULL, model_slug
 from .results import MODES, ResultRecord, atomic_write_text, utc_now
 
@@ -253,9 +253,8 @@ class Baseline:
     def timing_partners(self, entry: BaselineEntry) -> list[BaselineEntry]:
         """The rate figures of the same test and mode whose timing energy figure ``entry`` shares
         (:func:`pytest_mig.measure.timing_partners`); none for any other figure."""
-        test = [e for (t, _m, mode), e in self.entries.items() if t == entry.test and mode == entry.mode]
-        names = set(timing_partners(entry.metric, entry.kind, ((e.metric, e.kind) for e in test)))
-        return [e for e in test if e.metric in names]
+        kinds = {k: e.kind for k, e in self.entries.items()}
+        return [self.entries[k] for k in partner_keys((entry.test, entry.metric, entry.mode), entry.kind, kinds)]
 
     def other_mode(self, test: str, metric: str, mode: str) -> str | None:
         """The mode in which this figure was recorded, when it was not recorded in ``mode``."""

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Mapping, Sequence, TextIO
 
 from .baselines import DEFAULT_KEEP, BaselineError, BaselineMeta, entry_from_records, measured_value, meta_from_record
-from .measure import timing_partners
+from .measure import partner_keys
 from .profiles import model_slug
 from .reference import SHIPPED, ReferenceStore, build, count_range, store_for
 from .report import (
@@ -368,13 +368,13 @@ def _on(recs: Sequence[ResultRecord], mine: BaselineMeta) -> list[ResultRecord]:
 def _partners(rec: ResultRecord, by_key: Mapping[tuple[str, str, str], Sequence[ResultRecord]],
               mine: BaselineMeta) -> dict[str, list[float]]:
     """The old values, on this GPU model and profile, of the rate figures whose timing energy
-    figure ``rec`` shares (:func:`pytest_mig.measure.timing_partners`), by name."""
-    test = {metric: recs for (t, metric, mode), recs in by_key.items() if t == rec.test and mode == rec.mode and recs}
+    figure ``rec`` shares (:func:`pytest_mig.measure.partner_keys`), by name."""
+    kinds = {k: recs[0].metric.kind for k, recs in by_key.items() if recs}
     out: dict[str, list[float]] = {}
-    for metric in timing_partners(rec.metric.name, rec.metric.kind, ((m, r[0].metric.kind) for m, r in test.items())):
-        values = [measured_value(c) for c in _on(test[metric], mine)]
+    for key in partner_keys((rec.test, rec.metric.name, rec.mode), rec.metric.kind, kinds):
+        values = [measured_value(c) for c in _on(by_key[key], mine)]
         if values:
-            out[metric] = values
+            out[key[1]] = values
     return out
 
 

@@ -28,7 +28,7 @@ from typing import Iterable, Sequence, TextIO
 
 from .baselines import entry_from_records, measured_value
 from .calibrate import check_pytest_args, run_suite
-from .measure import Metric, timing_partners
+from .measure import Metric, partner_keys
 from .noise import MIN_RUNS, band
 from .results import ResultRecord, ResultsFileError, read_results
 from .verdict import compare, confirm, format_number
@@ -109,6 +109,7 @@ def analyse(unchanged: Sequence[Sequence[ResultRecord]], slowed: dict[int, list[
     """The experiment's numbers per figure, from the runs' results files (oldest first)."""
     runs = [_gating_records(r) for r in unchanged]
     keys = sorted({k for r in runs for k in r})
+    kinds = {k: next(r[k] for r in runs if k in r).metric.kind for k in keys}
     figures: list[Figure] = []
     for key in keys:
         at = [j for j, r in enumerate(runs) if key in r]  # the runs that hold the figure
@@ -116,10 +117,7 @@ def analyse(unchanged: Sequence[Sequence[ResultRecord]], slowed: dict[int, list[
         if len(series) < MIN_RUNS + 1:
             continue
         first = series[0].metric
-        test = {k: next(r[k] for r in runs if k in r).metric.kind for k in keys if k[0] == key[0] and k[2] == key[2]}
-        names = set(timing_partners(first.name, first.kind, ((k[1], kind) for k, kind in test.items())))
-        mates = [k for k in test if k[1] in names]
-        partners = _Partners(runs, at, mates)
+        partners = _Partners(runs, at, partner_keys(key, first.kind, kinds))
         fig = Figure(key, first.unit, first.direction, first.kind, [s.metric.value for s in series])
         b = band(fig.unchanged[-KEEP:], partners=partners(range(len(series))[-KEEP:]))
         fig.cv, fig.threshold, fig.detectable, fig.gates = b.sigma, b.threshold, b.detectable, b.gates

@@ -12,7 +12,7 @@ import statistics
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable, Literal, Sequence
+from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
 Direction = Literal["higher", "lower"]
 
@@ -548,3 +548,13 @@ def timing_partners(energy_metric: str, energy_kind: str, figures: Iterable[tupl
     rates = [name for name, kind in figures if kind in RATE_KINDS and name.startswith(label)]
     window = [name for name in rates if name.startswith(label + SUSTAINED)]
     return window or rates
+
+
+def partner_keys(key: tuple[str, str, str], kind: str,
+                 kinds: Mapping[tuple[str, str, str], str]) -> list[tuple[str, str, str]]:
+    """:func:`timing_partners` over figures keyed (test, metric, mode), each with its kind: the keys of
+    the rate figures of ``key``'s test and mode whose timing energy figure ``key`` (of ``kind``) shares."""
+    test, metric, mode = key
+    same = {k: v for k, v in kinds.items() if k[0] == test and k[2] == mode}
+    names = set(timing_partners(metric, kind, ((k[1], v) for k, v in same.items())))
+    return [k for k in same if k[1] in names]
