@@ -10,7 +10,8 @@
                                              figures with no history in OLD judged against the
                                              reference (shipped, or a folder), as a first night is
     pytest-mig reference FILES... --out DIR  add results files' figures to a reference folder (the form
-                                             of the shipped references; --mig-reference DIR uses one)
+                                             of the shipped references; --mig-reference DIR uses one);
+                                             --drop-test TEST takes a test whose definition changed out
     pytest-mig history FILES... [--baselines DIR] --out PAGE.html
                                              the trend page: every figure over the runs, its band,
                                              verdicts and fingerprint changes (static, no network)
@@ -33,7 +34,7 @@ from typing import Mapping, Sequence, TextIO
 from .baselines import DEFAULT_KEEP, BaselineError, BaselineMeta, entry_from_records, measured_value, meta_from_record
 from .measure import partner_keys
 from .profiles import model_slug
-from .reference import SHIPPED, ReferenceStore, build, count_range, store_for
+from .reference import SHIPPED, ReferenceStore, UnknownTestError, build, count_range, store_for
 from .report import (
     OUTLIER_FACTOR,
     ReportError,
@@ -114,8 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
                                      "baseline is judged against it (--mig-reference DIR). The boards' UUIDs "
                                      "are left out; each figure's run-to-run sigma is pooled over the model's "
                                      "profiles.")
-    ref.add_argument("files", nargs="+", type=Path, metavar="FILE", help="results JSON files (from --mig-results)")
+    ref.add_argument("files", nargs="*", type=Path, metavar="FILE", help="results JSON files (from --mig-results)")
     ref.add_argument("--out", type=Path, required=True, metavar="DIR", help="the reference folder to add to")
+    ref.add_argument("--drop-test", action="append", default=[], metavar="TEST",
+                     help="take this test's figures out of the folder and leave them out of the files (a test "
+                          "whose definition changed); its id as results files write it; may be repeated")
 
     chk = sub.add_parser("reference-check", help="judge each run of a reference folder against the others",
                          description="Take each run of each figure out of the reference folder in turn and judge "
@@ -275,11 +279,24 @@ def cmd_history(files: Sequence[Path], baselines: Path | None, page: Path, title
 # -- reference -----------------------------------------------------------------------------------
 
 
-def cmd_reference(files: Sequence[Path], out_dir: Path, out: TextIO) -> int:
-    """Add the figures of results files to a reference folder (``--mig-reference DIR`` uses it)."""
+def cmd_reference(files: Sequence[Path], out_dir: Path, out: TextIO, drop: Sequence[str] = ()) -> int:
+    """Add the figures of results files to a reference folder (``--mig-reference DIR`` uses it),
+    after taking the figures of the ``drop`` tests out of it."""
+    if not files and not drop:
+        raise CliError("pytest-mig reference needs results files to add, or --drop-test to take a test out")
     before = judged_by(out_dir) if out_dir.is_dir() else {}
-    built = build(files, out_dir)
+    try:
+        built = build(files, out_dir, drop=drop)
+    except UnknownTestError as exc:
+        raise CliError(f"--drop-test {exc}: no figure of that test in {out_dir} or the files given, nothing was "
+                       f"changed (a test id as results files write it, e.g. "
+                       f"'benchmarks/test_gemm.py::test_gemm[bf16]')") from None
+    for test, runs in built.dropped.items():
+        print(f"dropped {test}: {runs} run(s) of its figures", file=out)
     if not built.files:
+        if not files:
+            print(f"{out_dir} holds no figures now", file=out)
+            return 0
         print(f"no comparable figures in {len(files)} file(s); nothing written", file=out)
         return 1
     for line in reference_lines([], out_dir, before)[1:]:
@@ -491,7 +508,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "history":
             return cmd_history(args.files, args.baselines, args.out, args.title, out)
         if args.command == "reference":
-            return cmd_reference(args.files, args.out, out)
+            return cmd_reference(args.files, args.out, out, args.drop_test)
         if args.command == "reference-check":
             return cmd_reference_check(args.folder, args.loss, out)
         if args.command == "compare":

@@ -45,7 +45,7 @@ from .baselines import (
     meta_from_record,
 )
 from .noise import REFERENCE_FLOOR, REFERENCE_MAX, Band, reference_band
-from .results import ResultRecord, atomic_write_text, read_results
+from .results import ResultRecord, atomic_write_text, read_results, utc_now
 
 #: The references shipped with the package.
 SHIPPED = Path(__file__).parent / "references"
@@ -300,26 +300,65 @@ def _as_reference(record: ResultRecord) -> ResultRecord:
     return replace(record, metric=metric, fingerprint=fp, verdict=None, health=None)
 
 
+class UnknownTestError(ValueError):
+    """A test to drop that neither the reference folder nor the files given hold."""
+
+
 @dataclass
 class Built:
-    """What :func:`build` did: the files written, and figures whose run the folder held already."""
+    """What :func:`build` did: the files written, figures whose run the folder held already, and
+    the figures of dropped tests taken out of the folder or left out of the files, per test."""
 
     files: list[Path]
     repeated: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
 
 
-def build(paths: Sequence[Path], out: Path) -> Built:
+def build(paths: Sequence[Path], out: Path, *, drop: Sequence[str] = ()) -> Built:
     """Add the figures of these results files (oldest first) to the reference folder ``out`` and
     recompute every figure's pooled sigma.  A run the folder holds already (the same file given
-    again) is not added twice.  ResultsFileError or BaselineError on a file that cannot be read."""
+    again) is not added twice.  The tests named in ``drop`` (their ids as results files write
+    them) are taken out of the folder and left out of the files: a test whose definition changed,
+    so that runs of the old and the new one never share a band.  ResultsFileError or
+    BaselineError on a file that cannot be read."""
+    dropped = dict.fromkeys(drop, 0)
     records: list[ResultRecord] = []
     for path in paths:
-        records.extend(_as_reference(r) for r in read_results(path))
+        for r in read_results(path):
+            if r.test in dropped:
+                dropped[r.test] += 1
+            else:
+                records.append(_as_reference(r))
     store = BaselineStore(out, keep=REFERENCE_KEEP)
-    saved = store.save(sorted(records, key=lambda r: r.timestamp), once=True)
+    if dropped:  # before anything is written: a mistyped id changes nothing
+        held = {key[0] for path in store.files() for key in load_baseline_file(path).entries}
+        unknown = [t for t, n in dropped.items() if not n and t not in held]
+        if unknown:
+            raise UnknownTestError(unknown[0])
+    saved = store.save(sorted(records, key=lambda r: r.timestamp), once=True) if records else []
     # Read back and rewritten under the folder's lock: another build's runs saved meanwhile are kept.
     with folder_lock(out):
-        return Built(_write_sigma(store), sum(s.repeated for s in saved))
+        if dropped:
+            _drop(store, dropped)
+        return Built(_write_sigma(store), sum(s.repeated for s in saved), dropped)
+
+
+def _drop(store: BaselineStore, dropped: dict[str, int]) -> None:
+    """Take the figures of the tests in ``dropped`` out of every file of the folder (a file left
+    with none is removed), counting each figure's runs into ``dropped``."""
+    for path in store.files():
+        base = load_baseline_file(path)
+        keep = {k: e for k, e in base.entries.items() if k[0] not in dropped}
+        if len(keep) == len(base.entries):
+            continue
+        for (test, _, _), entry in base.entries.items():
+            if test in dropped:
+                dropped[test] += len(entry.runs)
+        if not keep:
+            path.unlink()
+            continue
+        base.entries, base.updated_at = keep, utc_now()
+        atomic_write_text(path, base.to_json())
 
 
 def _write_sigma(store: BaselineStore) -> list[Path]:
@@ -352,5 +391,5 @@ def _write_sigma(store: BaselineStore) -> list[Path]:
     return written
 
 
-__all__ = ["NONE", "REFERENCE_KEEP", "Built", "Reference", "ReferenceStore", "SHIPPED", "build", "fingerprint_beside",
-           "count_range", "judged_against", "pooled_sigma", "store_for"]
+__all__ = ["NONE", "REFERENCE_KEEP", "Built", "Reference", "ReferenceStore", "SHIPPED", "UnknownTestError", "build",
+           "count_range", "fingerprint_beside", "judged_against", "pooled_sigma", "store_for"]

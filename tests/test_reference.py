@@ -326,6 +326,48 @@ def test_pytest_mig_reference_builds_a_folder_and_devices_names_the_models(
     assert "no such results file" in capsys.readouterr().err
 
 
+def test_drop_test_takes_a_changed_test_out_of_the_folder_and_the_files(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A test whose definition changed leaves the reference, its old runs in later files too, while
+    the other tests' figures and their sigma stay; a mistyped id is one sentence and changes nothing."""
+    from dataclasses import replace
+
+    old = "benchmarks/test_training.py::test_training[qwen1.5b-full-maxbatch-compiled]"
+
+    def night(name: str, fp16: float, changed: float) -> Path:
+        path = tmp_path / f"{name}.json"
+        write_results(path, [record(fp16, fingerprint=dict(BOARD)),
+                             replace(record(changed, name="tokens_per_s", fingerprint=dict(BOARD)), test=old)])
+        return path
+
+    out = tmp_path / "ref"
+    assert main(["reference", str(night("a", 100.0, 50.0)), str(night("b", 100.4, 51.0)), "--out", str(out)]) == 0
+    path = out / "nvidia-h200" / "3g.71gb.json"
+    before = json.loads(path.read_text())
+    assert old in before["modes"]["normal"] and old in before["reference"]["sigma"]["normal"]
+    capsys.readouterr()
+
+    assert main(["reference", "--drop-test", "benchmarks/test_training.py::test_training[typo]", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--drop-test benchmarks/test_training.py::test_training[typo]: no figure" in err
+    assert "nothing was changed" in err and json.loads(path.read_text()) == before
+
+    # the old test dropped, and a third night's runs of it left out as they are added
+    assert main(["reference", str(night("c", 99.8, 52.0)), "--drop-test", old, "--out", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert f"dropped {old}: 3 run(s) of its figures" in said  # two from the folder, one from the file
+    after = json.loads(path.read_text())
+    assert old not in after["modes"]["normal"] and old not in after["reference"]["sigma"]["normal"]
+    runs = after["modes"]["normal"][TEST]["fp16_tflops"]["runs"]
+    assert [r["value"] for r in runs] == [100.0, 100.4, 99.8]
+    assert after["reference"]["sigma"]["normal"][TEST]["fp16_tflops"] > 0
+    assert main(["reference", "--out", str(out)]) == 2
+    assert "needs results files to add, or --drop-test" in capsys.readouterr().err
+    # a profile left with no figure at all is removed, not kept as an empty file
+    assert main(["reference", "--drop-test", TEST, "--out", str(out)]) == 0
+    assert not path.exists() and "holds no figures now" in capsys.readouterr().out
+
+
 def test_devices_lists_the_shipped_references_without_a_gpu(capsys: pytest.CaptureFixture[str],
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     import pytest_mig.nvml as nvml
