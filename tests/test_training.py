@@ -384,6 +384,91 @@ def test_max_batch_search_when_nothing_fits():
     assert calls == [8, 4, 2, 1]
 
 
+# --- the compiled step's batch, grown from the eager search's ---------------------------------------
+
+
+GB = 1e9
+
+
+def _grow(threshold: int, **kw):
+    try_batch, calls = _fits_up_to(threshold)
+    cleanups = []
+    args = dict(start=10, resting_bytes=20 * GB, peak_bytes=40 * GB, room_bytes=100 * GB, limit=256)
+    args.update(kw)
+    grown = tr.grow_batch(try_batch, after_oom=lambda: cleanups.append(1), **args)
+    return grown, calls, cleanups
+
+
+def test_grow_batch_projects_from_the_compiled_steps_memory():
+    # 2 GB per sequence above 20 GB of weights and optimizer state; 95% of the 80 GB left holds 38.
+    grown, calls, cleanups = _grow(50)
+    assert (grown.start, grown.projected, grown.batch) == (10, 38, 38)
+    assert grown.per_sequence_bytes == pytest.approx(2 * GB)
+    assert calls == [38] and grown.tried == [(38, True)] and not cleanups
+    assert grown.to_dict() == {"start": 10, "projected": 38, "batch": 38, "per_sequence_gb": 2.0, "tried": [[38, True]]}
+
+
+def test_grow_batch_falls_back_halfway_then_to_the_start():
+    grown, calls, cleanups = _grow(30)
+    assert grown.batch == 24 and calls == [38, 24] and grown.tried == [(38, False), (24, True)] and cleanups == [1]
+    grown, calls, cleanups = _grow(15)
+    assert grown.batch == 10 and calls == [38, 24] and len(cleanups) == 2  # the start ran already: not tried again
+
+
+def test_grow_batch_keeps_the_start_where_nothing_more_is_projected():
+    for kw in (dict(peak_bytes=104 * GB),  # 8.4 GB a sequence: 95% of 80 GB holds 9
+               dict(peak_bytes=20 * GB),  # no memory per sequence measured
+               dict(room_bytes=15 * GB)):  # the weights alone fill the room
+        grown, calls, _ = _grow(1000, **kw)
+        assert grown.batch == 10 and calls == [] and grown.tried == []
+
+
+def test_grow_batch_respects_the_limit_and_tries_a_size_once():
+    grown, calls, _ = _grow(1000, limit=16)
+    assert grown.projected == 16 and grown.batch == 16 and calls == [16]
+    grown, calls, _ = _grow(10, limit=11)  # projected 11, halfway 10 is the start: one try only
+    assert grown.batch == 10 and calls == [11]
+
+
+def test_grow_batch_lets_other_errors_through():
+    def broken(b: int) -> None:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        tr.grow_batch(broken, start=10, resting_bytes=20 * GB, peak_bytes=40 * GB, room_bytes=100 * GB, limit=256)
+
+
+def test_moments_reset_in_place_train_as_a_fresh_optimizer_does():
+    """After the batch search's probes (learning rate 0, moments built), the measured run's optimizer
+    starts as a fresh one would: its moments zeroed where they lie, so the first step is the same."""
+    cfg = tr.CONFIGS["gpt2-small"].tiny()
+    probed, fresh = tr._Trainer(cfg, "full", "cpu"), tr._Trainer(cfg, "full", "cpu")
+    probed.probe(2, steps=2)
+    before = {id(v): v for st in probed.opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)}
+    assert any(v.abs().sum() > 0 for v in before.values())  # the probes left moments behind
+    probed.reset_moments()
+    after = [v for st in probed.opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+    assert all(id(v) in before and not v.any() for v in after)  # the same tensors, zeroed
+    assert all(torch.equal(a, b) for a, b in zip(probed.model.parameters(), fresh.model.parameters()))
+    tokens = probed.task.batch(2)
+    probed.step(tokens)
+    fresh.step(tokens)
+    for a, b in zip(probed.model.parameters(), fresh.model.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-7)
+    probed.close()
+    fresh.close()
+
+
+def test_compiled_cases_have_ids_of_their_own():
+    from benchmarks.test_training import CASES
+
+    ids = [c.id for c in CASES]
+    assert len(set(ids)) == len(ids)
+    compiled = [c.id for c in CASES if c.compiled]
+    assert compiled == ["gpt2-small-full-compiled-maxbatch", "qwen1.5b-full-compiled-maxbatch"]
+    assert not any(i.endswith("-maxbatch-compiled") for i in ids)  # the old ids ran at the eager batch
+
+
 def test_is_oom():
     assert tr.is_oom(torch.OutOfMemoryError("x"))
     assert tr.is_oom(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
