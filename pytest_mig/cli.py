@@ -379,7 +379,8 @@ def cmd_report(files: Sequence[Path], out_path: Path | None, factor: float, fail
 
 def _on(recs: Sequence[ResultRecord], mine: BaselineMeta) -> list[ResultRecord]:
     """The records measured on the GPU model and profile of ``mine``."""
-    return [c for c in recs if (meta_from_record(c).gpu_slug, meta_from_record(c).profile) == (mine.gpu_slug, mine.profile)]
+    metas = ((c, meta_from_record(c)) for c in recs)
+    return [c for c, m in metas if (m.gpu_slug, m.profile) == (mine.gpu_slug, mine.profile)]
 
 
 def _partners(rec: ResultRecord, by_key: Mapping[tuple[str, str, str], Sequence[ResultRecord]],

@@ -348,16 +348,15 @@ def _drop(store: BaselineStore, dropped: dict[str, int]) -> None:
     with none is removed), counting each figure's runs into ``dropped``."""
     for path in store.files():
         base = load_baseline_file(path)
-        keep = {k: e for k, e in base.entries.items() if k[0] not in dropped}
-        if len(keep) == len(base.entries):
+        gone = [key for key in base.entries if key[0] in dropped]
+        if not gone:
             continue
-        for (test, _, _), entry in base.entries.items():
-            if test in dropped:
-                dropped[test] += len(entry.runs)
-        if not keep:
+        for key in gone:
+            dropped[key[0]] += len(base.entries.pop(key).runs)
+        if not base.entries:
             path.unlink()
             continue
-        base.entries, base.updated_at = keep, utc_now()
+        base.updated_at = utc_now()
         atomic_write_text(path, base.to_json())
 
 
