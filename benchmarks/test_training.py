@@ -9,7 +9,7 @@ a model whose loss does not fall fails, a case that cannot fit the slice is skip
 
 The ``-compiled-maxbatch`` cases run their measured steps through torch.compile of the whole model,
 loss included, at the largest batch the compiled step holds: the eager search's batch, grown by a
-projection from the compiled step's memory there (two or three compilations of 5-40 s for GPT-2
+projection from the compiled step's memory there (two or three compilations of 5-44 s for GPT-2
 small and 70-100 s for Qwen2.5-1.5B on an H100, less with Inductor's cache warm; run on Targets of
 60 SMs or more).  They have their own test ids, so compiled figures never meet an eager baseline;
 until 2026-11-24 they were ``-maxbatch-compiled`` and ran at the eager batch, and the new ids keep
