@@ -44,11 +44,13 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
+from .files import FileProblem, atomic_write_text, parse_json, read_json, validate, write_target
 from .measure import METRIC_KINDS, Metric, partner_keys
 from .profiles import CPU, FULL, model_slug
-from .results import MODES, ResultRecord, atomic_write_text, utc_now
+from .results import MODES, ResultRecord, utc_now
+from .schemas import BASELINE, BASELINE_V1
 
 BASELINE_SCHEMA = "pytest-mig/baseline/2"
 BASELINE_SCHEMA_V1 = "pytest-mig/baseline/1"
@@ -463,9 +465,10 @@ def _lock_file(root: Path, timeout: float) -> Iterator[None]:
 class BaselineStore:
     """The folder of baselines: ``<root>/<gpu-model-slug>/<profile>.json``."""
 
-    def __init__(self, root: Path | str, keep: int | None = None) -> None:
+    def __init__(self, root: Path | str, keep: int | None = None, *, shrink: bool = False) -> None:
         self.root = Path(root)
         self.keep = keep  # None: the file's own setting, else DEFAULT_KEEP
+        self.shrink = shrink  # a keep below a file's own may drop its older runs (--mig-baseline-shrink)
 
     def __repr__(self) -> str:
         return f"BaselineStore({str(self.root)!r})"
@@ -489,6 +492,31 @@ class BaselineStore:
         if not path.exists():
             return None
         return load_baseline_file(path)
+
+    def check_save(self, gpu_slug: str, baseline_profile: str) -> Baseline | None:
+        """What a save into this GPU model and profile's file would meet, checked before a run measures
+        anything: the file must read, its folder be writable (a link is written through), and a keep
+        below the file's own needs ``shrink``.  BaselineError with one sentence; the file as it is."""
+        path = self.path_for(gpu_slug, baseline_profile)
+        try:
+            real = write_target(path)
+        except FileProblem as exc:
+            raise BaselineError(str(exc)) from None
+        existing = load_baseline_file(path) if path.exists() else None
+        folder = real.parent
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise BaselineError(f"{path}: the folder {folder} is not writable by this user, so this run could "
+                                f"not be added to the history; nothing is saved")
+        lost = 0 if existing is None or self.keep is None or self.shrink else \
+            sum(max(0, min(len(e.runs) + 1, existing.keep) - self.keep) for e in existing.entries.values())
+        if lost:  # runs the file's own keep would have kept: the history shrinks only with consent
+            raise BaselineError(
+                f"{path} keeps {existing.keep} runs per figure and a keep of {self.keep} would drop {lost} older "
+                f"run(s) of its {len(existing.entries)} figure(s); nothing is saved: confirm with "
+                f"--mig-baseline-shrink (pytest-mig calibrate --shrink), or leave the keep as it is")
+        return existing
 
     def records(self, gpu_slug: str | None = None) -> tuple[list[ResultRecord], list[str]]:
         """Each figure's baseline (the median of its runs) as a result record, for scaling checks
@@ -547,10 +575,11 @@ class BaselineStore:
     def _save_group(self, slug: str, profile: str, recs: list[ResultRecord], skipped: list[str],
                     once: bool = False) -> SaveResult:
         path = self.path_for(slug, profile)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _remove_dead_temporaries(path)
+        existing = self.check_save(slug, profile)
+        real = write_target(path)
+        real.parent.mkdir(parents=True, exist_ok=True)
+        _remove_dead_temporaries(real)
         new_meta = meta_from_record(recs[-1], path)
-        existing = load_baseline_file(path) if path.exists() else None
         if existing is not None and existing.meta.emulated != new_meta.emulated:
             raise BaselineError(
                 f"{path}: holds {'emulated' if existing.meta.emulated else 'real'} figures and this run's are "
@@ -581,10 +610,10 @@ class BaselineStore:
             touched.add(key)
         base = Baseline(new_meta, dict(sorted(entries.items())), utc_now(), keep)
         text = base.to_json()  # serialise fully before touching the file
-        mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
-        try:
-            atomic_write_text(path, text)
-            os.chmod(path, mode)
+        try:  # read back as the next run will read it, before it replaces the old file
+            atomic_write_text(path, text, check=check_baseline_text(path))
+        except FileProblem as exc:
+            raise BaselineError(f"not saved: {exc}") from None
         except OSError as exc:  # disk full, read-only folder: the rename never happened, the old file stands
             raise BaselineError(f"{path}: not saved, the file could not be written ({exc.strerror or exc}); "
                                 f"it is as it was before this save") from None
@@ -640,18 +669,48 @@ def load_baseline_file(path: Path) -> Baseline:
     """Read and check one baseline file (schema 2, or schema 1 read as one run per figure)."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BaselineError(f"{path}: cannot be read ({exc})") from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise BaselineError(f"{path}: not valid JSON ({exc}); {_ADVICE}") from None
+        doc = read_json(path, allow_nan=True)  # a NaN figure is named by the checks below, in the store's words
+    except FileProblem as exc:
+        raise BaselineError(f"{exc}; {_ADVICE}") from None
+    return parse_baseline(doc, path)
+
+
+def check_baseline_text(path: Path) -> Callable[[str], Baseline]:
+    """A check for :func:`~pytest_mig.files.atomic_write_text`: the text about to become ``path`` read
+    back as :func:`load_baseline_file` will read it, so that a file its own reader refuses is never
+    written."""
+    def check(text: str) -> Baseline:
+        try:
+            doc = parse_json(text, str(path))
+        except FileProblem as exc:
+            raise BaselineError(f"not saved, the text would not read back: {exc}") from None
+        return parse_baseline(doc, path)
+    return check
+
+
+def parse_baseline(doc: Any, path: Path) -> Baseline:
+    """A baseline file's parsed JSON, checked against its schema (:data:`pytest_mig.schemas.BASELINE`)
+    before any field is used, then for what a schema cannot say (the folder and name matching its GPU
+    model and profile, fingerprints the runs name)."""
     if not isinstance(doc, dict):
         raise BaselineError(f"{path}: not a baseline file (a JSON object is expected at the top); {_ADVICE}")
     schema = doc.get("schema")
     if schema not in (BASELINE_SCHEMA, BASELINE_SCHEMA_V1):
         raise BaselineError(f"{path}: schema is {json.dumps(schema)}, expected \"{BASELINE_SCHEMA}\"; {_ADVICE}")
+    try:
+        validate(doc, BASELINE if schema == BASELINE_SCHEMA else BASELINE_V1, str(path))
+    except FileProblem as exc:
+        try:  # the checks below name most problems in the store's own words: say it so where they can
+            _parse_valid(doc, path, schema)
+        except BaselineError as named:
+            raise named from None
+        except Exception:  # noqa: BLE001  (they assume a file that passed the schema: its words stand)
+            pass
+        raise BaselineError(f"{exc}; {_ADVICE}") from None
+    return _parse_valid(doc, path, schema)
+
+
+def _parse_valid(doc: dict[str, Any], path: Path, schema: str) -> Baseline:
     body_key = "modes" if schema == BASELINE_SCHEMA else "tests"
     for key, typ, name in (("gpu_model", str, "a string"), ("gpu_slug", str, "a string"),
                            ("profile", str, "a string"), ("emulated", bool, "true or false"),

@@ -22,7 +22,8 @@ from .noise import band
 from .results import ResultsFileError, read_results
 
 #: Options calibrate sets itself; given in the pytest arguments they would fight it.
-OWN_OPTIONS = ("--mig-save-baseline", "--mig-save-if-passed", "--mig-results", "--mig-baseline-dir", "--mig-slowdown-sms")
+OWN_OPTIONS = ("--mig-save-baseline", "--mig-save-if-passed", "--mig-results", "--mig-baseline-dir", "--mig-slowdown-sms",
+               "--mig-baseline-keep", "--mig-baseline-shrink")
 
 
 @dataclass
@@ -64,7 +65,7 @@ def check_pytest_args(pytest_args: Sequence[str]) -> None:
 
 
 def calibrate(pytest_args: Sequence[str], runs: int, baseline_dir: Path, work_dir: Path, *,
-              keep: int | None = None, out: TextIO = sys.stdout,
+              keep: int | None = None, shrink: bool = False, out: TextIO = sys.stdout,
               runner: Callable[[list[str]], int] | None = None) -> list[SuiteRun]:
     """Run the suite ``runs`` times, each saved into the baseline history; progress goes to ``out``."""
     check_pytest_args(pytest_args)
@@ -72,6 +73,8 @@ def calibrate(pytest_args: Sequence[str], runs: int, baseline_dir: Path, work_di
     extra = ["--mig-save-baseline", "--mig-baseline-dir", str(baseline_dir)]
     if keep is not None:
         extra += ["--mig-baseline-keep", str(keep)]
+    if shrink:
+        extra += ["--mig-baseline-shrink"]
     done: list[SuiteRun] = []
     for i in range(1, runs + 1):
         print(f"calibrate: run {i}/{runs} ...", file=out, flush=True)
@@ -151,8 +154,8 @@ def print_thresholds(bases: Sequence[Baseline], out: TextIO) -> None:
 
 
 def cmd_calibrate(pytest_args: Sequence[str], runs: int, baseline_dir: Path, work_dir: Path, keep: int | None,
-                  out: TextIO) -> int:
-    done = calibrate(pytest_args, runs, baseline_dir, work_dir, keep=keep, out=out)
+                  out: TextIO, shrink: bool = False) -> int:
+    done = calibrate(pytest_args, runs, baseline_dir, work_dir, keep=keep, shrink=shrink, out=out)
     try:
         bases = baselines_of([r.results for r in done], baseline_dir)
     except BaselineError as exc:

@@ -27,11 +27,13 @@ exit status 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import Mapping, Sequence, TextIO
 
 from .baselines import DEFAULT_KEEP, BaselineError, BaselineMeta, entry_from_records, measured_value, meta_from_record
+from .files import FileProblem, output_file
 from .measure import partner_keys
 from .profiles import model_slug
 from .reference import SHIPPED, ReferenceStore, UnknownTestError, build, count_range, store_for
@@ -54,6 +56,7 @@ from .verdict import (
     confirm,
     explain_clock,
     format_number,
+    reference_prior,
 )
 
 PROG = "pytest-mig"
@@ -71,6 +74,8 @@ def _factor_arg(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"'{text}' is not a finite number (e.g. 1.5: 50% worse)")
     if value <= 1:
         raise argparse.ArgumentTypeError("the outlier factor must be above 1 (e.g. 1.5: 50% worse)")
     return value
@@ -151,6 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("-n", "--runs", type=_runs_arg, default=DEFAULT_KEEP, help=f"runs (default {DEFAULT_KEEP})")
     cal.add_argument("--baseline-dir", type=Path, default=Path("baselines"), help="default: baselines")
     cal.add_argument("--keep", type=_runs_arg, default=None, help="runs the history keeps per figure")
+    cal.add_argument("--shrink", action="store_true",
+                     help="consent to a --keep below the runs a history holds: its oldest runs are dropped")
     cal.add_argument("--work-dir", type=Path, default=Path(".mig-results") / "calibrate",
                      help="where each run's results file goes (default .mig-results/calibrate)")
     cal.add_argument("pytest_args", nargs=argparse.REMAINDER, help="-- then the pytest arguments")
@@ -271,6 +278,7 @@ def cmd_history(files: Sequence[Path], baselines: Path | None, page: Path, title
         raise CliError(f"--baselines {baselines}: no such folder")
     if page.suffix.lower() not in (".html", ".htm"):
         raise CliError(f"--out {page}: the trend page is HTML, name it .html")
+    output_file(str(page), "trend.html", "--out")  # a folder or a dangling link: said before anything is read
     count = write_page(page, baselines, files, title)
     print(f"trend page written: {page} ({count} figure(s))", file=out)
     return 0
@@ -341,6 +349,7 @@ def _read_all(files: Sequence[Path]) -> list[ResultRecord]:
 def cmd_report(files: Sequence[Path], out_path: Path | None, factor: float, fail_on_outlier: bool, out: TextIO) -> int:
     if out_path is not None:
         report_format(out_path)  # a wrong suffix is said before anything is read or printed
+        output_file(str(out_path), "report.md", "--out")
     records = _read_all(files)
     if not records:
         print(f"no metrics in {len(files)} file(s)", file=out)
@@ -425,11 +434,12 @@ def compare_records(
         same = _on(by_key.get((rec.test, rec.metric.name, rec.mode), []), mine)
         others = [c for m in ("normal", "quick") for c in by_key.get((rec.test, rec.metric.name, m), [])]
         taken = list((rec.verdict or {}).get("confirmations") or [])
-        ref = references.holding(rec) if references is not None and not same else None
+        ref = references.holding(rec) if references is not None and not same else None  # a first night
         if same:
             entry = entry_from_records(same)
             v = compare(rec, entry, meta_from_record(same[-1]), tolerance=tolerance,
-                        improvement_fails=improvement_fails, partners=_partners(rec, by_key, mine))
+                        improvement_fails=improvement_fails, partners=_partners(rec, by_key, mine),
+                        prior=reference_prior(references, rec))
             if v.failed and taken:
                 v = confirm(v, rec, entry, taken, improvement_fails=improvement_fails)
         elif ref is not None:
@@ -522,14 +532,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 check_pytest_args(pytest_args)
             except ValueError as exc:
                 raise CliError(str(exc)) from None
-            return cmd_calibrate(pytest_args, args.runs, args.baseline_dir.resolve(), args.work_dir, args.keep, out)
+            return cmd_calibrate(pytest_args, args.runs, args.baseline_dir.resolve(), args.work_dir, args.keep, out,
+                                 args.shrink)
         if args.command == "detection":
             from .detection import cmd_detection
 
             pytest_args = [] if args.analyse_only else _pytest_args(args.pytest_args)
             return cmd_detection(pytest_args, args.unchanged, args.slow_sms, args.slow_runs, args.out,
                                  args.analyse_only, out)
-    except (ResultsFileError, BaselineError, ReportError, CliError) as exc:
+    except (ResultsFileError, BaselineError, ReportError, CliError, FileProblem) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:

@@ -33,6 +33,8 @@ from .profiles import ProfileError, parse_profile
 from .target import Target
 
 SECONDS_PER_HOUR = 3600.0
+#: No site bills 10^6 SU per CPU hour; a larger coefficient is a typo, and 1e308 would make SU infinite.
+MAX_COEFFICIENT = 1e6
 
 
 @dataclass(frozen=True)
@@ -47,8 +49,8 @@ class SUCoefficients:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"SU coefficient {f.name} must be a finite number >= 0, not {value!r}")
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or not 0 <= value <= MAX_COEFFICIENT:
+                raise ValueError(f"SU coefficient {f.name} must be a number from 0 to {MAX_COEFFICIENT:g}, not {value!r}")
         if self.ram_gb <= 0 or self.gpu_mem_gb <= 0:
             raise ValueError("SU coefficients ram_gb and gpu_mem_gb divide the formula and must be greater than 0")
 

@@ -22,6 +22,7 @@ results file.
 from __future__ import annotations
 
 import json
+import math
 import socket
 import time
 from collections.abc import Iterable
@@ -29,9 +30,12 @@ from pathlib import Path
 from typing import Any
 
 from .baselines import FINGERPRINT_FIELDS, fingerprint_value
-from .results import ResultRecord, atomic_write_text
+from .files import atomic_write_text, output_file
+from .results import ResultRecord
 
 KINDS = ("github", "prometheus")
+#: The file ``--mig-export prometheus=DIR/`` writes into DIR.
+PROMETHEUS_NAME = "pytest-mig.prom"
 #: Fingerprint fields a github-action-benchmark entry carries in its ``extra`` text.
 EXTRA_FINGERPRINT = ("driver", "cuda_driver", "torch")
 #: Labels of every figure's series: DCGM exporter's names for the device, then the figure's own.
@@ -51,7 +55,13 @@ def parse_export(text: str) -> tuple[str, Path]:
         raise ValueError(f"--mig-export '{text}': give KIND=PATH, KIND one of {', '.join(KINDS)}")
     if kind not in KINDS:
         raise ValueError(f"--mig-export '{text}': '{kind}' is not an export; use one of {', '.join(KINDS)}")
-    return kind, Path(path.strip())
+    if kind == "github":  # a folder of two files
+        folder = Path(path.strip())
+        if folder.exists() and not folder.is_dir():
+            raise ValueError(f"--mig-export '{text}': {folder} is a file; github= names a folder to write "
+                             f"bigger-is-better.json and smaller-is-better.json into")
+        return kind, folder
+    return kind, output_file(path.strip(), PROMETHEUS_NAME, "--mig-export prometheus=")
 
 
 def _label(record: ResultRecord) -> str:
@@ -61,8 +71,10 @@ def _label(record: ResultRecord) -> str:
 
 
 def _exported(records: Iterable[ResultRecord]) -> list[ResultRecord]:
+    """The compared figures with a finite value: JSON.parse refuses a bare Infinity or NaN, and a
+    dashboard has no use for one (the results file keeps every figure)."""
     return [r for r in records if r.metric.compare and isinstance(r.metric.value, (int, float))
-            and r.metric.value == r.metric.value]
+            and math.isfinite(r.metric.value)]
 
 
 def github_benchmark(records: Iterable[ResultRecord]) -> dict[str, list[dict[str, Any]]]:
@@ -72,7 +84,7 @@ def github_benchmark(records: Iterable[ResultRecord]) -> dict[str, list[dict[str
         m = r.metric
         stats = m.stats
         entry: dict[str, Any] = {"name": f"{r.test} {m.name} [{_label(r)}]", "unit": m.unit, "value": float(m.value)}
-        if stats is not None and stats.n > 1:
+        if stats is not None and stats.n > 1 and math.isfinite(stats.cv * stats.mean):
             entry["range"] = f"± {stats.cv * stats.mean:.4g}"  # the samples' standard deviation
         verdict = (r.verdict or {}).get("outcome")
         extra = [f"mode {r.mode}"] + ([f"verdict {verdict}"] if verdict else [])
@@ -90,21 +102,20 @@ def write_github(records: Iterable[ResultRecord], folder: Path) -> list[Path]:
     paths = []
     for key, name in (("bigger", "bigger-is-better.json"), ("smaller", "smaller-is-better.json")):
         path = folder / name
-        atomic_write_text(path, json.dumps(data[key], indent=1) + "\n")
+        atomic_write_text(path, json.dumps(data[key], indent=1, allow_nan=False) + "\n")
         paths.append(path)
     return paths
 
 
 def _labels(r: ResultRecord, host: str) -> dict[str, str]:
     t = r.target
-    instance = t.get("instance") or {}
     return {
         "gpu": "" if t.get("gpu_index") is None else str(t.get("gpu_index")),
         "UUID": str(t.get("uuid") or ""),
         "modelName": str(t.get("gpu_name") or "CPU"),
         "Hostname": host,
         "GPU_I_PROFILE": str(t.get("profile") or ""),
-        "GPU_I_ID": "" if instance.get("gpu_instance_id") is None else str(instance.get("gpu_instance_id")),
+        "GPU_I_ID": "" if t.get("gpu_instance_id") is None else str(t.get("gpu_instance_id")),  # Target.to_dict
         "emulated": "true" if t.get("kind") == "emulated" else "false",
         "mode": r.mode,
         "test": r.test,

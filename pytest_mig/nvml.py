@@ -131,7 +131,10 @@ def _unique_prefix(key: str, items: Any) -> Any:
 
 
 def _text(value: Any) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+    """An NVML string as pytest-mig prints and stores it: control characters (an escape sequence, a
+    newline in a GPU's name) written as ``\\x1b``, so no terminal, report or log line is driven by them."""
+    text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def _int(value: Any) -> int:
@@ -155,6 +158,10 @@ class _Session:
             nv = load()
         except ImportError:
             self.error = "the pynvml module (package nvidia-ml-py) is not installed"
+            return self
+        except Exception as exc:  # a broken install or a stand-in module that raises as it loads
+            self.error = (f"the pynvml module (package nvidia-ml-py) failed to load "
+                          f"({type(exc).__name__}: {exc}); reinstall nvidia-ml-py")
             return self
         try:
             nv.nvmlInit()

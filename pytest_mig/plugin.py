@@ -8,6 +8,7 @@ reports in report.py.  Precedence of settings: marker > command line > environme
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, field, replace
@@ -21,11 +22,13 @@ from . import target as _target
 from .bench import MigBench, drop_failed_test
 from .checkpoint import Checkpoint, stop_on_sigterm
 from .measure import Metric, Telemetry
+from .profiles import ProfileError, parse_profile
 from .results import ResultRecord, ResultsFileError
 from .settings import (
     PLOT_SUFFIXES,
     baseline_dir,
     baseline_keep,
+    check_baseline_save,
     check_output_paths,
     confirm_count,
     count_arg,
@@ -36,6 +39,7 @@ from .settings import (
     options,
     positive_int_arg,
     reference_store,
+    resolve_output_paths,
     su_allocation,
     su_coefficients,
     tolerance_arg,
@@ -99,6 +103,7 @@ class RunState:
     emulator: Any = None
     errors: list[str] = field(default_factory=list)  # make the run fail (a baseline that could not be saved)
     unsaved: set[int] = field(default_factory=set)  # id() of records of tests that failed: never saved
+    finished: set[int] = field(default_factory=set)  # id() of records of tests whose call ended and passed
     judge: Any = None  # verdict.Judge of the run (reads each baseline file once)
     references: Any = None  # reference.ReferenceStore for figures with no local history (None: --mig-reference none)
     messages: list[str] = field(default_factory=list)
@@ -108,6 +113,7 @@ class RunState:
     health: Any = None  # health.Watch of the device (None on the CPU or without NVML)
     allocation: tuple[float, float] = (1.0, 4.0)  # (CPUs, RAM GB) billed with the GPU
     checkpoint: Checkpoint | None = None  # the results file, written as the run goes (None: --mig-results none)
+    saved: bool = False  # this run's figures were added to the baseline history
     sigterm: Any = None  # checkpoint.SigtermStop: SIGTERM stops the run as Ctrl-C does (from the first benchmark)
 
 
@@ -136,6 +142,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--mig-baseline-dir", dest="mig_baseline_dir", default=None, help=HELP_BASELINE_DIR)
     g.addoption("--mig-reference", dest="mig_reference", default=None, help=HELP_REFERENCE)
     g.addoption("--mig-baseline-keep", dest="mig_baseline_keep", type=positive_int_arg, default=None, help=HELP_KEEP)
+    g.addoption("--mig-baseline-shrink", dest="mig_baseline_shrink", action="store_true", default=False,
+                help="consent to a --mig-baseline-keep below the runs a history holds: its oldest runs are dropped.")
     g.addoption("--mig-confirm", dest="mig_confirm", type=count_arg, default=None, help=HELP_CONFIRM)
     g.addoption("--mig-slowdown-sms", dest="mig_slowdown_sms", type=positive_int_arg, default=None, help=HELP_SLOWDOWN)
     g.addoption("--mig-tolerance", dest="mig_tolerance", type=tolerance_arg, default=None,
@@ -178,6 +186,7 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
     from . import node
 
     opts = options(config)
+    resolve_output_paths(config)
     try:
         return node.main(config.invocation_params.args, nvml.discover(), opts.profile, opts.emulate,
                          config.getoption("mig_results"), config.getoption("mig_report"), sys.stdout,
@@ -209,6 +218,7 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError("--mig-save-baseline adds a run whatever its verdicts and --mig-save-if-passed only "
                                 "a run that passed: give one of them")
     state.references = reference_store(config)
+    resolve_output_paths(config)  # DIR/ names a folder to write into; a folder without the / is a mistake
     slow = config.getoption("mig_slowdown_sms")
     if slow is not None:
         t = plan.targets[0]
@@ -239,6 +249,7 @@ def pytest_configure(config: pytest.Config) -> None:
         except ReportError as exc:
             raise pytest.UsageError(f"--mig-report {exc}") from None
     check_output_paths(config)
+    check_baseline_save(config, plan.targets)
     # pytest-benchmark times rounds with our CUDA-event clock unless the user chose a timer.
     if getattr(config.option, "benchmark_timer", None) in (None, "time.perf_counter"):
         config.option.benchmark_timer = "pytest_mig.measure.gpu_clock"
@@ -380,7 +391,8 @@ def _marker_number(item: pytest.Item, name: str, unit: str, example: str) -> flo
         return None
     values = list(m.args) + list(m.kwargs.values())
     try:
-        if len(values) != 1 or isinstance(values[0], bool) or float(values[0]) <= 0:
+        if len(values) != 1 or isinstance(values[0], bool) or not math.isfinite(float(values[0])) \
+                or float(values[0]) <= 0:
             raise ValueError
         return float(values[0])
     except (TypeError, ValueError):
@@ -388,13 +400,26 @@ def _marker_number(item: pytest.Item, name: str, unit: str, example: str) -> flo
                                 f"@pytest.mark.{name}({example}); got {m.args or m.kwargs or '()'}.") from None
 
 
+def _known_profile(name: str) -> bool:
+    """A name a profile marker can hold: 'full', 'cpu' or one that parses as a MIG profile (emulated or not)."""
+    name = name.removesuffix("-emulated")
+    if name in ("full", "cpu"):
+        return True
+    try:
+        parse_profile(name)
+    except ProfileError:
+        return False
+    return True
+
+
 def _skip_reason(item: pytest.Item, t: Target) -> str | None:
     need_gib = _marker_number(item, "mig_min_memory", "GiB", "20")
     need_sms = _marker_number(item, "mig_min_sms", "SMs", "32")
     m = item.get_closest_marker("mig_profiles")
-    if m and not m.args:
-        raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.mig_profiles needs the profiles the test runs on, "
-                                "e.g. @pytest.mark.mig_profiles('1g.10gb', 'full').")
+    if m and (not m.args or m.kwargs or not all(isinstance(p, str) and _known_profile(p) for p in m.args)):
+        raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.mig_profiles needs the names of the profiles the test "
+                                f"runs on, e.g. @pytest.mark.mig_profiles('1g.10gb', 'full'); got "
+                                f"{m.args or m.kwargs or '()'}.")
     if m and t.profile not in m.args and t.baseline_profile not in m.args:
         return f"runs only on profiles {', '.join(map(str, m.args))}; this is {t.profile}"
     m = item.get_closest_marker("mig_gpu_only")
@@ -589,6 +614,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     state = item.config.stash.get(STATE, None)
     if state is not None and report.failed:
         state.unsaved.update(id(r) for r in item.stash.get(ITEM_RECORDS, []))
+    elif state is not None and report.when == "call" and report.passed:  # a test stopped midway never gets here
+        state.finished.update(id(r) for r in item.stash.get(ITEM_RECORDS, []))
     return report
 
 
@@ -682,17 +709,19 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def _save_baseline(config: pytest.Config, state: RunState) -> None:
     from .baselines import BaselineError, BaselineStore
 
-    passed = [r for r in state.records if id(r) not in state.unsaved]
-    failed_tests = sorted({r.test for r in state.records if id(r) in state.unsaved})
-    if failed_tests:
-        state.messages.append(f"baseline: the figures of {len(failed_tests)} failed test(s) were not saved: "
-                              + ", ".join(failed_tests[:5]) + (", ..." if len(failed_tests) > 5 else ""))
-    store = BaselineStore(baseline_dir(config), keep=baseline_keep(config))
+    passed = [r for r in state.records if id(r) in state.finished and id(r) not in state.unsaved]
+    left_out = sorted({r.test for r in state.records if id(r) not in state.finished or id(r) in state.unsaved})
+    if left_out:
+        state.messages.append(f"baseline: the figures of {len(left_out)} test(s) that failed or did not finish "
+                              f"were not saved: " + ", ".join(left_out[:5]) + (", ..." if len(left_out) > 5 else ""))
+    store = BaselineStore(baseline_dir(config), keep=baseline_keep(config),
+                          shrink=config.getoption("mig_baseline_shrink"))
     try:
         paths = store.save(passed)
     except BaselineError as exc:
         state.errors.append(f"baseline not saved: {exc}")
         return
+    state.saved = bool(paths)
     state.messages.extend(p.describe() for p in paths)
 
 
@@ -729,8 +758,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
                       "(baselines/cpu/), never with a GPU's.")
     tr.write_line(summary_table(state.records))
     if config.getoption("mig_save_baseline"):
-        tr.write_line("this run was added to the baseline: its verdicts against the earlier runs are shown, "
-                      "none of them fails it")
+        tr.write_line("this run was added to the baseline: its verdicts against the earlier runs are shown, none of "
+                      "them fails it" if state.saved else "this run was not added to the baseline (see below); its "
+                      "verdicts against the earlier runs are shown, none of them fails it")
     for msg in state.messages:
         tr.write_line(msg)
     for msg in state.baseline_errors + state.errors:

@@ -38,14 +38,17 @@ from .baselines import (
     BaselineError,
     BaselineStore,
     EntryKey,
+    check_baseline_text,
     fingerprint_value,
     folder_lock,
     load_baseline_file,
     measured_value,
     meta_from_record,
 )
+from .files import FileProblem, validate
 from .noise import REFERENCE_FLOOR, REFERENCE_MAX, Band, reference_band
-from .results import ResultRecord, atomic_write_text, read_results, utc_now
+from .results import ResultRecord, ResultsFileError, atomic_write_text, read_results, utc_now
+from .schemas import REFERENCE
 
 #: The references shipped with the package.
 SHIPPED = Path(__file__).parent / "references"
@@ -212,7 +215,17 @@ def _profile_order(profile: str) -> tuple[int, str]:
 
 
 def _read(path: Path) -> Reference:
-    base = load_baseline_file(path)
+    return _reference_of(load_baseline_file(path), path)
+
+
+def _check_text(path: Path) -> Any:
+    """A check for :func:`~pytest_mig.files.atomic_write_text`: the text about to become ``path`` must
+    read back as a reference (never a file the next night's reader refuses)."""
+    as_baseline = check_baseline_text(path)
+    return lambda text: _reference_of(as_baseline(text), path)
+
+
+def _reference_of(base: Baseline, path: Path) -> Reference:
     block = base.extra.get("reference") or {}
     sigma: dict[EntryKey, float] = {}
     raw = block.get("sigma") if isinstance(block, dict) else None
@@ -226,6 +239,10 @@ def _read(path: Path) -> Reference:
                     raise BaselineError(f"{path}: reference sigma of {test} {metric} ({mode}) is "
                                         f"{json.dumps(value)}, not a number of 0 or more")
                 sigma[(test, metric, mode)] = float(value)
+    try:  # what the loop above, which names the figure, did not look at
+        validate(block, REFERENCE, f"{path}: its 'reference' block")
+    except FileProblem as exc:
+        raise BaselineError(str(exc)) from None
     return Reference(base, sigma)
 
 
@@ -323,12 +340,15 @@ def build(paths: Sequence[Path], out: Path, *, drop: Sequence[str] = ()) -> Buil
     BaselineError on a file that cannot be read."""
     dropped = dict.fromkeys(drop, 0)
     records: list[ResultRecord] = []
-    for path in paths:
+    for path in paths:  # every file read and checked whole before anything is written
         for r in read_results(path):
             if r.test in dropped:
                 dropped[r.test] += 1
-            else:
-                records.append(_as_reference(r))
+                continue
+            if r.metric.compare and math.isinf(r.metric.value):  # no GPU measures an infinite rate: a spoilt file
+                raise ResultsFileError(f"{path}: {r.test} {r.metric.name} is {r.metric.value}, which no measurement "
+                                       f"gives; nothing was written (leave this file out or fix it)")
+            records.append(_as_reference(r))
     store = BaselineStore(out, keep=REFERENCE_KEEP)
     if dropped:  # before anything is written: a mistyped id changes nothing
         held = {key[0] for path in store.files() for key in load_baseline_file(path).entries}
@@ -357,7 +377,7 @@ def _drop(store: BaselineStore, dropped: dict[str, int]) -> None:
             path.unlink()
             continue
         base.updated_at = utc_now()
-        atomic_write_text(path, base.to_json())
+        atomic_write_text(path, base.to_json(), check=_check_text(path))
 
 
 def _write_sigma(store: BaselineStore) -> list[Path]:
@@ -385,7 +405,7 @@ def _write_sigma(store: BaselineStore) -> list[Path]:
                     if mine:
                         own.setdefault(mode, {})[t] = mine
             base.extra = {"reference": {"runs": Reference(base).runs(), "sigma": own}}
-            atomic_write_text(path, base.to_json())
+            atomic_write_text(path, base.to_json(), check=_check_text(path))
             written.append(path)
     return written
 

@@ -160,16 +160,48 @@ def report_format(path: Path | str) -> str:
     return fmt
 
 
+#: What a spreadsheet reads as the start of a formula (OWASP's CSV injection list).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value: Any) -> Any:
+    """A text cell a spreadsheet shows as text: one that would start a formula gets a leading ``'``
+    (OWASP's advice); numbers stay numbers."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
+def markdown_cell(value: Any) -> Any:
+    """A text cell that stays one cell of a markdown table and shows as text: ``|`` escaped, line breaks
+    as spaces, HTML's ``<``, ``>`` and ``&`` as entities."""
+    if not isinstance(value, str):
+        return value
+    text = " ".join(value.splitlines())
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return text.replace("\\", "\\\\").replace("|", "\\|")
+
+
+def _cells(frame: pd.DataFrame, safe: Any) -> pd.DataFrame:
+    """The frame with every text cell (and column name) passed through ``safe``."""
+    out = frame.copy()
+    for col in out.columns:
+        if pd.api.types.is_object_dtype(out[col]) or pd.api.types.is_string_dtype(out[col]):
+            out[col] = out[col].map(safe)
+    return out.rename(columns={c: safe(c) for c in out.columns})
+
+
 def write_report(path: Path | str, data: Iterable[ResultRecord] | pd.DataFrame) -> Path:
     """Write the table to ``path`` as markdown, CSV or JSON (a list of row objects) by its suffix."""
     path = Path(path)
     fmt = report_format(path)
     frame = _frame_of(data)
     if fmt == "markdown":
-        shown = frame.astype(object).where(frame.notna(), None)  # a missing baseline is "-", not "nan"
+        safe = _cells(frame, markdown_cell)
+        shown = safe.astype(object).where(safe.notna(), None)  # a missing baseline is "-", not "nan"
         text = shown.to_markdown(index=False, missingval="-") + "\n"
     elif fmt == "csv":
-        text = frame.to_csv(index=False)
+        text = _cells(frame, csv_cell).to_csv(index=False)
     else:
         text = json.dumps(_json_rows(frame), indent=2, allow_nan=False) + "\n"
     atomic_write_text(path, text)

@@ -9,12 +9,13 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from .files import FileProblem, atomic_write_text, read_json, validate
 from .measure import Metric
+from .schemas import RESULTS
 
 RESULTS_SCHEMA = "pytest-mig/results/1"
 
@@ -75,41 +76,19 @@ class ResultRecord:
         )
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write via a temporary file in the same folder and rename: a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:  # keep an existing file's permissions; a new one gets what open() would give it (0666 & ~umask)
-        mode = path.stat().st_mode & 0o777
-    except FileNotFoundError:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)  # mkstemp creates 0600: reports and results are read by the whole team
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
 class ResultsFileError(Exception):
     """A results file that cannot be read or written: one sentence naming the file and the problem."""
 
 
 def write_results(path: Path, records: Iterable[ResultRecord], meta: dict[str, Any] | None = None) -> None:
-    """Write the records atomically; a path that cannot be written is a ResultsFileError."""
+    """Write the records atomically, read back as :func:`read_results_file` reads them before the rename;
+    a path that cannot be written is a ResultsFileError."""
     doc = {"schema": RESULTS_SCHEMA, "meta": meta or {}, "records": [r.to_dict() for r in records]}
     text = json.dumps(doc, indent=2, sort_keys=True) + "\n"
     try:
-        atomic_write_text(Path(path), text)
+        atomic_write_text(Path(path), text, check=lambda back: _parse(json.loads(back), Path(path)))
+    except FileProblem as exc:
+        raise ResultsFileError(f"results not written: {exc}") from None
     except OSError as exc:
         raise ResultsFileError(f"{path}: results not written ({exc.strerror or exc})") from None
 
@@ -120,16 +99,26 @@ def read_results(path: Path) -> list[ResultRecord]:
 
 def read_results_file(path: Path) -> tuple[list[ResultRecord], dict[str, Any]]:
     """The records of a results file and its meta (``complete`` false, ``stopped`` set: a run stopped
-    partway, :mod:`pytest_mig.checkpoint`).  ResultsFileError with one sentence on a bad file."""
+    partway, :mod:`pytest_mig.checkpoint`).  ResultsFileError with one sentence on a bad file: read
+    strictly (:func:`pytest_mig.files.read_json`; a failed workload's NaN is allowed) and checked
+    against :data:`pytest_mig.schemas.RESULTS` before any record is made."""
     path = Path(path)
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ResultsFileError(f"{path}: no such results file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ResultsFileError(f"{path}: not a readable JSON results file ({exc})") from None
+        doc = read_json(path, allow_nan=True)
+    except FileProblem as exc:
+        raise ResultsFileError(str(exc).replace(": no such file", ": no such results file")
+                               .replace(": not valid JSON", ": not a readable JSON results file")) from None
+    return _parse(doc, path)
+
+
+def _parse(doc: Any, path: Path) -> tuple[list[ResultRecord], dict[str, Any]]:
     if not isinstance(doc, dict) or doc.get("schema") != RESULTS_SCHEMA or not isinstance(doc.get("records"), list):
         raise ResultsFileError(f"{path}: not a pytest-mig results file (schema {RESULTS_SCHEMA} expected)")
+    try:
+        validate(doc, RESULTS, str(path))
+    except FileProblem as exc:
+        raise ResultsFileError(f"{str(exc).replace(': at records/', ': a record is malformed at records/', 1)}; "
+                               f"not as pytest-mig writes a results file") from None
     meta = doc.get("meta") if isinstance(doc.get("meta"), dict) else {}
     try:
         return [ResultRecord.from_dict(r) for r in doc["records"]], meta

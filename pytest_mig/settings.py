@@ -99,6 +99,30 @@ def options(config: pytest.Config) -> Options:
                    require_gpu=bool(require))
 
 
+#: What an output option writes into a folder named with a trailing ``/``.
+DEFAULT_NAMES = {"mig_report": "pytest-mig-report.md", "mig_scaling_plot": "scaling.png"}
+
+
+def resolve_output_paths(config: pytest.Config) -> None:
+    """Every output option made a file path now (:func:`pytest_mig.files.output_file`): ``DIR/`` is a
+    folder to write into, an existing folder without the ``/`` is a usage error.  The options are
+    rewritten in place, so everything after reads the file it will write (``--mig-export`` is checked as
+    it is parsed, :func:`pytest_mig.exports.parse_export`)."""
+    from .files import FileProblem, output_file
+
+    try:
+        for dest, option in (("mig_report", "--mig-report"), ("mig_scaling_plot", "--mig-scaling-plot")):
+            value = config.getoption(dest)
+            if value:
+                setattr(config.option, dest, str(output_file(str(value), DEFAULT_NAMES[dest], option)))
+        results = config.getoption("mig_results")
+        if results and results != "none":
+            stamp = default_results_path(Path(".")).name
+            config.option.mig_results = str(output_file(str(results), stamp, "--mig-results"))
+    except FileProblem as exc:
+        raise pytest.UsageError(f"{exc}.") from None
+
+
 def check_output_paths(config: pytest.Config) -> None:
     """Every file or folder the run will write is checked now, not after an hour of benchmarks."""
     paths = [("--mig-report", config.getoption("mig_report")), ("--mig-scaling-plot", config.getoption("mig_scaling_plot"))]
@@ -114,6 +138,22 @@ def check_output_paths(config: pytest.Config) -> None:
     if config.getoption("mig_save_baseline") or config.getoption("mig_save_if_passed"):
         folder = baseline_dir(config)
         check_writable("--mig-baseline-dir", folder, folder)
+
+
+def check_baseline_save(config: pytest.Config, targets: Any) -> None:
+    """When this run will be saved, each Target's history must take it: the file reads, its folder is
+    writable, and a keep below the runs it holds has consent (--mig-baseline-shrink).  Said now, so a
+    run never ends in 'added to the baseline' and 'not saved' at once."""
+    if not (config.getoption("mig_save_baseline") or config.getoption("mig_save_if_passed")):
+        return
+    from .baselines import BaselineError, BaselineStore
+
+    store = BaselineStore(baseline_dir(config), keep=baseline_keep(config), shrink=config.getoption("mig_baseline_shrink"))
+    for t in targets:
+        try:
+            store.check_save(t.gpu_slug, t.baseline_profile)
+        except BaselineError as exc:
+            raise pytest.UsageError(str(exc)) from None
 
 
 def check_writable(option: str, path: Path, folder: Path) -> None:
@@ -218,7 +258,7 @@ def su_allocation(config: pytest.Config, env: Any = os.environ) -> tuple[float, 
     for part in (p.strip() for p in str(text).split(",") if p.strip()):
         key, _, raw = part.partition("=")
         try:
-            if key.strip() not in values or not math.isfinite(float(raw)) or float(raw) <= 0:
+            if key.strip() not in values or not math.isfinite(float(raw)) or not 0 < float(raw) <= 1e6:
                 raise ValueError
             values[key.strip()] = float(raw)
         except ValueError:

@@ -41,6 +41,7 @@ from .baselines import (
     FINGERPRINT_FIELDS,
     Baseline,
     BaselineEntry,
+    BaselineError,
     BaselineMeta,
     BaselineStore,
     fingerprint_value,
@@ -52,6 +53,8 @@ from .noise import (
     FEW_RUNS_BAND,
     FLOOR,
     MIN_RUNS,
+    PRIOR,
+    PRIOR_RUNS,
     REFERENCE_FLOOR,
     REFERENCE_MAX,
     Band,
@@ -138,6 +141,9 @@ def parse_tolerance(text: str | float) -> float:
             value = float(s[:-1]) / 100 if s.endswith("%") else float(s)
         except ValueError:
             raise ValueError(f"tolerance '{text}' is not a number: write a percentage such as 5% or a fraction such as 0.05") from None
+        if not math.isfinite(value):
+            raise ValueError(f"tolerance '{text}' is out of range: it must be a finite number, at least 0 and "
+                             f"below 100%")
         if not s.endswith("%") and value > 1:
             raise ValueError(f"tolerance '{text}' is ambiguous: write {s}% or {value / 100:g}")
     if not math.isfinite(value) or not 0 <= value < 1:
@@ -208,6 +214,9 @@ def worse_by(value: float, center: float, direction: str) -> float:
 
 def _sigma_text(v: Verdict) -> str:
     """'0.42%', or '5.1% (that of tokens_per_s, whose timing it shares)' where a partner's sigma was used."""
+    if v.sigma_of == PRIOR:
+        return (f"{_pct(v.sigma or 0.0)} (the reference's, across nights and boards: larger than this history's "
+                f"own until it has {PRIOR_RUNS} runs)")
     shared = f" (that of {v.sigma_of}, whose timing it shares)" if v.sigma_of else ""
     return f"{_pct(v.sigma or 0.0)}{shared}"
 
@@ -244,6 +253,7 @@ def compare(
     improvement_fails: bool = False,
     default_tolerance: float = DEFAULT_TOLERANCE,
     partners: Mapping[str, Sequence[float]] | None = None,
+    prior: float | None = None,
 ) -> Verdict:
     """Judge one record against its figure's history (see the module docstring for the rule).
 
@@ -291,7 +301,7 @@ def compare(
     if early is not None:
         return early
     tol = tolerance if tolerance is not None else e.tolerance
-    b = band(e.values, tolerance=tol, default_tolerance=default_tolerance, partners=partners)
+    b = band(e.values, tolerance=tol, default_tolerance=default_tolerance, partners=partners, prior=prior)
     changes = fingerprint_diff(e.fingerprint or (meta.fingerprint if meta else {}), record.fingerprint)
     return _judged(record, e, b, changes, improvement_fails=improvement_fails)
 
@@ -338,6 +348,10 @@ def _judged(record: ResultRecord, e: BaselineEntry, b: Band, changes: list[str],
     """The verdict of a record against a history whose band is ``b``."""
     m = record.metric
     change = (m.value - b.center) / abs(b.center)
+    if not math.isfinite(change):  # 1.5e308 against 0.5: no measurement, and no verdict either way
+        return _verdict(record, "incomparable", f"{_value_text(record)} not compared: the change against the "
+                        f"baseline {format_number(b.center)} {m.unit} is too large to be a number; the figure or "
+                        f"its history is not a measurement", throttled=throttle_reasons(m.info))
     worse = worse_by(m.value, b.center, m.direction)
     if not b.gates:
         outcome: Outcome = "noisy"
@@ -434,6 +448,21 @@ def _tolerance_for(tolerance: float | Mapping[str, float] | None, metric: str) -
     return tolerance.get(metric)
 
 
+def reference_prior(references: ReferenceStore | None, rec: ResultRecord) -> float | None:
+    """The figure's sigma in the reference of its GPU model and profile (the larger of its own and
+    its timing partners'), which a short local history is never judged with less of
+    (:func:`pytest_mig.noise.band`'s ``prior``); None where the reference does not know the figure's
+    noise.  A reference that cannot be read gives none: the site's own history still judges."""
+    if references is None:
+        return None
+    try:
+        ref = references.holding(rec)
+    except BaselineError:
+        return None
+    entry = ref.get(rec.test, rec.metric.name, rec.mode) if ref is not None else None
+    return ref.band_for(entry).sigma if ref is not None and entry is not None else None
+
+
 class Judge:
     """Judges records against a baseline store, reading each baseline file once.
 
@@ -469,6 +498,9 @@ class Judge:
             return None
         return self.references.holding(rec)
 
+    def prior(self, rec: ResultRecord) -> float | None:
+        return reference_prior(self.references, rec)
+
     def judge(self, records: Iterable[ResultRecord],
               tolerance: float | Mapping[str, float] | None = None) -> list[Verdict]:
         """Verdicts for one test's records; sets each ``record.verdict``.  ``tolerance`` is the
@@ -489,7 +521,8 @@ class Judge:
                                  throttled=throttle_reasons(rec.metric.info))
                 else:
                     v = compare(rec, base, tolerance=_tolerance_for(tolerance, rec.metric.name),
-                                improvement_fails=self.improvement_fails, default_tolerance=self.default_tolerance)
+                                improvement_fails=self.improvement_fails, default_tolerance=self.default_tolerance,
+                                prior=self.prior(rec))
             rec.verdict = v.to_dict()
             verdicts.append(v)
         return verdicts

@@ -108,7 +108,12 @@ def test_each_save_adds_a_run_and_the_last_n_are_kept(store: BaselineStore) -> N
     assert base is not None
     e = base.get(GEMM, "fp16_tflops")
     assert e is not None and e.value == pytest.approx(156.5) and len(e.runs) == 10  # the median of the runs
-    kept3 = BaselineStore(store.root, keep=3)
+    before = path.read_bytes()
+    with pytest.raises(BaselineError, match=r"keeps 10 runs per figure and a keep of 3 would drop 7 older run\(s\) "
+                                            r"of its 1 figure\(s\); nothing is saved: confirm with --mig-baseline-shrink"):
+        BaselineStore(store.root, keep=3).save([rec(170.0)])
+    assert path.read_bytes() == before  # shrinking a history needs consent
+    kept3 = BaselineStore(store.root, keep=3, shrink=True)
     result = kept3.save([rec(170.0)])[0]
     assert [r["value"] for r in runs_of(path)] == [160.0, 161.0, 170.0]
     assert json.loads(path.read_text())["keep"] == 3 and result.runs == 3

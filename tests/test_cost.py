@@ -140,8 +140,8 @@ def test_from_string_full_and_partial():
         ("cpu=one", "'one' for 'cpu' is not a number"),
         ("cpu=1,cpu=2", "given twice"),
         ("ram_gb=0", "greater than 0"),
-        ("gpu=-1", ">= 0"),
-        ("gpu=nan", ">= 0"),
+        ("gpu=-1", "from 0 to 1e+06"),
+        ("gpu=nan", "from 0 to 1e+06"),
     ],
 )
 def test_from_string_rejects_bad_input_in_one_sentence(text, fragment):

@@ -550,8 +550,16 @@ def test_markers_on_the_cpu(pytester: pytest.Pytester, machine: Callable[..., No
                           "@pytest.mark.mig_min_sms(32); got ()."),
         ("mig_min_sms(-4)", "@pytest.mark.mig_min_sms needs one positive number of SMs, e.g. "
                             "@pytest.mark.mig_min_sms(32); got (-4,)."),
-        ("mig_profiles", "@pytest.mark.mig_profiles needs the profiles the test runs on, e.g. "
-                         "@pytest.mark.mig_profiles('1g.10gb', 'full')."),
+        ("mig_profiles", "@pytest.mark.mig_profiles needs the names of the profiles the test runs on, e.g. "
+                         "@pytest.mark.mig_profiles('1g.10gb', 'full'); got ()."),
+        ("mig_profiles(7)", "@pytest.mark.mig_profiles needs the names of the profiles the test runs on, e.g. "
+                            "@pytest.mark.mig_profiles('1g.10gb', 'full'); got (7,)."),
+        ("mig_profiles('1g10gb')", "@pytest.mark.mig_profiles needs the names of the profiles the test runs on, e.g. "
+                                   "@pytest.mark.mig_profiles('1g.10gb', 'full'); got ('1g10gb',)."),
+        ("mig_min_sms(float('nan'))", "@pytest.mark.mig_min_sms needs one positive number of SMs, e.g. "
+                                      "@pytest.mark.mig_min_sms(32); got (nan,)."),
+        ("mig_min_memory(float('inf'))", "@pytest.mark.mig_min_memory needs one positive number of GiB, e.g. "
+                                         "@pytest.mark.mig_min_memory(20); got (inf,)."),
         ("mig_tolerance('abc')", "@pytest.mark.mig_tolerance('abc') is not a tolerance below 100% (tolerance 'abc' "
                                  "is not a number: write a percentage such as 5% or a fraction such as 0.05); e.g. "
                                  "@pytest.mark.mig_tolerance(0.05), mig_tolerance('5%') or "
@@ -590,12 +598,12 @@ def test_a_malformed_marker_is_a_usage_error(pytester: pytest.Pytester, machine:
         (["-o", "mig_tolerance=5"], {}, "ini option mig_tolerance: tolerance '5' is ambiguous: write 5% or 0.05"),
         (["--mig-scaling-plot", "x.bmp"], {}, "--mig-scaling-plot x.bmp: cannot tell the image format from '.bmp'; "
                                               "use one of .png, .svg, .pdf"),
-        (["--mig-su-coefficients", "cpu=nan"], {}, "SU coefficients 'cpu=nan': SU coefficient cpu must be a finite "
-                                                   "number >= 0, not nan"),
-        (["--mig-su-coefficients", "gpu=-16"], {}, "SU coefficients 'gpu=-16': SU coefficient gpu must be a finite "
-                                                   "number >= 0, not -16.0"),
-        (["--mig-su-coefficients", "gpu=inf"], {}, "SU coefficients 'gpu=inf': SU coefficient gpu must be a finite "
-                                                   "number >= 0, not inf"),
+        (["--mig-su-coefficients", "cpu=nan"], {}, "SU coefficients 'cpu=nan': SU coefficient cpu must be a number "
+                                                   "from 0 to 1e+06, not nan"),
+        (["--mig-su-coefficients", "gpu=-16"], {}, "SU coefficients 'gpu=-16': SU coefficient gpu must be a number "
+                                                   "from 0 to 1e+06, not -16.0"),
+        (["--mig-su-coefficients", "gpu=inf"], {}, "SU coefficients 'gpu=inf': SU coefficient gpu must be a number "
+                                                   "from 0 to 1e+06, not inf"),
         (["--mig-su-allocation", "cpus=nan"], {}, "--mig-su-allocation 'cpus=nan': 'cpus=nan' is not understood; "
                                                   "expected 'cpus=N,ram_gb=G'"),
     ],

@@ -111,13 +111,13 @@ def test_build_rewrites_the_sigma_under_the_folder_lock_a_concurrent_save_waits_
     out, held = tmp_path / "ref", []
     real_write = reference.atomic_write_text
 
-    def write(path: Path, text: str) -> None:  # another process's save would try the lock now
+    def write(path: Path, text: str, **kwargs: Any) -> None:  # another process's save would try the lock now
         try:
             with folder_lock(out, timeout=0.1):
                 held.append(False)
         except TimeoutError:
             held.append(True)
-        real_write(path, text)
+        real_write(path, text, **kwargs)
 
     monkeypatch.setattr(reference, "atomic_write_text", write)
     build([results_file(tmp_path, "run0", {"fp16_tflops": 100.0})], out)

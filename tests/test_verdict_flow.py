@@ -127,13 +127,21 @@ def test_each_save_adds_a_run_to_the_history_one_line_each_and_keeps_the_last_n(
     assert [r.metric.name for r in records] == ["rate", "latency_ms", "size_at_peak"]
     assert records[0].test == TEST_ID and records[0].fingerprint["driver"] == "580.159.04"
 
-    history(h200, mig_env, [101.0, 102.0, 103.0], "--mig-baseline-keep", "3")
+    history(h200, mig_env, [101.0, 102.0, 103.0], "--mig-baseline-keep", "3")  # it held 1 run: nothing lost
     rate = entry(path)
     assert [r["value"] for r in rate["runs"]] == [101.0, 102.0, 103.0]  # the last 3 kept
     assert json.loads(path.read_text())["keep"] == 3
     text = path.read_text()
     assert sum(1 for line in text.splitlines() if line.strip().startswith('{"at": ')) == 6  # one line per run
     assert len(json.loads(text)["fingerprints"]) == 1  # the same fingerprint is written once
+    # a keep below the runs the file holds is refused at start-up, before anything is measured
+    refused = h200("--mig-save-baseline", "--mig-baseline-keep", "2")
+    assert refused.ret == pytest.ExitCode.USAGE_ERROR and path.read_text() == text
+    refused.stderr.fnmatch_lines([f"ERROR: {path} keeps 3 runs per figure and a keep of 2 would drop 2 older run(s) "
+                                  f"of its 2 figure(s); nothing is saved: confirm with --mig-baseline-shrink*"])
+    mig_env.setenv("RATE", "104")
+    h200("--mig-save-baseline", "--mig-baseline-keep", "2", "--mig-baseline-shrink").assert_outcomes(passed=1)
+    assert [r["value"] for r in entry(path)["runs"]] == [103.0, 104.0]
 
 
 def test_quick_and_normal_histories_are_kept_apart(h200: Callable[..., pytest.RunResult], pytester: pytest.Pytester,
@@ -161,7 +169,7 @@ def test_a_failed_test_s_figures_are_never_saved(h200: Callable[..., pytest.RunR
     mig_env.setenv("RATE", "0.5")
     failed = h200("--mig-save-baseline")
     failed.assert_outcomes(failed=1)
-    failed.stdout.fnmatch_lines([f"baseline: the figures of 1 failed test(s) were not saved: {TEST_ID}"])
+    failed.stdout.fnmatch_lines([f"baseline: the figures of 1 test(s) that failed or did not finish were not saved: {TEST_ID}"])
     assert [r["value"] for r in entry(baseline_path(pytester))["runs"]] == [100.0]
 
 
@@ -312,10 +320,11 @@ def test_a_corrupt_baseline_is_one_sentence_and_never_overwritten(h200: Callable
     failure = [x for x in judged.outlines if x.startswith("baseline unusable: ")]
     assert len(failure) == 1 and failure[0].startswith(f"baseline unusable: {path}: not valid JSON (")
     assert "Traceback" not in judged.stdout.str()
-    saving = h200("--mig-save-baseline")
-    assert saving.ret == pytest.ExitCode.TESTS_FAILED
-    saving.stdout.fnmatch_lines([f"baseline not saved: {path}: not valid JSON (*); fix or delete it "
+    saving = h200("--mig-save-baseline")  # refused before anything is measured, not after the run
+    assert saving.ret == pytest.ExitCode.USAGE_ERROR
+    saving.stderr.fnmatch_lines([f"ERROR: {path}: not valid JSON (*); fix or delete it "
                                  f"(pytest-mig never overwrites a file it cannot read)"])
+    assert "Traceback" not in saving.stderr.str() and not saving.outlines[-1:] == ["1 passed"]
     assert path.read_bytes() == corrupt
 
 
