@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Callable, Iterable, Sequence, TextIO
 
 from .baselines import DEFAULT_TOLERANCE, Baseline, BaselineError, BaselineStore, load_baseline_file, meta_from_record
-from .noise import band
+from .noise import PRIOR, PRIOR_RUNS, band
+from .reference import Reference, ReferenceStore
 from .results import ResultsFileError, read_results
 
 #: Options calibrate sets itself; given in the pytest arguments they would fight it.
@@ -108,12 +109,25 @@ def baselines_of(results: Iterable[Path], baseline_dir: Path) -> list[Baseline]:
     return list(seen.values())
 
 
-def threshold_rows(base: Baseline, default_tolerance: float = DEFAULT_TOLERANCE) -> list[dict[str, object]]:
-    """Per figure of one baseline: runs, median, CV, threshold, smallest detectable change, gates."""
+def _reference_of(base: Baseline, references: ReferenceStore | None) -> Reference | None:
+    try:
+        return references.load(base.meta.gpu_slug, base.meta.profile) if references is not None else None
+    except BaselineError:
+        return None
+
+
+def threshold_rows(base: Baseline, default_tolerance: float = DEFAULT_TOLERANCE,
+                   references: ReferenceStore | None = None) -> list[dict[str, object]]:
+    """Per figure of one baseline: runs, median, CV, threshold, smallest detectable change, gates, as
+    a verdict will judge it (a short history with the reference's sigma as its floor)."""
     rows: list[dict[str, object]] = []
+    ref = _reference_of(base, references)
     for (test, metric, mode), e in sorted(base.entries.items()):
         partners = {p.metric: p.values for p in base.timing_partners(e)}
-        b = band(e.values, tolerance=e.tolerance, default_tolerance=default_tolerance, partners=partners)
+        ref_entry = ref.get(test, metric, mode) if ref is not None else None
+        prior = ref.band_for(ref_entry).sigma if ref is not None and ref_entry is not None else None
+        b = band(e.values, tolerance=e.tolerance, default_tolerance=default_tolerance, partners=partners,
+                 prior=prior)
         rows.append({
             "test": test.split("::", 1)[-1], "metric": metric, "mode": mode, "runs": b.runs,
             "median": b.center, "unit": e.unit,
@@ -134,13 +148,50 @@ def _cv_cell(row: dict[str, object]) -> str:
     return f"{row['cv_pct']:.2f}%" + (f" (of {row['cv_of']})" if row["cv_of"] else "")
 
 
-def print_thresholds(bases: Sequence[Baseline], out: TextIO) -> None:
+def test_seconds(results: Iterable[Path]) -> dict[str, float]:
+    """Per test (node id), the median of its seconds over the runs (each results file's ``durations``)."""
+    import statistics
+
+    from .results import read_results_file
+
+    seen: dict[str, list[float]] = {}
+    for path in results:
+        try:
+            _, meta = read_results_file(path)
+        except ResultsFileError:
+            continue
+        for test, seconds in (meta.get("durations") or {}).items():
+            if isinstance(seconds, (int, float)) and not isinstance(seconds, bool):
+                seen.setdefault(str(test), []).append(float(seconds))
+    return {t: statistics.median(v) for t, v in seen.items()}
+
+
+def budget_rows(rows: Sequence[dict[str, object]], seconds: dict[str, float]) -> list[list[object]]:
+    """Per test: its seconds, the figures it gates of those it reports, and the smallest change the best of
+    them detects; the tests that gate nothing first, then by seconds, longest first."""
+    per: dict[tuple[str, str], list[dict[str, object]]] = {}
+    for r in rows:
+        per.setdefault((str(r["test"]), str(r["mode"])), []).append(r)
+    table = []
+    for (test, mode), figs in per.items():
+        gating = [f for f in figs if f["gates"] == "yes"]
+        secs = next((v for k, v in seconds.items() if k.split("::", 1)[-1] == test), None)
+        best = min((float(f["detects_pct"]) for f in gating), default=None)  # type: ignore[arg-type]
+        table.append([test, mode, "-" if secs is None else f"{secs:.0f}", f"{len(gating)}/{len(figs)}",
+                      "-" if best is None else f"{best:.1f}%", "nothing: a candidate to leave out" if not gating
+                      else ""])
+    return sorted(table, key=lambda r: (r[3].startswith("0/") is False, -float(r[2]) if r[2] != "-" else 0.0))
+
+
+def print_thresholds(bases: Sequence[Baseline], out: TextIO, results: Iterable[Path] = ()) -> None:
     from tabulate import tabulate
 
     from .verdict import format_number
 
+    seconds = test_seconds(results)
+    references = ReferenceStore()
     for base in bases:
-        rows = threshold_rows(base)
+        rows = threshold_rows(base, references=references)
         print(f"\n{base.meta.path}: {len(rows)} figure(s)", file=out)
         table = [[r["test"], r["metric"], r["mode"], r["runs"], format_number(float(r["median"])),  # type: ignore[arg-type]
                   r["unit"], _cv_cell(r), f"±{r['threshold_pct']:.1f}%",
@@ -151,6 +202,13 @@ def print_thresholds(bases: Sequence[Baseline], out: TextIO) -> None:
         if few:
             print(f"{len(few)} figure(s) have fewer than 5 runs: their band is a conservative 10% until they do.",
                   file=out)
+        borrowed = [r for r in rows if r["cv_of"] == PRIOR]
+        if borrowed:
+            print(f"{len(borrowed)} figure(s) take the reference's sigma, larger than this history's own, until they "
+                  f"have {PRIOR_RUNS} runs: a few runs back to back understate night-to-night noise.", file=out)
+        print(f"\ntime budget (seconds per test, median of the runs; what each buys):", file=out)
+        print(tabulate(budget_rows(rows, seconds), headers=["test", "mode", "seconds", "figures gating",
+                                                            "detects", "gates"], disable_numparse=True), file=out)
 
 
 def cmd_calibrate(pytest_args: Sequence[str], runs: int, baseline_dir: Path, work_dir: Path, keep: int | None,
@@ -164,6 +222,6 @@ def cmd_calibrate(pytest_args: Sequence[str], runs: int, baseline_dir: Path, wor
     if not bases:
         print("calibrate: no figure was saved (did every run fail? run the pytest command by hand)", file=out)
         return 1
-    print_thresholds(bases, out)
+    print_thresholds(bases, out, [r.results for r in done])
     failed = [r for r in done if r.returncode != 0]
     return 1 if failed else 0

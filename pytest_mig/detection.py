@@ -30,6 +30,7 @@ from .baselines import entry_from_records, measured_value
 from .calibrate import check_pytest_args, run_suite
 from .measure import Metric, partner_keys
 from .noise import MIN_RUNS, band
+from .files import atomic_write_text
 from .results import ResultRecord, ResultsFileError, read_results
 from .verdict import compare, confirm, format_number
 
@@ -251,7 +252,7 @@ def cmd_detection(pytest_args: Sequence[str], unchanged: int, slow_sms: Sequence
         return 1
     figures = analyse(runs, slowed)
     text = markdown(figures, runs, slowed)
-    (out_dir / "detection.md").write_text(text, encoding="utf-8")
+    atomic_write_text(out_dir / "detection.md", text)
     print(text, file=out)
     print(f"detection: written to {out_dir / 'detection.md'}", file=out)
     return 0

@@ -114,6 +114,9 @@ class RunState:
     allocation: tuple[float, float] = (1.0, 4.0)  # (CPUs, RAM GB) billed with the GPU
     checkpoint: Checkpoint | None = None  # the results file, written as the run goes (None: --mig-results none)
     saved: bool = False  # this run's figures were added to the baseline history
+    durations: dict[str, float] = field(default_factory=dict)  # node id -> seconds (setup, call, teardown)
+    progress: Any = None  # night.Progress of the run's tests
+    compile_cache: Path | None = None  # Inductor's and Triton's caches for this stack (night.compile_caches)
     sigterm: Any = None  # checkpoint.SigtermStop: SIGTERM stops the run as Ctrl-C does (from the first benchmark)
 
 
@@ -136,6 +139,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--mig-emulate", dest="mig_emulate", action="store_true", default=False, help=HELP_EMULATE)
     g.addoption("--mig-require-gpu", dest="mig_require_gpu", action="store_true", default=None, help=HELP_REQUIRE_GPU)
     g.addoption("--mig-quick", dest="mig_quick", action="store_true", default=False, help=HELP_QUICK)
+    g.addoption("--mig-all-tests", dest="mig_all_tests", action="store_true", default=False,
+                help="also run the tests that gate nothing in this mode here (every figure too noisy to gate in the "
+                     "history and the reference): they are reported, never judged.")
     g.addoption("--mig-save-baseline", dest="mig_save_baseline", action="store_true", default=False, help=HELP_SAVE)
     g.addoption("--mig-save-if-passed", dest="mig_save_if_passed", action="store_true", default=False,
                 help=HELP_SAVE_IF_PASSED)
@@ -269,6 +275,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         plan.targets = [replace(t, fingerprint=state.fingerprint, verified="CPU run: nothing to verify")
                         for t in plan.targets]
         return
+    from .night import compile_caches
+
+    state.compile_cache = compile_caches(baseline_dir(session.config), state.fingerprint)  # before anything compiles
     from .health import Reader, Watch
 
     reader = Reader(first.gpu_index, first.uuid) if first.gpu_index is not None else None
@@ -338,6 +347,9 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     slow = config.getoption("mig_slowdown_sms")
     if state.health is not None:
         lines.extend(f"pytest-mig: {line}" for line in state.health.header())
+    if state.compile_cache is not None:
+        lines.append(f"pytest-mig: compile cache: {state.compile_cache} (Inductor and Triton, this software stack's: "
+                     f"a second night compiles nothing the first did)")
     if slow:
         lines.append(f"pytest-mig: SLOWED ON PURPOSE: every test runs on {slow} of the GPU's {t.sms} SMs (a green "
                      f"context) and is judged as the whole GPU (--mig-slowdown-sms, detection experiments)")
@@ -369,9 +381,43 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             reason = _skip_reason(item, _item_target(item, state.plan))
             if reason:
                 item.add_marker(pytest.mark.skip(reason=reason))
+        if not config.getoption("mig_all_tests"):
+            _deselect_ungated(config, state, items)
     last = [i for i in items if i.get_closest_marker("mig_scaling")]
     if last:
         items[:] = [i for i in items if not i.get_closest_marker("mig_scaling")] + last
+
+
+def _deselect_ungated(config: pytest.Config, state: RunState, items: list[pytest.Item]) -> None:
+    """Leave out the tests that gate nothing in this mode on their Target (night.gates_nothing)."""
+    from .baselines import BaselineError, BaselineStore
+    from .night import gates_nothing
+
+    mode = "quick" if config.getoption("mig_quick") else "normal"
+    store = BaselineStore(baseline_dir(config))
+    ungated: list[pytest.Item] = []
+    for item in items:
+        if item.get_closest_marker("skip") or not _uses_bench(item):
+            continue
+        t = _item_target(item, state.plan)
+        try:
+            local = store.load(t.gpu_slug, t.baseline_profile)
+            ref = state.references.load(t.gpu_slug, t.baseline_profile) if state.references is not None else None
+        except BaselineError:  # said where the test is judged; a broken file decides nothing here
+            continue
+        if gates_nothing(_test_key(item, t), mode, local, ref):
+            ungated.append(item)
+    if ungated:
+        items[:] = [i for i in items if i not in ungated]
+        config.hook.pytest_deselected(items=ungated)
+        state.messages.append(f"{len(ungated)} test(s) not run: every figure of theirs is too noisy to gate in "
+                              f"{mode} mode here (in the history, else the reference), so they would buy no "
+                              f"verdict; --mig-all-tests runs them: "
+                              + ", ".join(i.nodeid.split("::")[-1] for i in ungated))
+
+
+def _uses_bench(item: pytest.Item) -> bool:
+    return "mig_bench" in getattr(item, "fixturenames", ())
 
 
 # --------------------------------------------------------------------------- fixtures
@@ -616,6 +662,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         state.unsaved.update(id(r) for r in item.stash.get(ITEM_RECORDS, []))
     elif state is not None and report.when == "call" and report.passed:  # a test stopped midway never gets here
         state.finished.update(id(r) for r in item.stash.get(ITEM_RECORDS, []))
+    if state is not None:
+        _timed(item, state, report)
     return report
 
 
@@ -630,7 +678,31 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 def _results_meta(state: RunState) -> dict[str, Any]:
-    return {"target": state.plan.targets[0].to_dict(), "fingerprint": state.fingerprint}
+    return {"target": state.plan.targets[0].to_dict(), "fingerprint": state.fingerprint,
+            "durations": {k: round(v, 2) for k, v in state.durations.items()}}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The run's tests, and the last run's times of them, for the progress line."""
+    state = session.config.stash.get(STATE, None)
+    if state is None or session.config.option.collectonly:
+        return
+    from .night import Progress, previous_durations
+
+    folder = state.checkpoint.path.parent if state.checkpoint is not None else None
+    previous = previous_durations(folder, state.checkpoint.path) if folder is not None else {}
+    state.progress = Progress([i.nodeid for i in session.items], previous)
+
+
+def _timed(item: pytest.Item, state: RunState, report: pytest.TestReport) -> None:
+    """Each test's time (kept in the results file), and a progress line after a long one."""
+    state.durations[item.nodeid] = state.durations.get(item.nodeid, 0.0) + float(report.duration or 0.0)
+    if report.when != "teardown" or state.progress is None:
+        return
+    line = state.progress.finished(item.nodeid, state.durations[item.nodeid])
+    reporter = item.config.pluginmanager.get_plugin("terminalreporter")
+    if line and reporter is not None:
+        reporter.write_line(line)
 
 
 # --------------------------------------------------------------------------- pytest-benchmark integration

@@ -1,0 +1,155 @@
+"""The night's time: every second of a nightly run should buy detection.
+
+A site runs the suite on every GPU or slice each night, often inside a maintenance window.  Three
+things here keep that time honest:
+
+- **Tests that gate nothing are not run by default** (:func:`gates_nothing`).  A test all of whose
+  compared figures are reported as too noisy to gate, both in the site's own history and in the
+  shipped reference for this GPU model, profile and mode, measures figures no verdict uses: the
+  fixed small-batch training cases, whose step time moves 12-15% from run to run with the host,
+  are the example.  They are deselected with the reason; ``--mig-all-tests`` runs them (a site that
+  wants them reported, or that builds the history that may let them gate).  A test the reference
+  does not know (a GPU model without one) always runs.
+- **Compilation is paid once per stack** (:func:`compile_caches`): Inductor's FX graph and
+  AOTAutograd caches and Triton's kernel cache live in ``.mig-compile-cache/`` beside the baseline
+  folder (a nightly's state folder keeps both), one per
+  software stack (GPU model, driver, CUDA, torch, triton), so the second night on the same stack
+  loads what the first compiled, and a new driver, CUDA or torch starts a fresh folder.
+- **Progress and time left** (:class:`Progress`): after each test that took a while, a line with
+  the tests done, the time spent and the time left, estimated from the last run's durations of
+  the same tests (kept in its results file) or else from this run's average.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+#: Fingerprint keys that make compiled code stale when they change.
+STACK_KEYS = ("gpu_name", "driver", "cuda_driver", "cuda_runtime", "torch", "triton")
+#: The cache folder, beside the baseline folder (never in it: that one is reviewed like code).
+CACHE_FOLDER = ".mig-compile-cache"
+#: A progress line is printed after a test that took at least this long, or this long after the last line.
+PROGRESS_EVERY_S = 20.0
+
+
+def stack_key(fingerprint: Mapping[str, Any]) -> str:
+    """A short name for the software stack compiled code depends on (10 hex digits)."""
+    text = json.dumps({k: fingerprint.get(k) for k in STACK_KEYS}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+def compile_caches(baselines: Path, fingerprint: Mapping[str, Any], environ: Any = os.environ) -> Path | None:
+    """Point Inductor's and Triton's caches at ``.mig-compile-cache/<stack>`` beside the baseline folder
+    (made if need be), unless the site set them itself; the folder, or None where it cannot be made
+    (the caches stay where torch puts them)."""
+    folder = Path(baselines).parent / CACHE_FOLDER / stack_key(fingerprint)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(folder / "inductor"))
+    environ.setdefault("TRITON_CACHE_DIR", str(folder / "triton"))
+    return folder
+
+
+def gates_nothing(test: str, mode: str, local: Any, reference: Any) -> bool:
+    """Whether no compared figure of ``test`` in ``mode`` would gate: each figure's band from the site's
+    own history (a ``Baseline``) where it has one, else from the reference (a ``Reference``).  False
+    where neither knows the test: a test nobody has measured here is run."""
+    from .noise import band
+
+    known = False
+    for key, entry in (reference.baseline.entries.items() if reference is not None else ()):
+        if key[0] != test or key[2] != mode:
+            continue
+        known = True
+        own = local.get(*key) if local is not None else None
+        if own is not None:
+            if band(own.values, tolerance=own.tolerance).gates:
+                return False
+        else:
+            b = reference.band_for(entry)
+            if b.gates or b.sigma is None:  # judged, or its noise not known yet (one reference run): run it
+                return False
+    if local is not None:
+        for key, own in local.entries.items():
+            if key[0] == test and key[2] == mode and (reference is None or reference.get(*key) is None):
+                known = True
+                if band(own.values, tolerance=own.tolerance).gates:
+                    return False
+    return known
+
+
+@dataclass
+class Progress:
+    """Tests done, time spent and time left, for the line printed as a long run goes."""
+
+    tests: list[str]  # the node ids this run will run, in order
+    previous: dict[str, float] = field(default_factory=dict)  # node id -> seconds, from the last run
+    started: float = field(default_factory=time.monotonic)
+    done: dict[str, float] = field(default_factory=dict)
+    last_line: float = field(default_factory=time.monotonic)
+
+    def finished(self, nodeid: str, seconds: float, now: float | None = None) -> str | None:
+        """Record a test's time; the line to print, when it is time for one."""
+        now = time.monotonic() if now is None else now
+        self.done[nodeid] = self.done.get(nodeid, 0.0) + seconds
+        if seconds < PROGRESS_EVERY_S and now - self.last_line < PROGRESS_EVERY_S:
+            return None
+        self.last_line = now
+        return self.line(now)
+
+    def left_s(self) -> float | None:
+        """Seconds the tests not yet run should take: each one's time in the last run, else this run's
+        average; None before anything is known."""
+        left = [t for t in self.tests if t not in self.done]
+        if not left:
+            return 0.0
+        average = sum(self.done.values()) / len(self.done) if self.done else None
+        if average is None and any(t not in self.previous for t in left):
+            return None
+        return sum(self.previous.get(t, average or 0.0) for t in left)
+
+    def line(self, now: float | None = None) -> str:
+        now = time.monotonic() if now is None else now
+        left = self.left_s()
+        source = "the last run's times" if any(t in self.previous for t in self.tests) else "this run's average"
+        tail = "" if left is None else f"; about {_duration(left)} left (from {source})"
+        return (f"pytest-mig: {len(self.done)} of {len(self.tests)} tests done in {_duration(now - self.started)}"
+                f"{tail}")
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    return f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
+
+
+def previous_durations(folder: Path, current: Path | None = None) -> dict[str, float]:
+    """Per test, the seconds it took in the newest complete results file in ``folder`` (its meta's
+    ``durations``); empty when there is none or it cannot be read."""
+    from .results import ResultsFileError, read_results_file
+
+    try:
+        files = sorted((p for p in Path(folder).glob("*.json") if p != current), key=lambda p: p.stat().st_mtime)
+    except OSError:
+        return {}
+    for path in reversed(files[-5:]):
+        try:
+            _, meta = read_results_file(path)
+        except ResultsFileError:
+            continue
+        durations = meta.get("durations")
+        if isinstance(durations, dict) and durations:
+            return {str(k): float(v) for k, v in durations.items()
+                    if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0}
+    return {}
+
+
+__all__ = ["CACHE_FOLDER", "PROGRESS_EVERY_S", "Progress", "compile_caches", "gates_nothing", "previous_durations",
+           "stack_key"]

@@ -1,0 +1,99 @@
+"""The night's time: tests that gate nothing are left out (and run on request), compile caches per
+software stack beside the baselines, each test's seconds kept in the results file, and the progress
+line's estimate of the time left."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+import pytest
+from test_verdict_flow import QUIET, TEST_ID, h200  # noqa: F401
+
+from pytest_mig.baselines import BaselineEntry, Run
+from pytest_mig.night import CACHE_FOLDER, Progress, compile_caches, gates_nothing, previous_durations, stack_key
+from pytest_mig.reference import ReferenceStore, build
+from pytest_mig.results import read_results_file
+
+Run_ = Callable[..., pytest.RunResult]
+FP = {"gpu_name": "NVIDIA H100 80GB HBM3", "driver": "580.159.04", "cuda_driver": 13000, "torch": "2.11.0"}
+
+
+def test_compile_caches_live_beside_the_baselines_one_folder_per_stack(tmp_path: Path) -> None:
+    env: dict[str, str] = {}
+    folder = compile_caches(tmp_path / "baselines", FP, env)
+    assert folder == tmp_path / CACHE_FOLDER / stack_key(FP) and folder.is_dir()
+    assert env == {"TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor"), "TRITON_CACHE_DIR": str(folder / "triton")}
+    assert not (tmp_path / "baselines").exists()  # the reviewed folder gets nothing
+    assert stack_key({**FP, "driver": "590.10.02"}) != stack_key(FP)  # a new driver starts a fresh cache
+    assert stack_key({**FP, "gpu_uuid": "GPU-other"}) == stack_key(FP)  # another board of the model shares it
+    site = {"TORCHINDUCTOR_CACHE_DIR": "/site/cache"}
+    compile_caches(tmp_path / "baselines", FP, site)
+    assert site["TORCHINDUCTOR_CACHE_DIR"] == "/site/cache"  # a site's own setting is left alone
+
+
+def _entry(test: str, metric: str, values: list[float]) -> BaselineEntry:
+    return BaselineEntry(test, metric, "items/s", "higher", "compute", None, [Run(v) for v in values], "normal")
+
+
+class _Local:
+    def __init__(self, *entries: BaselineEntry) -> None:
+        self.entries = {(e.test, e.metric, e.mode): e for e in entries}
+
+    def get(self, test: str, metric: str, mode: str) -> BaselineEntry | None:
+        return self.entries.get((test, metric, mode))
+
+
+def test_a_test_gates_nothing_only_where_every_figure_was_measured_too_noisy() -> None:
+    refs = ReferenceStore()
+    ref = refs.load("nvidia-h100-80gb-hbm3", "full")
+    fixed = "benchmarks/test_training.py::test_training[gpt2-small-full-fixed]"
+    gemm = "benchmarks/test_gemm.py::test_gemm[bf16]"
+    assert gates_nothing(fixed, "normal", None, ref)  # 12-15% run to run in the reference: no verdict to buy
+    assert not gates_nothing(gemm, "normal", None, ref)
+    assert not gates_nothing("benchmarks/test_new.py::test_x", "normal", None, ref)  # nobody measured it: run
+    assert not gates_nothing(fixed, "normal", None, None)  # no reference for this GPU model: run
+    quiet = _Local(*[_entry(fixed, m, [100.0, 100.1, 99.9, 100.0, 100.2]) for m in ("tokens_per_s",)])
+    assert not gates_nothing(fixed, "normal", quiet, ref)  # the site's own history gates it: run
+
+
+def test_progress_estimates_the_time_left_from_the_last_run_else_this_runs_average() -> None:
+    p = Progress(["a", "b", "c"], previous={"b": 100.0, "c": 50.0}, started=0.0, last_line=0.0)
+    assert p.finished("a", 5.0, now=5.0) is None  # short, and soon after the last line
+    assert p.finished("b", 30.0, now=35.0) == ("pytest-mig: 2 of 3 tests done in 35 s; about 50 s left "
+                                              "(from the last run's times)")
+    fresh = Progress(["a", "b", "c"], started=0.0, last_line=0.0)
+    assert fresh.left_s() is None
+    assert fresh.finished("a", 90.0, now=90.0) == ("pytest-mig: 1 of 3 tests done in 1 min 30 s; about 3 min 00 s "
+                                                  "left (from this run's average)")
+
+
+def test_each_tests_seconds_are_kept_and_read_back_for_the_next_estimate(h200: Run_,  # noqa: F811
+                                                                        pytester: pytest.Pytester) -> None:
+    h200("--mig-results", "night/first.json").assert_outcomes(passed=1)
+    _, meta = read_results_file(pytester.path / "night" / "first.json")
+    assert set(meta["durations"]) == {TEST_ID} and meta["durations"][TEST_ID] >= 0
+    assert previous_durations(pytester.path / "night") == meta["durations"]
+    assert previous_durations(pytester.path / "night", pytester.path / "night" / "first.json") == {}
+
+
+def test_an_ungated_test_is_deselected_with_the_reason_and_runs_on_request(
+        h200: Run_, pytester: pytest.Pytester, tmp_path: Path) -> None:  # noqa: F811
+    """A reference whose two runs of the figure are 30% apart: it is too noisy to gate anywhere."""
+    from pytest_mig.measure import Metric
+    from pytest_mig.results import ResultRecord, write_results
+
+    target = {"kind": "full", "profile": "full", "baseline_profile": "full", "gpu_name": "NVIDIA H200",
+              "gpu_slug": "nvidia-h200"}
+    for i, (rate, latency) in enumerate([(100.0, 2.0), (130.0, 2.6)]):
+        recs = [ResultRecord(TEST_ID, Metric("rate", rate, "items/s"), target, {}, f"2026-11-2{i}T00:00:00+00:00"),
+                ResultRecord(TEST_ID, Metric("latency_ms", latency, "ms", "lower"), target, {},
+                             f"2026-11-2{i}T00:00:00+00:00")]
+        write_results(tmp_path / f"r{i}.json", recs)
+    build([tmp_path / "r0.json", tmp_path / "r1.json"], tmp_path / "ref")
+    left_out = h200(f"--mig-reference={tmp_path / 'ref'}")  # one token: not a path pytest takes for the rootdir
+    left_out.assert_outcomes(deselected=1)
+    left_out.stdout.fnmatch_lines(["*1 test(s) not run: every figure of theirs is too noisy to gate in normal mode "
+                                   "here*--mig-all-tests runs them: test_rate"])
+    h200(f"--mig-reference={tmp_path / 'ref'}", "--mig-all-tests").assert_outcomes(passed=1)
