@@ -691,13 +691,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
     folder = state.checkpoint.path.parent if state.checkpoint is not None else None
     previous = previous_durations(folder, state.checkpoint.path) if folder is not None else {}
-    state.progress = Progress([i.nodeid for i in session.items], previous)
+    benchmarks = [i.nodeid for i in session.items if _uses_bench(i)]  # not a plugin's own unit tests
+    state.progress = Progress(benchmarks, previous) if benchmarks else None
 
 
 def _timed(item: pytest.Item, state: RunState, report: pytest.TestReport) -> None:
     """Each test's time (kept in the results file), and a progress line after a long one."""
     state.durations[item.nodeid] = state.durations.get(item.nodeid, 0.0) + float(report.duration or 0.0)
-    if report.when != "teardown" or state.progress is None:
+    if report.when != "teardown" or state.progress is None or item.nodeid not in state.progress.tests:
         return
     line = state.progress.finished(item.nodeid, state.durations[item.nodeid])
     reporter = item.config.pluginmanager.get_plugin("terminalreporter")

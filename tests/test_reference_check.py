@@ -74,7 +74,7 @@ def test_a_time_is_made_worse_by_dividing_it_by_what_is_left(tmp_path: Path) -> 
 
 
 def test_an_energy_figure_held_out_takes_its_rate_partner_s_sigma_without_the_same_run(tmp_path: Path) -> None:
-    """J/token shares tokens/s's timing (README, "The rule"): with tokens/s noisy, it is not judged,
+    """J/token shares tokens/s's timing (docs/verdicts.md, "The rule"): with tokens/s noisy, it is not judged,
     however well its own runs agree."""
     runs = {"tokens_per_s": [100.0, 80.0, 120.0], "energy_j_per_token": [1.0, 1.002, 0.999]}
     out = folder(tmp_path, {"3g.71gb": runs})
