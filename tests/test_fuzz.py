@@ -127,6 +127,13 @@ def _write(path: Path, doc: Any) -> Path:
     return path
 
 
+def _mutant_file(factory: pytest.TempPathFactory, data: Any, seed: Any, where: str) -> Path:
+    """A mutant of ``seed`` written at ``where`` in a fresh folder, as the reader will find it."""
+    path = factory.mktemp("m") / where
+    path.parent.mkdir(parents=True)
+    return _write(path, data.draw(mutants(seed)))
+
+
 @FUZZ
 @given(data=st.data())
 def test_results_files_read_or_say_why_and_the_commands_never_trace_back(seeds: dict[str, Any], tmp_path_factory:
@@ -152,11 +159,8 @@ def test_results_files_read_or_say_why_and_the_commands_never_trace_back(seeds: 
 @given(data=st.data())
 def test_baseline_files_read_or_say_why(seeds: dict[str, Any], tmp_path_factory: pytest.TempPathFactory,
                                         data: Any) -> None:
-    tmp = tmp_path_factory.mktemp("b")
-    doc = data.draw(mutants(seeds["baseline"]))
-    path = tmp / "baselines" / "nvidia-h200" / "full.json"
-    path.parent.mkdir(parents=True)
-    _write(path, doc)
+    path = _mutant_file(tmp_path_factory, data, seeds["baseline"], "baselines/nvidia-h200/full.json")
+    tmp = path.parent.parent.parent
     text = path.read_text()
     try:
         base = load_baseline_file(path)
@@ -177,11 +181,8 @@ def test_baseline_files_read_or_say_why(seeds: dict[str, Any], tmp_path_factory:
 @given(data=st.data())
 def test_reference_files_read_or_say_why(seeds: dict[str, Any], tmp_path_factory: pytest.TempPathFactory,
                                          data: Any) -> None:
-    tmp = tmp_path_factory.mktemp("ref")
-    doc = data.draw(mutants(seeds["reference"]))
-    path = tmp / "nvidia-h200" / "full.json"
-    path.parent.mkdir(parents=True)
-    _write(path, doc)
+    path = _mutant_file(tmp_path_factory, data, seeds["reference"], "nvidia-h200/full.json")
+    tmp = path.parent.parent
     try:
         ref = ReferenceStore(tmp).load("nvidia-h200", "full")
     except BaselineError as exc:
