@@ -28,7 +28,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 #: Fingerprint keys that make compiled code stale when they change.
 STACK_KEYS = ("gpu_name", "driver", "cuda_driver", "cuda_runtime", "torch", "triton")
@@ -84,6 +84,28 @@ def gates_nothing(test: str, mode: str, local: Any, reference: Any) -> bool:
                 if band(own.values, tolerance=own.tolerance).gates:
                     return False
     return known
+
+
+def ungated(tests: Iterable[tuple[Any, str, Any]], mode: str, store: Any, references: Any) -> list[Any]:
+    """The items of ``tests`` ((item, test key, Target) triples) that gate nothing in ``mode`` on their
+    Target (:func:`gates_nothing`); a history or reference that cannot be read decides nothing (the
+    test runs, and its verdict names the file)."""
+    from .baselines import BaselineError
+
+    out = []
+    histories: dict[tuple[str, str], Any] = {}  # each history read once, not once per test
+    for item, key, target in tests:
+        where = (target.gpu_slug, target.baseline_profile)
+        try:
+            if where not in histories:
+                histories[where] = store.load(*where)
+            local = histories[where]
+            ref = references.load(*where) if references is not None else None
+        except BaselineError:
+            continue
+        if gates_nothing(key, mode, local, ref):
+            out.append(item)
+    return out
 
 
 @dataclass
@@ -152,4 +174,4 @@ def previous_durations(folder: Path, current: Path | None = None) -> dict[str, f
 
 
 __all__ = ["CACHE_FOLDER", "PROGRESS_EVERY_S", "Progress", "compile_caches", "gates_nothing", "previous_durations",
-           "stack_key"]
+           "stack_key", "ungated"]

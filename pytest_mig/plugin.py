@@ -389,31 +389,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _deselect_ungated(config: pytest.Config, state: RunState, items: list[pytest.Item]) -> None:
-    """Leave out the tests that gate nothing in this mode on their Target (night.gates_nothing)."""
-    from .baselines import BaselineError, BaselineStore
-    from .night import gates_nothing
+    """Leave out the tests that gate nothing in this mode on their Target (night.ungated)."""
+    from .baselines import BaselineStore
+    from .night import ungated
 
     mode = "quick" if config.getoption("mig_quick") else "normal"
-    store = BaselineStore(baseline_dir(config))
-    ungated: list[pytest.Item] = []
-    for item in items:
-        if item.get_closest_marker("skip") or not _uses_bench(item):
-            continue
-        t = _item_target(item, state.plan)
-        try:
-            local = store.load(t.gpu_slug, t.baseline_profile)
-            ref = state.references.load(t.gpu_slug, t.baseline_profile) if state.references is not None else None
-        except BaselineError:  # said where the test is judged; a broken file decides nothing here
-            continue
-        if gates_nothing(_test_key(item, t), mode, local, ref):
-            ungated.append(item)
-    if ungated:
-        items[:] = [i for i in items if i not in ungated]
-        config.hook.pytest_deselected(items=ungated)
-        state.messages.append(f"{len(ungated)} test(s) not run: every figure of theirs is too noisy to gate in "
+    chosen = [(i, _item_target(i, state.plan)) for i in items if not i.get_closest_marker("skip") and _uses_bench(i)]
+    left_out = ungated([(i, _test_key(i, t), t) for i, t in chosen], mode, BaselineStore(baseline_dir(config)),
+                       state.references)
+    if left_out:
+        items[:] = [i for i in items if i not in left_out]
+        config.hook.pytest_deselected(items=left_out)
+        state.messages.append(f"{len(left_out)} test(s) not run: every figure of theirs is too noisy to gate in "
                               f"{mode} mode here (in the history, else the reference), so they would buy no "
                               f"verdict; --mig-all-tests runs them: "
-                              + ", ".join(i.nodeid.split("::")[-1] for i in ungated))
+                              + ", ".join(i.nodeid.split("::")[-1] for i in left_out))
 
 
 def _uses_bench(item: pytest.Item) -> bool:
