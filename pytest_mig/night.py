@@ -10,11 +10,12 @@ things here keep that time honest:
   are the example.  They are deselected with the reason; ``--mig-all-tests`` runs them (a site that
   wants them reported, or that builds the history that may let them gate).  A test the reference
   does not know (a GPU model without one) always runs.
-- **Compilation is paid once per stack** (:func:`compile_caches`): Inductor's FX graph and
+- **Compilation and batch searches are paid once per stack** (:func:`compile_caches`): Inductor's FX graph and
   AOTAutograd caches and Triton's kernel cache live in ``.mig-compile-cache/`` beside the baseline
   folder (a nightly's state folder keeps both), one per
   software stack (GPU model, driver, CUDA, torch, triton), so the second night on the same stack
-  loads what the first compiled, and a new driver, CUDA or torch starts a fresh folder.
+  loads what the first compiled, and a new driver, CUDA or torch starts a fresh folder.  The largest
+  batches the training cases found are kept there too (:mod:`pytest_mig.workloads.batch_search`).
 - **Progress and time left** (:class:`Progress`): after each test that took a while, a line with
   the tests done, the time spent and the time left, estimated from the last run's durations of
   the same tests (kept in its results file) or else from this run's average.
@@ -55,6 +56,7 @@ def compile_caches(baselines: Path, fingerprint: Mapping[str, Any], environ: Any
         return None
     environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(folder / "inductor"))
     environ.setdefault("TRITON_CACHE_DIR", str(folder / "triton"))
+    environ["PYTEST_MIG_STACK_CACHE"] = str(folder)  # the largest batches found (workloads.batch_search)
     return folder
 
 

@@ -4,7 +4,6 @@ line's estimate of the time left."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Callable
 
@@ -24,7 +23,8 @@ def test_compile_caches_live_beside_the_baselines_one_folder_per_stack(tmp_path:
     env: dict[str, str] = {}
     folder = compile_caches(tmp_path / "baselines", FP, env)
     assert folder == tmp_path / CACHE_FOLDER / stack_key(FP) and folder.is_dir()
-    assert env == {"TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor"), "TRITON_CACHE_DIR": str(folder / "triton")}
+    assert env == {"TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor"), "TRITON_CACHE_DIR": str(folder / "triton"),
+                   "PYTEST_MIG_STACK_CACHE": str(folder)}
     assert not (tmp_path / "baselines").exists()  # the reviewed folder gets nothing
     assert stack_key({**FP, "driver": "590.10.02"}) != stack_key(FP)  # a new driver starts a fresh cache
     assert stack_key({**FP, "gpu_uuid": "GPU-other"}) == stack_key(FP)  # another board of the model shares it

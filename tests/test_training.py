@@ -405,7 +405,8 @@ def test_grow_batch_projects_from_the_compiled_steps_memory():
     assert (grown.start, grown.projected, grown.batch) == (10, 38, 38)
     assert grown.per_sequence_bytes == pytest.approx(2 * GB)
     assert calls == [38] and grown.tried == [(38, True)] and not cleanups
-    assert grown.to_dict() == {"start": 10, "projected": 38, "batch": 38, "per_sequence_gb": 2.0, "tried": [[38, True]]}
+    assert grown.to_dict() == {"start": 10, "projected": 38, "batch": 38, "per_sequence_gb": 2.0, "tried": [[38, True]],
+                               "remembered": False}
 
 
 def test_grow_batch_falls_back_halfway_then_to_the_start():

@@ -48,14 +48,15 @@ import gc
 import importlib.util
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
 from ..measure import Metric, Timer, Timing, energy_metrics, percentile
 from ..target import Target
-from . import DoesNotFit, WorkloadError, hf
+from . import DoesNotFit, WorkloadError, batch_search, hf
+from .batch_search import _OOM_ERROR, BatchGrowth, BatchSearch, grow_batch, is_oom, max_batch_search
 from .hf import CONFIG_NAMES, CONFIGS, LORA, LoraSpec, ModelConfig
 
 MODES: tuple[str, ...] = ("full", "lora", "qlora")
@@ -105,7 +106,6 @@ ALPHABET = 64
 DATA_POOL = 4
 SEED = 20240611
 
-_OOM_ERROR: type[BaseException] = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
 # --------------------------------------------------------------------------- memory planning
 
@@ -265,146 +265,6 @@ class CycleTask:
         return self.cycle[pos].contiguous()
 
 
-# --------------------------------------------------------------------------- max-batch search
-
-
-def is_oom(exc: BaseException) -> bool:
-    """Whether an exception is the device running out of memory (torch's or cuBLAS's way of saying it)."""
-    if isinstance(exc, _OOM_ERROR):
-        return True
-    text = str(exc)
-    return isinstance(exc, RuntimeError) and ("out of memory" in text.lower() or "CUBLAS_STATUS_ALLOC_FAILED" in text)
-
-
-@dataclass
-class BatchSearch:
-    """Outcome of :func:`max_batch_search`: the batch, every size tried and whether it fitted."""
-
-    batch: int
-    tried: list[tuple[int, bool]] = field(default_factory=list)
-    capped: bool = False  # the search reached its upper limit without running out of memory
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"batch": self.batch, "tried": [[b, ok] for b, ok in self.tried], "capped": self.capped}
-
-
-def max_batch_search(
-    try_batch: Callable[[int], object],
-    *,
-    start: int = 1,
-    limit: int,
-    resolution: float = 0.125,
-    after_oom: Callable[[], None] | None = None,
-) -> BatchSearch:
-    """The largest batch in [1, limit] for which ``try_batch`` does not run out of memory.
-
-    Doubles from ``start`` until a size fails or ``limit`` is reached, then bisects between the last
-    size that fitted and the first that did not, until the gap is at most ``resolution`` of the
-    fitting size (1 at least).  A start that fails is halved until one fits.  Any exception other
-    than running out of memory (:func:`is_oom`) propagates; ``after_oom`` runs after each failure,
-    outside the ``except`` block so the failed step's tensors are already unreachable.  Raises
-    DoesNotFit when not even one sequence fits.
-    """
-    if limit < 1:
-        raise ValueError(f"the batch limit must be at least 1, not {limit}")
-    tried: list[tuple[int, bool]] = []
-
-    def fits(b: int) -> bool:
-        return _fits(try_batch, b, tried, after_oom)
-
-    b = max(1, min(start, limit))
-    while not fits(b):
-        if b == 1:
-            raise DoesNotFit("not even one sequence per step fits this Target's memory")
-        b //= 2
-    lo, hi = b, None
-    while hi is None and lo < limit:
-        nxt = min(2 * lo, limit)
-        if fits(nxt):
-            lo = nxt
-        else:
-            hi = nxt
-    if hi is None:
-        return BatchSearch(lo, tried, capped=True)
-    while hi - lo > max(1, int(lo * resolution)):
-        mid = (lo + hi) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid
-    return BatchSearch(lo, tried, capped=False)
-
-
-def _fits(try_batch: Callable[[int], object], b: int, tried: list[tuple[int, bool]],
-          after_oom: Callable[[], None] | None) -> bool:
-    """Try ``b``; False where it ran out of memory (``after_oom`` then runs, outside the ``except``
-    block, so the failed step's tensors are already unreachable).  Other errors propagate."""
-    failed = False
-    try:
-        try_batch(b)
-    except Exception as exc:
-        if not is_oom(exc):
-            raise
-        failed = True
-    if failed and after_oom is not None:
-        after_oom()
-    tried.append((b, not failed))
-    return not failed
-
-
-#: Share of the projected room a compiled batch may plan to fill (the projection is linear in the
-#: batch; the allocator's rounding and fragmentation are not).
-COMPILED_MARGIN = 0.95
-
-
-@dataclass
-class BatchGrowth:
-    """How the compiled step's batch grew from the eager search's (:func:`grow_batch`)."""
-
-    start: int  # the eager search's batch, at which the compiled step's memory was measured
-    projected: int  # the largest batch the measured memory projects to fit
-    batch: int  # the batch measured: the largest tried that fitted, or ``start``
-    per_sequence_bytes: float
-    tried: list[tuple[int, bool]] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"start": self.start, "projected": self.projected, "batch": self.batch,
-                "per_sequence_gb": round(self.per_sequence_bytes / 1e9, 4), "tried": [[b, ok] for b, ok in self.tried]}
-
-
-def grow_batch(
-    try_batch: Callable[[int], object],
-    *,
-    start: int,
-    resting_bytes: float,
-    peak_bytes: float,
-    room_bytes: float,
-    limit: int,
-    margin: float = COMPILED_MARGIN,
-    after_oom: Callable[[], None] | None = None,
-) -> BatchGrowth:
-    """The largest batch a compiled step holds, projected from its memory at the eager search's batch.
-
-    torch.compile's step keeps far less for backward than the eager one (Qwen2.5-1.5B on an H100:
-    batch 32 compiled where eager holds 18), so the eager search's batch leaves a compiled case
-    short of the largest batch it can run.  Searching again would compile every size tried (tens of
-    seconds each); instead the compiled step's peak at ``start`` (``peak_bytes``, with the
-    weights and optimizer state, ``resting_bytes``, that every batch needs) gives the bytes per
-    sequence, and ``margin`` of the room they leave gives the projection.  It is tried (one more
-    compilation), then halfway between ``start`` and it; ``start``, which ran already, is the
-    answer if neither fits.  Errors other than running out of memory propagate.
-    """
-    per_seq = (peak_bytes - resting_bytes) / start if start > 0 else 0.0
-    if per_seq <= 0 or room_bytes <= resting_bytes:
-        return BatchGrowth(start, start, start, max(per_seq, 0.0))
-    projected = max(start, min(limit, int(margin * (room_bytes - resting_bytes) / per_seq)))
-    tried: list[tuple[int, bool]] = []
-    for b in dict.fromkeys((projected, (start + projected) // 2)):
-        if b > start and _fits(try_batch, b, tried, after_oom):
-            return BatchGrowth(start, projected, b, per_seq, tried)
-    return BatchGrowth(start, projected, start, per_seq, tried)
-
-
 # --------------------------------------------------------------------------- the run
 
 
@@ -520,6 +380,10 @@ class _Trainer:
         (``dynamic=False``: a second size compiles its own graph, as fast as the first, rather than
         one graph with a symbolic batch)."""
         self.step_model = torch.compile(self.model, dynamic=False)
+
+    def uncompile(self) -> None:
+        """Eager steps again (a remembered compiled batch that no longer fits: the search runs eager)."""
+        self.step_model = self.model
 
     def set_lr(self, lr: float) -> None:
         for g in self.opt.param_groups:
@@ -715,14 +579,8 @@ def _train(trainer: _Trainer, target: Target, timer: Timer, batch: str, effort: 
     search: BatchSearch | None = None
     growth: BatchGrowth | None = None
     if batch == "maxbatch":
-        trainer.probe(1)  # builds the optimizer state, which every later probe must fit beside
-        search = _search(trainer, cfg, mode, target.memory_budget(), target.is_cpu, effort)  # eager steps
-        n_batch = search.batch
-        if compile_model:
-            trainer.compile()
-            if cuda:  # the compiled step holds more: grow the batch, the optimizer state still built
-                growth = _grow_compiled(trainer, n_batch, usable_bytes(target.memory_budget()), effort.max_batch)
-                n_batch = growth.batch
+        search, growth = _find_batch(trainer, target, effort, compile_model)
+        n_batch = growth.batch if growth is not None else search.batch
         trainer.reset_moments()  # the measured run starts with fresh moments, as the fixed one does
         _release(device)
     else:
@@ -752,6 +610,39 @@ def measured_losses(losses: list[float], repeats: int, energy_calls: int) -> lis
     if repeats < 1 or end < repeats:
         raise ValueError(f"{len(losses)} steps cannot hold {repeats} measured and {energy_calls} energy-window steps")
     return losses[end - repeats:end]
+
+
+def _find_batch(trainer: _Trainer, target: Target, effort: Effort,
+                compile_model: bool) -> tuple[BatchSearch, BatchGrowth | None]:
+    """The largest batch (eager search, then the compiled step's growth), last night's where the
+    stack's folder remembers it and it is confirmed (:mod:`.batch_search`)."""
+    cfg, mode, cuda = trainer.cfg, trainer.mode, trainer.device.startswith("cuda")
+    trainer.probe(1)  # builds the optimizer state, which every later probe must fit beside
+    room = usable_bytes(target.memory_budget())
+    limits = f"max {effort.max_batch}, resolution {effort.search_resolution}"
+    case = batch_search.key(cfg.name, mode, compile_model, limits, target) if cuda else ""
+    known = batch_search.recall(case) if case else {}
+    if compile_model and known.get("compiled") and known.get("eager"):
+        trainer.compile()
+        growth = batch_search.confirm_growth(lambda b: trainer.probe(b, room, steps=COMPILED_PROBE_STEPS),
+                                             known["eager"], known["compiled"], after_oom=trainer.after_oom)
+        if growth is not None:
+            return BatchSearch(known["eager"], remembered=True), growth
+        trainer.uncompile()  # it no longer fits: search again, eager steps first
+    search = None
+    if known.get("eager"):
+        search = batch_search.confirm_batch(lambda b: trainer.probe(b, room), known["eager"], limit=effort.max_batch,
+                                            resolution=effort.search_resolution, after_oom=trainer.after_oom)
+    search = search or _search(trainer, cfg, mode, target.memory_budget(), target.is_cpu, effort)  # eager steps
+    growth = None
+    if compile_model:
+        trainer.compile()
+        if cuda:  # the compiled step holds more: grow the batch, the optimizer state still built
+            growth = _grow_compiled(trainer, search.batch, room, effort.max_batch)
+    if case:  # a compiled batch only where its projection fitted: a fallback may be another process's doing
+        batch_search.remember(case, eager=search.batch,
+                              compiled=growth.batch if growth is not None and growth.batch == growth.projected else None)
+    return search, growth
 
 
 def _search(trainer: _Trainer, cfg: ModelConfig, mode: str, budget: int, cpu: bool, effort: Effort) -> BatchSearch:

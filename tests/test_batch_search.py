@@ -1,0 +1,155 @@
+"""The largest batch remembered per stack: confirmed with the search's own guarantee, never trusted blindly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pytest_mig.workloads import batch_search as bs
+from pytest_mig.workloads import training as tr
+
+
+def _oom_above(threshold: int, calls: list[int]):
+    def try_batch(b: int) -> None:
+        calls.append(b)
+        if b > threshold:
+            raise bs._OOM_ERROR("CUDA out of memory")
+    return try_batch
+
+
+@pytest.fixture
+def stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv(bs.ENV, str(tmp_path / "stack"))
+    return tmp_path / "stack"
+
+
+def test_batches_are_kept_per_case_and_an_unreadable_file_is_no_answer(stack: Path) -> None:
+    assert bs.recall("gpt2|full") == {}  # nothing yet: the search runs
+    bs.remember("gpt2|full", eager=48, compiled=126)
+    bs.remember("qwen|full", eager=18, compiled=None)
+    assert bs.recall("gpt2|full") == {"eager": 48, "compiled": 126}
+    assert bs.recall("qwen|full") == {"eager": 18}
+    bs.remember("gpt2|full", eager=50)  # a new eager batch keeps the compiled one
+    assert bs.recall("gpt2|full") == {"eager": 50, "compiled": 126}
+    for text in ('{"gpt2|full": {"eager": 48, "eager": 1}}', '{"gpt2|full": {"eager": true}}', "[1]", "{"):
+        (stack / bs.FILE).write_text(text)
+        assert bs.recall("gpt2|full") == {}  # never an error: the search runs
+    bs.remember("gpt2|full", eager=48)  # and an unreadable cache is rebuilt
+    assert bs.recall("gpt2|full") == {"eager": 48}
+
+
+def test_nothing_is_kept_without_a_stack_folder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv(bs.ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    bs.remember("gpt2|full", eager=48)
+    assert bs.recall("gpt2|full") == {} and not list(tmp_path.iterdir())
+
+
+def test_a_remembered_batch_is_confirmed_with_two_probes_or_searched_again() -> None:
+    calls: list[int] = []
+    found = bs.confirm_batch(_oom_above(50, calls), 48, limit=256, resolution=0.125)
+    assert found is not None and (found.batch, found.remembered, found.capped) == (48, True, False)
+    assert calls == [48, 54] and found.tried == [(48, True), (54, False)]  # it fits; one resolution step more does not
+    calls.clear()
+    assert bs.confirm_batch(_oom_above(60, calls), 48, limit=256, resolution=0.125) is None  # more fits now: search
+    assert bs.confirm_batch(_oom_above(40, calls), 48, limit=256, resolution=0.125) is None  # no longer fits: search
+    calls.clear()
+    capped = bs.confirm_batch(_oom_above(1000, calls), 64, limit=64, resolution=0.125)
+    assert capped is not None and capped.capped and calls == [64]  # at the limit nothing above is tried
+    assert bs.confirm_batch(_oom_above(1000, calls), 65, limit=64, resolution=0.125) is None  # the limit fell: search
+
+
+@settings(max_examples=200, deadline=None)
+@given(threshold=st.integers(1, 300), resolution=st.sampled_from([0.0, 0.0625, 0.125, 0.25]),
+       limit=st.integers(1, 256), start=st.integers(1, 64))
+def test_a_confirmed_batch_is_what_the_search_finds(threshold: int, resolution: float, limit: int, start: int) -> None:
+    calls: list[int] = []
+    try:
+        searched = tr.max_batch_search(_oom_above(threshold, calls), start=start, limit=limit, resolution=resolution)
+    except tr.DoesNotFit:
+        return
+    confirmed = bs.confirm_batch(_oom_above(threshold, calls), searched.batch, limit=limit, resolution=resolution)
+    # the search's answer is confirmed where its guarantee (the next resolution step fails) holds, and
+    # whatever is confirmed is within the search's resolution of the true largest batch
+    if confirmed is not None:
+        true_max = min(threshold, limit)
+        assert confirmed.batch <= true_max <= confirmed.batch + max(1, int(confirmed.batch * resolution))
+    else:
+        gap = max(1, int(searched.batch * resolution))
+        assert searched.batch + gap <= min(threshold, limit)  # refused only where more fits than one step above
+
+
+def test_a_remembered_compiled_batch_is_tried_once() -> None:
+    calls: list[int] = []
+    grown = bs.confirm_growth(_oom_above(130, calls), 48, 126)
+    assert grown is not None and (grown.start, grown.batch, grown.remembered, calls) == (48, 126, True, [126])
+    assert bs.confirm_growth(_oom_above(100, calls), 48, 126) is None
+    assert bs.confirm_growth(_oom_above(1000, calls), 48, 40) is None  # below its own start: not a growth
+
+
+class _Trainer:
+    """A training run's batch probes: eager steps fit up to ``eager``, compiled steps up to ``compiled``."""
+
+    def __init__(self, eager: int, compiled: int) -> None:
+        self.cfg, self.mode, self.device = SimpleNamespace(name="gpt2-small", fixed_batch=8), "full", "cuda:0"
+        self.eager, self.compiled, self.is_compiled, self.probes = eager, compiled, False, []
+
+    def probe(self, b: int, room: float | None = None, *, steps: int = 1) -> None:
+        self.probes.append((b, self.is_compiled))
+        if b > (self.compiled if self.is_compiled else self.eager):
+            raise bs._OOM_ERROR("CUDA out of memory")
+
+    def compile(self) -> None:
+        self.is_compiled = True
+
+    def uncompile(self) -> None:
+        self.is_compiled = False
+
+    def after_oom(self) -> None:
+        pass
+
+
+def _grow_to_projection(trainer: _Trainer, start: int, room: float, limit: int) -> tr.BatchGrowth:
+    # the projection a compiled step's memory gives (the real one reads torch.cuda's counters)
+    return bs.grow_batch(lambda b: trainer.probe(b), start=start, resting_bytes=0.0, peak_bytes=float(start),
+                         room_bytes=2.0 * start / bs.COMPILED_MARGIN, limit=limit, after_oom=trainer.after_oom)
+
+
+TARGET = SimpleNamespace(gpu_slug="nvidia-h100-80gb-hbm3", baseline_profile="full", effective_sms=132, is_cpu=False,
+                         memory_budget=lambda: 80 * 10**9)
+EFFORT = tr.Effort(warmup=1, repeats=3, max_batch=256, search_resolution=0.125)
+
+
+def test_the_second_night_confirms_what_the_first_found(stack: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tr, "_grow_compiled", _grow_to_projection)
+    first = _Trainer(eager=50, compiled=200)
+    search, growth = tr._find_batch(first, TARGET, EFFORT, compile_model=True)
+    assert (search.batch, growth.batch, search.remembered, growth.remembered) == (48, 96, False, False)
+    second = _Trainer(eager=50, compiled=200)
+    search, growth = tr._find_batch(second, TARGET, EFFORT, compile_model=True)
+    assert (search.batch, growth.batch, search.remembered, growth.remembered) == (48, 96, True, True)
+    assert second.probes == [(1, False), (96, True)]  # the optimizer state's probe, then one compiled probe
+    eager = _Trainer(eager=50, compiled=200)
+    assert tr._find_batch(eager, TARGET, EFFORT, compile_model=False)[0].batch == 48
+    eager = _Trainer(eager=50, compiled=200)
+    search, growth = tr._find_batch(eager, TARGET, EFFORT, compile_model=False)
+    assert (search.batch, search.remembered, growth, eager.probes) == (48, True, None, [(1, False), (48, False), (54, False)])
+
+
+def test_a_night_with_less_memory_does_not_shrink_the_next(stack: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tr, "_grow_compiled", _grow_to_projection)
+    tr._find_batch(_Trainer(eager=50, compiled=200), TARGET, EFFORT, compile_model=True)
+    crowded = _Trainer(eager=50, compiled=60)  # another process holds memory: the compiled batch no longer fits
+    search, growth = tr._find_batch(crowded, TARGET, EFFORT, compile_model=True)
+    assert (96, True) in crowded.probes and (search.remembered, growth.remembered) == (True, False)
+    assert growth.batch == 48  # the projection (96) and halfway (72) ran out of memory: the eager batch
+    # the fallback is not remembered: the projection did not fit, so the next night tries it again
+    case = bs.key("gpt2-small", "full", True, "max 256, resolution 0.125", TARGET)
+    assert bs.recall(case) == {"eager": 48, "compiled": 96}
+    free = _Trainer(eager=50, compiled=200)
+    search, growth = tr._find_batch(free, TARGET, EFFORT, compile_model=True)
+    assert (growth.batch, growth.remembered) == (96, True)
