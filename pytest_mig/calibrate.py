@@ -63,6 +63,9 @@ def check_pytest_args(pytest_args: Sequence[str]) -> None:
         name = arg.split("=", 1)[0]
         if name in OWN_OPTIONS:
             raise ValueError(f"{name} is set by pytest-mig itself here; leave it out of the pytest arguments")
+        if name == "--mig-window":
+            raise ValueError("--mig-window leaves tests out of a night, and each run here must run them all; "
+                             "leave it out of the pytest arguments")
 
 
 def calibrate(pytest_args: Sequence[str], runs: int, baseline_dir: Path, work_dir: Path, *,

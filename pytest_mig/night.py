@@ -144,12 +144,12 @@ class Progress:
         now = time.monotonic() if now is None else now
         left = self.left_s()
         source = "the last run's times" if any(t in self.previous for t in self.tests) else "this run's average"
-        tail = "" if left is None else f"; about {_duration(left)} left (from {source})"
-        return (f"pytest-mig: {len(self.done)} of {len(self.tests)} tests done in {_duration(now - self.started)}"
+        tail = "" if left is None else f"; about {duration_text(left)} left (from {source})"
+        return (f"pytest-mig: {len(self.done)} of {len(self.tests)} tests done in {duration_text(now - self.started)}"
                 f"{tail}")
 
 
-def _duration(seconds: float) -> str:
+def duration_text(seconds: float) -> str:
     seconds = max(0, round(seconds))
     return f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
 
@@ -175,5 +175,5 @@ def previous_durations(folder: Path, current: Path | None = None) -> dict[str, f
     return {}
 
 
-__all__ = ["CACHE_FOLDER", "PROGRESS_EVERY_S", "Progress", "compile_caches", "gates_nothing", "previous_durations",
-           "stack_key", "ungated"]
+__all__ = ["CACHE_FOLDER", "PROGRESS_EVERY_S", "Progress", "compile_caches", "duration_text", "gates_nothing",
+           "previous_durations", "stack_key", "ungated"]

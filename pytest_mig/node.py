@@ -30,13 +30,13 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence, TextIO
+from typing import Any, Sequence, TextIO
 
-from . import exports
+from . import exports, window
 from .checkpoint import stop_on_sigterm
 from .nvml import Inventory, cuda_visible
 from .profiles import ALL, FULL
-from .results import ResultRecord, ResultsFileError, read_results, write_results
+from .results import ResultRecord, ResultsFileError, read_results_file, write_results
 from .target import SelectionError
 
 #: Options a worker must not get from the command line: the node runner writes these itself.
@@ -124,8 +124,10 @@ class Worker:
 
 
 def run_workers(args: Sequence[str], devs: Sequence[Device], folder: Path, out: TextIO,
-                python: str = sys.executable) -> list[Worker]:
-    """Start one pytest worker per free device, all at once, and wait for every one."""
+                python: str = sys.executable, nights: Path | None = None) -> list[Worker]:
+    """Start one pytest worker per free device, all at once, and wait for every one.  ``nights``: the
+    folder of the node's earlier results files, where a worker finds each test's last time
+    (``--mig-window``: every device plans the same night from them)."""
     workers = []
     for n, d in enumerate(devs):
         w = Worker(d, folder / f"device{n}.log", folder / f"device{n}.json")
@@ -134,6 +136,8 @@ def run_workers(args: Sequence[str], devs: Sequence[Device], folder: Path, out: 
             print(f"pytest-mig node: {d.label} is busy (pids {', '.join(map(str, d.busy_pids))}): not run", file=out)
             continue
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=d.uuid, PYTEST_MIG_NODE_WORKER=str(n))
+        if nights is not None:
+            env[window.NIGHTS_ENV] = str(nights)
         cmd = [python, "-m", "pytest", *worker_args(args, d, w.results, n)]
         with open(w.log, "wb") as log:
             w.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -177,9 +181,11 @@ def _tail(path: Path, lines: int = 3) -> str:
     return " | ".join(text[-lines:])
 
 
-def merge(workers: Sequence[Worker], out: TextIO) -> tuple[list[ResultRecord], list[str]]:
-    """Every worker's records, and one sentence per device that gave none or failed."""
+def merge(workers: Sequence[Worker], out: TextIO) -> tuple[list[ResultRecord], list[str], dict[str, Any]]:
+    """Every worker's records, one sentence per device that gave none or failed, and the meta the
+    node's results file keeps of theirs (each test's longest time, what a window left out)."""
     records: list[ResultRecord] = []
+    metas: list[dict[str, Any]] = []
     problems = []
     for w in workers:
         if w.proc is None:
@@ -188,7 +194,8 @@ def merge(workers: Sequence[Worker], out: TextIO) -> tuple[list[ResultRecord], l
         got: list[ResultRecord] = []
         if w.results.exists():
             try:
-                got = read_results(w.results)
+                got, meta = read_results_file(w.results)
+                metas.append(meta)
             except ResultsFileError as exc:
                 problems.append(f"{w.device.label}: {exc}")
         records.extend(got)
@@ -198,7 +205,7 @@ def merge(workers: Sequence[Worker], out: TextIO) -> tuple[list[ResultRecord], l
               file=out)
         if w.returncode not in (0, 1, 5) and not w.stopped:
             problems.append(f"{w.device.label}: the worker ended with exit {w.returncode}: {_tail(w.log)}")
-    return records, problems
+    return records, problems, window.merge_meta(metas)
 
 
 def main(args: Sequence[str], inv: Inventory, profile: str | None, emulate: bool, results: str | None,
@@ -210,12 +217,13 @@ def main(args: Sequence[str], inv: Inventory, profile: str | None, emulate: bool
 
     devs = devices(inv, profile, emulate, os.environ.get("CUDA_VISIBLE_DEVICES"))
     folder = Path(tempfile.mkdtemp(prefix="pytest-mig-node-"))
-    workers = run_workers(args, devs, folder, out)
+    path = None if results == "none" else Path(results) if results else default_results_path(rootdir)
+    workers = run_workers(args, devs, folder, out, nights=path.parent if path is not None else None)
     stopped = next((w.stopped for w in workers if w.stopped), None)
     if stopped:
         print(f"pytest-mig node: stopped ({stopped}): every worker was asked to stop; the figures of their "
               "finished tests are kept, marked incomplete", file=out)
-    records, problems = merge(workers, out)
+    records, problems, kept = merge(workers, out)
     if records:
         import pandas as pd
 
@@ -227,9 +235,8 @@ def main(args: Sequence[str], inv: Inventory, profile: str | None, emulate: bool
                 print(f"  {line}", file=out)
         for o in find_device_outliers(records):
             print(o.line(), file=out)
-        if results != "none":
-            path = Path(results) if results else default_results_path(rootdir)
-            meta = {"node_mode": [w.device.label for w in workers], "complete": not stopped}
+        if path is not None:
+            meta = {"node_mode": [w.device.label for w in workers], "complete": not stopped, **kept}
             write_results(path, records, meta={**meta, "stopped": stopped} if stopped else meta)
             print(f"pytest-mig node: merged results of {len(devs)} device(s): {path}", file=out)
         if report:

@@ -45,6 +45,7 @@ from .settings import (
     tolerance_arg,
 )
 from .target import Options, Plan, SelectionError, Target, pin, plan_run, verify
+from .window import window_arg
 from .workloads import DoesNotFit
 
 HELP_PROFILE = ("MIG profile to pin the run to: 1g.10gb, 1g.10gb+me, 1c.3g.40gb, ..., 'full' (a whole GPU with MIG "
@@ -117,6 +118,7 @@ class RunState:
     durations: dict[str, float] = field(default_factory=dict)  # node id -> seconds (setup, call, teardown)
     progress: Any = None  # night.Progress of the run's tests
     compile_cache: Path | None = None  # Inductor's and Triton's caches for this stack (night.compile_caches)
+    window: Any = None  # window.Guard of --mig-window
     sigterm: Any = None  # checkpoint.SigtermStop: SIGTERM stops the run as Ctrl-C does (from the first benchmark)
 
 
@@ -142,6 +144,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--mig-all-tests", dest="mig_all_tests", action="store_true", default=False,
                 help="also run the tests that gate nothing in this mode here (every figure too noisy to gate in the "
                      "history and the reference): they are reported, never judged.")
+    g.addoption("--mig-window", dest="mig_window", type=window_arg, default=None, metavar="TIME",
+                help="fit the night into TIME (300, 5m, 1.5h): the tests that ran longest ago first, as many as "
+                     "their last times fit; the rest are named and run first the next night.")
     g.addoption("--mig-save-baseline", dest="mig_save_baseline", action="store_true", default=False, help=HELP_SAVE)
     g.addoption("--mig-save-if-passed", dest="mig_save_if_passed", action="store_true", default=False,
                 help=HELP_SAVE_IF_PASSED)
@@ -383,6 +388,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.skip(reason=reason))
         if not config.getoption("mig_all_tests"):
             _deselect_ungated(config, state, items)
+        if config.getoption("mig_window") is not None:
+            _plan_window(config, state, items)
     last = [i for i in items if i.get_closest_marker("mig_scaling")]
     if last:
         items[:] = [i for i in items if not i.get_closest_marker("mig_scaling")] + last
@@ -404,6 +411,39 @@ def _deselect_ungated(config: pytest.Config, state: RunState, items: list[pytest
                               f"{mode} mode here (in the history, else the reference), so they would buy no "
                               f"verdict; --mig-all-tests runs them: "
                               + ", ".join(i.nodeid.split("::")[-1] for i in left_out))
+
+
+def _plan_window(config: pytest.Config, state: RunState, items: list[pytest.Item]) -> None:
+    """--mig-window: the stalest tests that fit the window run; the rest are left for the next night (window.py)."""
+    from .window import NIGHTS_ENV, Guard, last_runs, plan
+
+    current = state.checkpoint.path if state.checkpoint is not None else None
+    folder = os.environ.get(NIGHTS_ENV) or (current.parent if current is not None else None)
+    seconds, when = last_runs(Path(folder) if folder else None, current)
+    benchmarks = [i.nodeid for i in items if not i.get_closest_marker("skip") and _uses_bench(i)]
+    try:
+        night = plan(benchmarks, config.getoption("mig_window"), seconds, when)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    left = [i for i in items if i.nodeid in set(night.left)]
+    if left:
+        items[:] = [i for i in items if i not in left]
+        config.hook.pytest_deselected(items=left)
+    if night.message():
+        state.messages.append(night.message())
+    state.window = Guard(night)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """--mig-window: a test that would end outside the window is skipped, with the reason, before its fixtures."""
+    state = item.config.stash.get(STATE, None)
+    reason = state.window.reason(item.nodeid) if state is not None and state.window is not None else None
+    if reason:
+        try:  # reported at the test, as a skip marker's reason is
+            raise pytest.skip.Exception(reason, _use_item_location=True)
+        except TypeError:  # a pytest without that keyword: reported at this line
+            pytest.skip(reason)
 
 
 def _uses_bench(item: pytest.Item) -> bool:
@@ -668,8 +708,11 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 def _results_meta(state: RunState) -> dict[str, Any]:
-    return {"target": state.plan.targets[0].to_dict(), "fingerprint": state.fingerprint,
+    meta = {"target": state.plan.targets[0].to_dict(), "fingerprint": state.fingerprint,
             "durations": {k: round(v, 2) for k, v in state.durations.items()}}
+    if state.window is not None:
+        meta["window"] = state.window.plan.to_meta(state.window.skipped)
+    return meta
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -61,8 +61,13 @@ RESULTS: dict[str, Any] = {
     "required": ["schema", "records"],
     "properties": {
         "schema": {"const": "pytest-mig/results/1"},
-        "meta": {"type": ["object", "null"], "properties": {"complete": {"type": "boolean"},
-                                                            "stopped": {"type": "string"}}},
+        "meta": {"type": ["object", "null"], "properties": {
+            "complete": {"type": "boolean"}, "stopped": {"type": "string"},
+            "durations": {"type": "object", "additionalProperties": {"type": "number", "minimum": 0}},
+            "window": {"type": "object", "properties": {
+                "seconds": {"type": ["number", "null"], "exclusiveMinimum": 0},
+                "left": {"type": "array", "items": {"type": "string"}}}},
+        }},
         "records": {"type": "array", "items": RECORD},
     },
 }

@@ -35,6 +35,7 @@ from pytest_mig.profiles import ProfileError, parse_profile  # noqa: E402
 from pytest_mig.reference import SHIPPED, ReferenceStore  # noqa: E402
 from pytest_mig.results import ResultRecord, ResultsFileError, read_results_file, write_results  # noqa: E402
 from pytest_mig.settings import count_arg, positive_int_arg, tolerance_arg  # noqa: E402
+from pytest_mig.window import last_runs, merge_meta, window_arg  # noqa: E402
 
 FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "60")), deadline=None, suppress_health_check=list(HealthCheck))
 #: Names the files use, so that generated objects often hit real fields.
@@ -103,7 +104,8 @@ def _results_doc(tmp: Path) -> dict[str, Any]:
                          verdict={"outcome": "pass", "change_pct": 0.1, "confirmations": [700.0]})
             for i in range(2)]
     path = tmp / "seed.json"
-    write_results(path, recs, {"complete": True})
+    write_results(path, recs, {"complete": True, "durations": {"bench.py::test_gemm[bf16]": 61.9},
+                                "window": {"seconds": 300.0, "left": ["bench.py::test_openmm"]}})
     return json.loads(path.read_text())
 
 
@@ -147,6 +149,9 @@ def test_results_files_read_or_say_why_and_the_commands_never_trace_back(seeds: 
         assert str(exc).startswith(str(path)) and "\n" not in str(exc)
         return
     assert isinstance(meta, dict) and all(isinstance(r.metric.value, float) for r in records)
+    seconds, _ = last_runs(tmp)  # --mig-window's reading of the folder, and node mode's merge of its meta
+    assert all(math.isfinite(v) and v >= 0 for v in seconds.values())
+    assert isinstance(merge_meta([meta]), dict)
     good = _write(tmp / "earlier.json", seeds["results"])
     assert _run_cli(["compare", str(good), str(path)]) in (0, 1, 2)
     assert _run_cli(["report", str(good), str(path)]) in (0, 1, 2)
@@ -224,6 +229,7 @@ PARSERS: list[tuple[Callable[[str], Any], tuple[type[BaseException], ...]]] = [
     (parse_export, (ValueError,)),
     (SUCoefficients.from_string, (ValueError,)),
     (parse_profile, (ProfileError,)),
+    (window_arg, (argparse.ArgumentTypeError,)),
 ]
 
 

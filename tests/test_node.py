@@ -140,6 +140,25 @@ def test_a_busy_slice_is_named_and_the_others_still_run(pytester: pytest.Pyteste
     assert len(read_results(pytester.path / "node.json")) == 6
 
 
+def test_a_node_in_a_window_plans_every_device_from_the_nodes_own_nights(pytester: pytest.Pytester,
+                                                                         mig_env: pytest.MonkeyPatch) -> None:
+    """Workers write to a scratch folder; each reads the test's last time from the node's results folder."""
+    nights = pytester.path / "nights"
+    nights.mkdir()
+    (nights / "last.json").write_text(json.dumps({"schema": "pytest-mig/results/1", "records": [],
+                                                  "meta": {"durations": {"test_bench.py::test_rate": 700.0}}}))
+    too_short = node_run(pytester, mig_env, "h100-mig", "--mig-results", "nights/n1.json", "--mig-window", "10m")
+    assert too_short.ret != 0
+    assert too_short.stdout.str().count("--mig-window 10 min 00 s holds none of the 1 test(s): the shortest took "
+                                        "11 min 40 s") == 7  # every worker planned from the node's file
+    (nights / "last.json").unlink()
+    fits = node_run(pytester, mig_env, "h100-mig", "--mig-results", "nights/n2.json", "--mig-window", "10m")
+    assert fits.ret == 0, fits.stdout.str()
+    meta = json.loads((nights / "n2.json").read_text())["meta"]
+    assert meta["window"] == {"seconds": 600.0, "left": []}
+    assert set(meta["durations"]) == {"test_bench.py::test_rate"}  # the longest of the seven, for the next night
+
+
 def test_node_mode_under_emulation_is_a_usage_error(pytester: pytest.Pytester, mig_env: pytest.MonkeyPatch) -> None:
     fake_pynvml.install_subprocess(mig_env, "h200-mig-off")
     pytester.makepyfile("def test_x():\n    pass\n")
