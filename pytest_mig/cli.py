@@ -147,6 +147,14 @@ def build_parser() -> argparse.ArgumentParser:
     his.add_argument("--out", type=Path, required=True, metavar="PAGE", help="the HTML file to write")
     his.add_argument("--title", default="pytest-mig trend", help="the page's title")
 
+    smp = sub.add_parser("samples", help="how many samples each figure needs, from repeated runs' results files",
+                         description="For each figure that is the median of its samples, the run-to-run CV as if "
+                                     "only the first k samples had been measured, pooled over GPU models, profiles "
+                                     "and cases, and the fewest samples whose CV keeps the threshold "
+                                     "(docs/benchmarks.md, 'The night's time').")
+    smp.add_argument("files", nargs="+", type=Path, metavar="FILE",
+                     help="results JSON files of repeated runs (a calibration's, or a reference's)")
+
     cal = sub.add_parser("calibrate", help="run the suite N times into the baseline history and show thresholds",
                          description="Run the suite RUNS times on this Target (each run its own pytest process), "
                                      "add every run to the baseline history, then print per figure its run-to-run "
@@ -281,6 +289,20 @@ def cmd_history(files: Sequence[Path], baselines: Path | None, page: Path, title
     output_file(str(page), "trend.html", "--out")  # a folder or a dangling link: said before anything is read
     count = write_page(page, baselines, files, title)
     print(f"trend page written: {page} ({count} figure(s))", file=out)
+    return 0
+
+
+def cmd_samples(files: Sequence[Path], out: TextIO) -> int:
+    """The samples table (:mod:`pytest_mig.samples`); exit 2 where no figure has runs enough."""
+    from .samples import MIN_RUNS, analyse, lines
+
+    records = [r for path in files for r in read_results(path)]
+    rows = analyse(records)
+    if not rows:
+        raise CliError(f"no figure that is the median of its samples has {MIN_RUNS} runs or more on one GPU model, "
+                       f"profile and case in these {len(files)} file(s): give the results files of repeated runs")
+    for line in lines(rows):
+        print(line, file=out)
     return 0
 
 
@@ -524,6 +546,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_reference_check(args.folder, args.loss, out)
         if args.command == "compare":
             return cmd_compare(args.files, args.tolerance, args.fail_on_improvement, out, args.reference)
+        if args.command == "samples":
+            return cmd_samples(args.files, out)
         if args.command == "calibrate":
             from .calibrate import check_pytest_args, cmd_calibrate
 

@@ -155,6 +155,7 @@ def test_results_files_read_or_say_why_and_the_commands_never_trace_back(seeds: 
     good = _write(tmp / "earlier.json", seeds["results"])
     assert _run_cli(["compare", str(good), str(path)]) in (0, 1, 2)
     assert _run_cli(["report", str(good), str(path)]) in (0, 1, 2)
+    assert _run_cli(["samples", str(good), str(path)]) in (0, 2)
     assert _run_cli(["reference", str(path), "--out", str(tmp / "ref")]) in (0, 1, 2)
     assert _run_cli(["history", str(good), str(path), "--out", str(tmp / "trend.html")]) in (0, 2)
     collect(None, [path])
