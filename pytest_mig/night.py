@@ -17,14 +17,16 @@ things here keep that time honest:
   loads what the first compiled, and a new driver, CUDA or torch starts a fresh folder.  The largest
   batches the training cases found are kept there too (:mod:`pytest_mig.workloads.batch_search`).
 - **Progress and time left** (:class:`Progress`): after each test that took a while, a line with
-  the tests done, the time spent and the time left, estimated from the last run's durations of
-  the same tests (kept in its results file) or else from this run's average.
+  the tests done, the time spent and the time left, estimated from each test's seconds the last
+  time it ran on the same GPU model, profile and mode (:func:`last_runs`, from the results files'
+  ``durations``) or else from this run's average.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -154,26 +156,60 @@ def duration_text(seconds: float) -> str:
     return f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
 
 
-def previous_durations(folder: Path, current: Path | None = None) -> dict[str, float]:
-    """Per test, the seconds it took in the newest complete results file in ``folder`` (its meta's
-    ``durations``); empty when there is none or it cannot be read."""
+#: Results files read for the last run of each test: two weeks of nights.
+RECENT_FILES = 14
+
+
+def last_runs(folder: Path | None, current: Path | None = None,
+              where: tuple[str | None, str | None, str] | None = None) -> tuple[dict[str, float], dict[str, float]]:
+    """Per node id, from the newest :data:`RECENT_FILES` results files in ``folder``: the seconds it
+    took the last time it ran (its meta's ``durations``), and when that was (the file's time).
+
+    ``where`` (GPU model slug, profile, mode; None for any) keeps only the files with a record of
+    that Target and mode: a folder shared by a whole GPU's nights and a slice's, or by quick and
+    normal ones, gives each its own times.  A test a window left out of a night did not run in it
+    (:mod:`pytest_mig.window`).  Files that cannot be read are passed over: they decide nothing."""
     from .results import ResultsFileError, read_results_file
 
+    seconds: dict[str, float] = {}
+    when: dict[str, float] = {}
+    if folder is None:
+        return seconds, when
     try:
-        files = sorted((p for p in Path(folder).glob("*.json") if p != current), key=lambda p: p.stat().st_mtime)
+        files = sorted(((p.stat().st_mtime, p) for p in Path(folder).glob("*.json") if p != current), reverse=True)
     except OSError:
-        return {}
-    for path in reversed(files[-5:]):
+        return seconds, when
+    read = 0
+    for mtime, path in files:
+        if read == RECENT_FILES:
+            break
         try:
-            _, meta = read_results_file(path)
+            records, meta = read_results_file(path)
         except ResultsFileError:
             continue
-        durations = meta.get("durations")
-        if isinstance(durations, dict) and durations:
-            return {str(k): float(v) for k, v in durations.items()
-                    if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0}
-    return {}
+        if where is not None and not any(_matches(r, where) for r in records):
+            continue
+        read += 1
+        window = meta.get("window") if isinstance(meta.get("window"), dict) else {}
+        left = set(window.get("left") or [])
+        for nodeid, value in (meta.get("durations") or {}).items():
+            if nodeid not in left and nodeid not in seconds and math.isfinite(value):
+                seconds[nodeid], when[nodeid] = float(value), mtime
+    return seconds, when
 
 
-__all__ = ["CACHE_FOLDER", "PROGRESS_EVERY_S", "Progress", "compile_caches", "duration_text", "gates_nothing",
-           "previous_durations", "stack_key", "ungated"]
+def _matches(record: Any, where: tuple[str | None, str | None, str]) -> bool:
+    slug, profile, mode = where
+    t = record.target or {}
+    return (record.mode == mode and (slug is None or t.get("gpu_slug") == slug)
+            and (profile is None or (t.get("baseline_profile") or t.get("profile")) == profile))
+
+
+def previous_durations(folder: Path, current: Path | None = None,
+                       where: tuple[str | None, str | None, str] | None = None) -> dict[str, float]:
+    """Per test, the seconds it took the last time it ran (:func:`last_runs`); empty when none is known."""
+    return last_runs(folder, current, where)[0]
+
+
+__all__ = ["CACHE_FOLDER", "PROGRESS_EVERY_S", "Progress", "RECENT_FILES", "compile_caches", "duration_text",
+           "gates_nothing", "last_runs", "previous_durations", "stack_key", "ungated"]

@@ -419,7 +419,7 @@ def _plan_window(config: pytest.Config, state: RunState, items: list[pytest.Item
 
     current = state.checkpoint.path if state.checkpoint is not None else None
     folder = os.environ.get(NIGHTS_ENV) or (current.parent if current is not None else None)
-    seconds, when = last_runs(Path(folder) if folder else None, current)
+    seconds, when = last_runs(Path(folder) if folder else None, current, _where(config, state))
     benchmarks = [i.nodeid for i in items if not i.get_closest_marker("skip") and _uses_bench(i)]
     try:
         night = plan(benchmarks, config.getoption("mig_window"), seconds, when)
@@ -444,6 +444,13 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             raise pytest.skip.Exception(reason, _use_item_location=True)
         except TypeError:  # a pytest without that keyword: reported at this line
             pytest.skip(reason)
+
+
+def _where(config: pytest.Config, state: RunState) -> tuple[str | None, str | None, str]:
+    """The GPU model, profile (None: a sweep's every one) and mode whose earlier nights time this one."""
+    t = state.plan.targets[0]
+    return (t.gpu_slug, None if state.plan.sweep else t.baseline_profile,
+            "quick" if config.getoption("mig_quick") else "normal")
 
 
 def _uses_bench(item: pytest.Item) -> bool:
@@ -723,7 +730,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     from .night import Progress, previous_durations
 
     folder = state.checkpoint.path.parent if state.checkpoint is not None else None
-    previous = previous_durations(folder, state.checkpoint.path) if folder is not None else {}
+    previous = previous_durations(folder, state.checkpoint.path, _where(session.config, state)) if folder else {}
     benchmarks = [i.nodeid for i in session.items if _uses_bench(i)]  # not a plugin's own unit tests
     state.progress = Progress(benchmarks, previous) if benchmarks else None
 

@@ -4,9 +4,9 @@ A site's nightly often shares a Slurm reservation or a maintenance window with o
 than a run that the window's end kills halfway (SIGTERM: the tests that finished are kept, the rest
 are lost for the night), ``--mig-window`` plans the night to fit, and rotates what does not fit:
 
-- **Each test's seconds** are those it took the last time it ran, read from the newest results
-  files in the results folder (their ``durations``); a test with none is counted at the median of
-  the others'.
+- **Each test's seconds** are those it took the last time it ran on the same GPU model, profile and
+  mode, read from the newest results files in the results folder (their ``durations``,
+  :func:`pytest_mig.night.last_runs`); a test with none is counted at the median of the others'.
 - **The stalest tests go first**: the tests are taken in the order of when each last ran (never
   first), each while the window holds its seconds, so a test left out tonight is among the first
   tomorrow and every test runs within a few nights.  The chosen tests run in the suite's own order
@@ -28,13 +28,11 @@ import re
 import statistics
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Iterable
 
+from .night import RECENT_FILES, last_runs
 from .night import duration_text as _short
 
-#: Results files read for the last run of each test: two weeks of nights.
-RECENT_FILES = 14
 #: The folder of earlier nights' results files, where it is not this run's own results folder: node
 #: mode's workers write theirs to a scratch folder and read the node's merged files from here.
 NIGHTS_ENV = "PYTEST_MIG_NIGHTS"
@@ -60,39 +58,6 @@ def window_arg(text: str) -> float:
         return parse_window(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def last_runs(folder: Path | None, current: Path | None = None) -> tuple[dict[str, float], dict[str, float]]:
-    """Per node id, from the newest :data:`RECENT_FILES` results files in ``folder``: the seconds it
-    took the last time it ran, and when that was (the file's time).  A test a window left out of a
-    night did not run in it.  Files that cannot be read are passed over: they decide nothing."""
-    from .results import ResultsFileError, read_results_file
-
-    seconds: dict[str, float] = {}
-    when: dict[str, float] = {}
-    if folder is None:
-        return seconds, when
-    try:
-        files = sorted(((p.stat().st_mtime, p) for p in Path(folder).glob("*.json") if p != current), reverse=True)
-    except OSError:
-        return seconds, when
-    for mtime, path in files[:RECENT_FILES]:
-        try:
-            _, meta = read_results_file(path)
-        except ResultsFileError:
-            continue
-        durations = meta.get("durations")
-        window = meta.get("window") if isinstance(meta.get("window"), dict) else {}
-        left = {n for n in window.get("left", []) if isinstance(n, str)} if isinstance(window.get("left"), list) \
-            else set()
-        if not isinstance(durations, dict):
-            continue
-        for nodeid, value in durations.items():
-            if nodeid in left or nodeid in seconds or isinstance(value, bool) or not isinstance(value, (int, float)):
-                continue
-            if math.isfinite(value) and value >= 0:
-                seconds[nodeid], when[nodeid] = float(value), mtime
-    return seconds, when
 
 
 def merge_meta(metas: Iterable[dict[str, Any]]) -> dict[str, Any]:

@@ -145,7 +145,10 @@ def test_a_node_in_a_window_plans_every_device_from_the_nodes_own_nights(pyteste
     """Workers write to a scratch folder; each reads the test's last time from the node's results folder."""
     nights = pytester.path / "nights"
     nights.mkdir()
-    (nights / "last.json").write_text(json.dumps({"schema": "pytest-mig/results/1", "records": [],
+    slice_ = {"gpu_slug": "nvidia-h100-80gb-hbm3", "profile": "1g.10gb", "baseline_profile": "1g.10gb"}
+    record = {"test": "test_bench.py::test_rate", "metric": {"name": "rate", "value": 100.0, "unit": "items/s"},
+              "target": slice_, "mode": "normal"}
+    (nights / "last.json").write_text(json.dumps({"schema": "pytest-mig/results/1", "records": [record],
                                                   "meta": {"durations": {"test_bench.py::test_rate": 700.0}}}))
     too_short = node_run(pytester, mig_env, "h100-mig", "--mig-results", "nights/n1.json", "--mig-window", "10m")
     assert too_short.ret != 0

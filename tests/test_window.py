@@ -105,12 +105,17 @@ def test_the_guard_skips_a_test_that_would_end_outside_the_window() -> None:
     assert guard.reason("a unit test", now=1e6) is None  # not a benchmark the plan counted
 
 
-def _results(path: Path, durations: dict[str, float], left: list[str] | None = None, age: float = 0.0) -> None:
+def _results(path: Path, durations: dict[str, float], left: list[str] | None = None, age: float = 0.0,
+             profile: str = "full", mode: str = "normal") -> None:
+    """A results file of a night on a whole H200 (``profile``, ``mode``) that took ``durations``."""
     meta: dict = {"durations": durations}
     if left is not None:
         meta["window"] = {"seconds": 100, "left": left}
+    record = {"test": "test_suite.py::test_gemm", "mode": mode,
+              "metric": {"name": "rate", "value": 100.0, "unit": "items/s"},
+              "target": {"gpu_slug": "nvidia-h200", "profile": profile, "baseline_profile": profile}}
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"schema": "pytest-mig/results/1", "meta": meta, "records": []}))
+    path.write_text(json.dumps({"schema": "pytest-mig/results/1", "meta": meta, "records": [record]}))
     os.utime(path, (1_700_000_000 - age, 1_700_000_000 - age))
 
 
@@ -133,6 +138,19 @@ def test_a_nodes_results_keep_each_tests_longest_time_and_all_a_window_left_out(
     assert merge_meta(metas) == {"durations": {"a": 12.5, "b": 5.0}, "window": {"seconds": 300.0, "left": ["b", "c"]}}
     assert merge_meta([{}, {"durations": None}, {"durations": [1, 2]}, {"window": {"left": "x"}}]) == \
         {"window": {"seconds": None, "left": []}}
+
+
+def test_only_nights_of_the_same_gpu_model_profile_and_mode_time_a_night(tmp_path: Path) -> None:
+    _results(tmp_path / "full.json", {"a": 10.0}, age=300)
+    _results(tmp_path / "quick.json", {"a": 3.0}, age=200, mode="quick")
+    _results(tmp_path / "slice.json", {"a": 70.0}, age=100, profile="1g.18gb")
+    (tmp_path / "empty.json").write_text(json.dumps({"schema": "pytest-mig/results/1", "records": [],
+                                                     "meta": {"durations": {"a": 1.0}}}))
+    assert last_runs(tmp_path, where=("nvidia-h200", "full", "normal"))[0] == {"a": 10.0}
+    assert last_runs(tmp_path, where=("nvidia-h200", "full", "quick"))[0] == {"a": 3.0}
+    assert last_runs(tmp_path, where=("nvidia-h200", None, "normal"))[0] == {"a": 70.0}  # a sweep: any profile
+    assert last_runs(tmp_path, where=("nvidia-h100-80gb-hbm3", "full", "normal"))[0] == {}
+    assert last_runs(tmp_path)[0] == {"a": 1.0}  # no Target given: the newest file, whatever it measured
 
 
 def test_calibrate_refuses_a_window() -> None:
