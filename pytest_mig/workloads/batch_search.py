@@ -137,7 +137,7 @@ class BatchGrowth:
 
     def to_dict(self) -> dict[str, Any]:
         return {"start": self.start, "projected": self.projected, "batch": self.batch,
-                "per_sequence_gb": round(self.per_sequence_bytes / 1e9, 4), "tried": [[b, ok] for b, ok in self.tried],
+                "per_sequence_gb": None if self.remembered else round(self.per_sequence_bytes / 1e9, 4), "tried": [[b, ok] for b, ok in self.tried],
                 "remembered": self.remembered}
 
 
