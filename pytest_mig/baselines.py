@@ -51,6 +51,7 @@ from .measure import METRIC_KINDS, Metric, partner_keys
 from .profiles import CPU, FULL, model_slug
 from .results import MODES, ResultRecord, utc_now
 from .schemas import BASELINE, BASELINE_V1
+from .text import quoted
 
 BASELINE_SCHEMA = "pytest-mig/baseline/2"
 BASELINE_SCHEMA_V1 = "pytest-mig/baseline/1"
@@ -477,7 +478,8 @@ class BaselineStore:
         """Where the baseline of one GPU model and profile lives (it may not exist yet)."""
         for part in (gpu_slug, baseline_profile):
             if not part or "/" in part or "\\" in part or part.startswith("."):
-                raise BaselineError(f"'{part}' cannot name a baseline file: a GPU slug or profile without slashes is needed")
+                raise BaselineError(f"{quoted(part)} cannot name a baseline file: a GPU slug or profile without "
+                                    "slashes is needed")
         return self.root / gpu_slug / f"{baseline_profile}.json"
 
     def files(self) -> list[Path]:
@@ -716,15 +718,16 @@ def _parse_valid(doc: dict[str, Any], path: Path, schema: str) -> Baseline:
                            ("profile", str, "a string"), ("emulated", bool, "true or false"),
                            (body_key, dict, "an object")):
         if not isinstance(doc.get(key), typ):
-            raise BaselineError(f"{path}: '{key}' must be {name}, found {json.dumps(doc.get(key))}; {_ADVICE}")
+            raise BaselineError(f"{path}: {quoted(key)} must be {name}, found {json.dumps(doc.get(key))}; {_ADVICE}")
     folder = path.parent.name
     if doc["gpu_slug"] != folder or model_slug(doc["gpu_model"]) != folder:
         raise BaselineError(
-            f"{path}: recorded on GPU model '{doc['gpu_model']}' ({doc['gpu_slug']}) but kept in folder "
-            f"'{folder}'; a baseline of another GPU model is never used, move it to its own folder"
+            f"{path}: recorded on GPU model {quoted(doc['gpu_model'])} ({quoted(doc['gpu_slug'])}) but kept in folder "
+            f"{quoted(folder)}; a baseline of another GPU model is never used, move it to its own folder"
         )
     if doc["profile"] != path.stem:
-        raise BaselineError(f"{path}: recorded for profile '{doc['profile']}' but named '{path.name}'; rename or fix it")
+        raise BaselineError(f"{path}: recorded for profile {quoted(doc['profile'])} but named {quoted(path.name)}; "
+                            "rename or fix it")
     if doc["emulated"] != doc["profile"].endswith(EMULATED_SUFFIX):
         raise BaselineError(
             f"{path}: 'emulated' is {json.dumps(doc['emulated'])} but the profile is '{doc['profile']}'; "
@@ -782,18 +785,18 @@ def _read_v2(path: Path, doc: dict[str, Any]) -> dict[EntryKey, BaselineEntry]:
     fps_raw = doc.get("fingerprints") or {}
     if not isinstance(fps_raw, dict):
         raise BaselineError(f"{path}: 'fingerprints' must be an object; {_ADVICE}")
-    fps = {str(k): _fingerprint(path, f"fingerprint '{k}'", v) for k, v in fps_raw.items()}
+    fps = {str(k): _fingerprint(path, f"fingerprint {quoted(k)}", v) for k, v in fps_raw.items()}
     entries: dict[EntryKey, BaselineEntry] = {}
     for mode, tests in doc["modes"].items():
         if mode not in MODES:
             raise BaselineError(f"{path}: mode {json.dumps(mode)}; use \"normal\" or \"quick\"")
         if not isinstance(tests, dict):
-            raise BaselineError(f"{path}: mode '{mode}' must map tests to their figures; {_ADVICE}")
+            raise BaselineError(f"{path}: mode {quoted(mode)} must map tests to their figures; {_ADVICE}")
         for test, metrics in tests.items():
             if not isinstance(metrics, dict):
-                raise BaselineError(f"{path}: test '{test}' must map metric names to entries; {_ADVICE}")
+                raise BaselineError(f"{path}: test {quoted(test)} must map metric names to entries; {_ADVICE}")
             for name, e in metrics.items():
-                where = f"test '{test}' metric '{name}' ({mode})"
+                where = f"test {quoted(test)} metric {quoted(name)} ({mode})"
                 unit, direction, kind, tol = _header(path, where, e)
                 runs_raw = e.get("runs")
                 if not isinstance(runs_raw, list) or not runs_raw:
@@ -825,9 +828,9 @@ def _read_v1(path: Path, doc: dict[str, Any]) -> dict[EntryKey, BaselineEntry]:
     entries: dict[EntryKey, BaselineEntry] = {}
     for test, metrics in doc["tests"].items():
         if not isinstance(metrics, dict):
-            raise BaselineError(f"{path}: test '{test}' must map metric names to entries; {_ADVICE}")
+            raise BaselineError(f"{path}: test {quoted(test)} must map metric names to entries; {_ADVICE}")
         for name, e in metrics.items():
-            where = f"test '{test}' metric '{name}'"
+            where = f"test {quoted(test)} metric {quoted(name)}"
             if isinstance(e, dict) and "value" not in e:
                 raise BaselineError(f"{path}: {where} has no 'value'; {_ADVICE}")
             unit, direction, kind, tol = _header(path, where, e)

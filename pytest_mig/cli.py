@@ -58,6 +58,7 @@ from .verdict import (
     format_number,
     reference_prior,
 )
+from .text import quoted
 
 PROG = "pytest-mig"
 
@@ -73,9 +74,9 @@ def _factor_arg(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
+        raise argparse.ArgumentTypeError(f"{quoted(text)} is not a number") from None
     if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"'{text}' is not a finite number (e.g. 1.5: 50% worse)")
+        raise argparse.ArgumentTypeError(f"{quoted(text)} is not a finite number (e.g. 1.5: 50% worse)")
     if value <= 1:
         raise argparse.ArgumentTypeError("the outlier factor must be above 1 (e.g. 1.5: 50% worse)")
     return value
@@ -189,7 +190,7 @@ def _runs_arg(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
+        raise argparse.ArgumentTypeError(f"{quoted(text)} is not a whole number") from None
     if value < 1:
         raise argparse.ArgumentTypeError("give 1 or more")
     return value

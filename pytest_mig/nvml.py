@@ -15,6 +15,7 @@ import platform
 import re
 from dataclasses import dataclass
 from typing import Any, Callable
+from .text import printable
 
 #: NVML's GPU-instance profile enums (NVML_GPU_INSTANCE_PROFILE_*): 1, 2, 3, 4, 7, 8, 6 slices,
 #: then 1-slice +me (REV1), 2-slice REV1, 1-slice double memory (REV2), and the newer ones.
@@ -134,7 +135,7 @@ def _text(value: Any) -> str:
     """An NVML string as pytest-mig prints and stores it: control characters (an escape sequence, a
     newline in a GPU's name) written as ``\\x1b``, so no terminal, report or log line is driven by them."""
     text = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+    return printable(text)
 
 
 def _int(value: Any) -> int:

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Iterable, Literal
 
+from .text import quoted
+
 FULL = "full"
 ALL = "all"
 CPU = "cpu"
@@ -54,13 +56,13 @@ def parse_profile(text: str) -> ProfileName:
     m = _PROFILE_RE.match(text.strip())
     if not m:
         raise ProfileError(
-            f"'{text}' is not a MIG profile name: expected <slices>g.<memory>gb such as 1g.10gb, "
+            f"{quoted(text)} is not a MIG profile name: expected <slices>g.<memory>gb such as 1g.10gb, "
             f"1g.10gb+me or 1c.3g.40gb, or 'full' or 'all'"
         )
     gi = int(m["gi"])
     ci = int(m["ci"]) if m["ci"] else gi
     if ci > gi:
-        raise ProfileError(f"'{text}': a compute instance cannot have more slices ({ci}) than its GPU instance ({gi})")
+        raise ProfileError(f"{quoted(text)}: a compute instance cannot have more slices ({ci}) than its GPU instance ({gi})")
     return ProfileName(gpu_slices=gi, memory_gb=int(m["mem"]), compute_slices=ci, media=bool(m["me"]))
 
 
@@ -224,7 +226,7 @@ def ideal_ratio(bigger: ProfileSpec, smaller: ProfileSpec, basis: Basis = "slice
         return bigger.sms / smaller.sms
     if basis == "memory":
         return float(bigger.memory_fraction / smaller.memory_fraction)
-    raise ProfileError(f"unknown scaling basis '{basis}': use slices, sms or memory")
+    raise ProfileError(f"unknown scaling basis {quoted(basis)}: use slices, sms or memory")
 
 
 def ladder(profiles: Iterable[ProfileSpec]) -> list[ProfileSpec]:

@@ -62,6 +62,7 @@ from .measure import Metric
 from .baselines import throttle_reasons
 from .profiles import CPU, FULL, Basis, GpuModel, ProfileError, ProfileSpec, ladder, lookup_model, model_slug, parse_profile
 from .results import ResultRecord
+from .text import quoted
 
 BASES: tuple[str, ...] = ("slices", "sms", "memory")
 
@@ -311,7 +312,7 @@ def check_scaling(
     :data:`SCALING_TOLERANCE`: one fraction for every kind, or a mapping kind -> fraction.
     """
     if basis not in BASES:
-        raise ValueError(f"unknown scaling basis '{basis}': use slices, sms or memory")
+        raise ValueError(f"unknown scaling basis {quoted(basis)}: use slices, sms or memory")
     report = ScalingReport()
     run: dict[tuple[str, str, str, str], list[ResultRecord]] = {}
     for rec in records:

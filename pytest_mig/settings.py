@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from .target import Options
+from .text import quoted
 
 #: Image formats --mig-scaling-plot writes.
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
@@ -39,7 +40,7 @@ def whole_number(text: str, least: int) -> int:
     try:
         value = int(str(text).strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
+        raise argparse.ArgumentTypeError(f"{quoted(text)} is not a whole number") from None
     if value < least:
         raise argparse.ArgumentTypeError(f"{value} is too small: use {least} or more")
     return value
@@ -262,7 +263,7 @@ def su_allocation(config: pytest.Config, env: Any = os.environ) -> tuple[float, 
                 raise ValueError
             values[key.strip()] = float(raw)
         except ValueError:
-            raise pytest.UsageError(f"--mig-su-allocation '{text}': '{part}' is not understood; {form}") from None
+            raise pytest.UsageError(f"--mig-su-allocation {quoted(text)}: {quoted(part)} is not understood; {form}") from None
     return values["cpus"], values["ram_gb"]
 
 
@@ -279,7 +280,7 @@ def marker_tolerance(item: pytest.Item) -> Any:
     for key, value in values.items():
         try:
             if value is None or isinstance(value, bool) or not isinstance(value, (int, float, str)):
-                raise ValueError(f"'{value}' is not a tolerance")
+                raise ValueError(f"{quoted(value)} is not a tolerance")
             out[key] = tolerance_arg(str(value)) if isinstance(value, str) else tolerance_value(float(value))
         except Exception as exc:
             raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.mig_tolerance({raw!r}) is not a tolerance below "

@@ -45,6 +45,18 @@ def test_a_gpu_name_with_control_characters_is_printed_escaped(monkeypatch: pyte
     assert "GPU 0: NVIDIA H200\\x1b[2J\\nGPU 9: fake, " in out
 
 
+@pytest.mark.parametrize("option", ["--mig-profile", "--mig-tolerance", "--mig-window", "--mig-su-coefficients",
+                                    "--mig-confirm", "--mig-export"])
+def test_an_option_with_control_characters_is_echoed_escaped(pytester: pytest.Pytester, option: str) -> None:
+    pytester.makepyfile("def test_x():\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", option, "\x1b]0;owned\x07\x1b[2J5\nERROR: forged")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = result.stderr.str()
+    assert "\x1b" not in err and "\x07" not in err and "\nERROR: forged" not in err, err
+    assert "\\x1b]0;owned\\x07\\x1b[2J5\\nERROR: forged" in err  # what was typed, visibly
+    assert "Traceback" not in err
+
+
 def _records(test: str) -> list[ResultRecord]:
     return [ResultRecord(test, Metric("rate", 100.0, "items/s"), dict(TARGET), {}, node="=HYPERLINK(\"x\")")]
 
