@@ -415,17 +415,17 @@ def _deselect_ungated(config: pytest.Config, state: RunState, items: list[pytest
 
 def _plan_window(config: pytest.Config, state: RunState, items: list[pytest.Item]) -> None:
     """--mig-window: the stalest tests that fit the window run; the rest are left for the next night (window.py)."""
-    from .window import NIGHTS_ENV, Guard, last_runs, plan
+    from .window import Guard, last_runs, plan
 
     current = state.checkpoint.path if state.checkpoint is not None else None
-    folder = os.environ.get(NIGHTS_ENV) or (current.parent if current is not None else None)
-    seconds, when = last_runs(Path(folder) if folder else None, current, _where(config, state))
+    seconds, when = last_runs(_nights(state), current, _where(config, state))
     benchmarks = [i.nodeid for i in items if not i.get_closest_marker("skip") and _uses_bench(i)]
     try:
         night = plan(benchmarks, config.getoption("mig_window"), seconds, when)
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
-    left = [i for i in items if i.nodeid in set(night.left)]
+    waiting = set(night.left)
+    left = [i for i in items if i.nodeid in waiting]
     if left:
         items[:] = [i for i in items if i not in left]
         config.hook.pytest_deselected(items=left)
@@ -444,6 +444,15 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             raise pytest.skip.Exception(reason, _use_item_location=True)
         except TypeError:  # a pytest without that keyword: reported at this line
             pytest.skip(reason)
+
+
+def _nights(state: RunState) -> Path | None:
+    """The folder of earlier nights' results files: this run's results folder, or the node's for a
+    node-mode worker (window.NIGHTS_ENV)."""
+    from .window import NIGHTS_ENV
+
+    folder = os.environ.get(NIGHTS_ENV) or (state.checkpoint.path.parent if state.checkpoint is not None else None)
+    return Path(folder) if folder else None
 
 
 def _where(config: pytest.Config, state: RunState) -> tuple[str | None, str | None, str]:
@@ -729,8 +738,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     from .night import Progress, previous_durations
 
-    folder = state.checkpoint.path.parent if state.checkpoint is not None else None
-    previous = previous_durations(folder, state.checkpoint.path, _where(session.config, state)) if folder else {}
+    folder = _nights(state)
+    current = state.checkpoint.path if state.checkpoint is not None else None
+    previous = previous_durations(folder, current, _where(session.config, state)) if folder else {}
     benchmarks = [i.nodeid for i in session.items if _uses_bench(i)]  # not a plugin's own unit tests
     state.progress = Progress(benchmarks, previous) if benchmarks else None
 
