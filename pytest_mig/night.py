@@ -205,11 +205,5 @@ def _matches(record: Any, where: tuple[str | None, str | None, str]) -> bool:
             and (profile is None or (t.get("baseline_profile") or t.get("profile")) == profile))
 
 
-def previous_durations(folder: Path, current: Path | None = None,
-                       where: tuple[str | None, str | None, str] | None = None) -> dict[str, float]:
-    """Per test, the seconds it took the last time it ran (:func:`last_runs`); empty when none is known."""
-    return last_runs(folder, current, where)[0]
-
-
 __all__ = ["CACHE_FOLDER", "PROGRESS_EVERY_S", "Progress", "RECENT_FILES", "compile_caches", "duration_text",
-           "gates_nothing", "last_runs", "previous_durations", "stack_key", "ungated"]
+           "gates_nothing", "last_runs", "stack_key", "ungated"]

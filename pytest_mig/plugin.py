@@ -119,6 +119,7 @@ class RunState:
     progress: Any = None  # night.Progress of the run's tests
     compile_cache: Path | None = None  # Inductor's and Triton's caches for this stack (night.compile_caches)
     window: Any = None  # window.Guard of --mig-window
+    last_runs: tuple[dict[str, float], dict[str, float]] | None = None  # night.last_runs, read once per run
     sigterm: Any = None  # checkpoint.SigtermStop: SIGTERM stops the run as Ctrl-C does (from the first benchmark)
 
 
@@ -415,10 +416,9 @@ def _deselect_ungated(config: pytest.Config, state: RunState, items: list[pytest
 
 def _plan_window(config: pytest.Config, state: RunState, items: list[pytest.Item]) -> None:
     """--mig-window: the stalest tests that fit the window run; the rest are left for the next night (window.py)."""
-    from .window import Guard, last_runs, plan
+    from .window import Guard, plan
 
-    current = state.checkpoint.path if state.checkpoint is not None else None
-    seconds, when = last_runs(_nights(state), current, _where(config, state))
+    seconds, when = _last_runs(config, state)
     benchmarks = [i.nodeid for i in items if not i.get_closest_marker("skip") and _uses_bench(i)]
     try:
         night = plan(benchmarks, config.getoption("mig_window"), seconds, when)
@@ -429,8 +429,9 @@ def _plan_window(config: pytest.Config, state: RunState, items: list[pytest.Item
     if left:
         items[:] = [i for i in items if i not in left]
         config.hook.pytest_deselected(items=left)
-    if night.message():
-        state.messages.append(night.message())
+    message = night.message()
+    if message:
+        state.messages.append(message)
     state.window = Guard(night)
 
 
@@ -446,13 +447,17 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             pytest.skip(reason)
 
 
-def _nights(state: RunState) -> Path | None:
-    """The folder of earlier nights' results files: this run's results folder, or the node's for a
-    node-mode worker (window.NIGHTS_ENV)."""
-    from .window import NIGHTS_ENV
+def _last_runs(config: pytest.Config, state: RunState) -> tuple[dict[str, float], dict[str, float]]:
+    """Each test's seconds and time the last time it ran on this Target and mode (night.last_runs), from
+    this run's results folder, or the node's for a node-mode worker (window.NIGHTS_ENV); read once."""
+    if state.last_runs is None:
+        from .night import last_runs
+        from .window import NIGHTS_ENV
 
-    folder = os.environ.get(NIGHTS_ENV) or (state.checkpoint.path.parent if state.checkpoint is not None else None)
-    return Path(folder) if folder else None
+        current = state.checkpoint.path if state.checkpoint is not None else None
+        folder = os.environ.get(NIGHTS_ENV) or (current.parent if current is not None else None)
+        state.last_runs = last_runs(Path(folder) if folder else None, current, _where(config, state))
+    return state.last_runs
 
 
 def _where(config: pytest.Config, state: RunState) -> tuple[str | None, str | None, str]:
@@ -736,11 +741,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     state = session.config.stash.get(STATE, None)
     if state is None or session.config.option.collectonly:
         return
-    from .night import Progress, previous_durations
+    from .night import Progress
 
-    folder = _nights(state)
-    current = state.checkpoint.path if state.checkpoint is not None else None
-    previous = previous_durations(folder, current, _where(session.config, state)) if folder else {}
+    previous = _last_runs(session.config, state)[0]
     benchmarks = [i.nodeid for i in session.items if _uses_bench(i)]  # not a plugin's own unit tests
     state.progress = Progress(benchmarks, previous) if benchmarks else None
 

@@ -30,7 +30,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from .night import RECENT_FILES, last_runs
 from .night import duration_text as _short
 from .text import quoted
 
@@ -167,4 +166,4 @@ def _name(nodeid: str) -> str:
     return nodeid.split("::")[-1]
 
 
-__all__ = ["NIGHTS_ENV", "Guard", "Plan", "RECENT_FILES", "last_runs", "merge_meta", "parse_window", "plan", "window_arg"]
+__all__ = ["NIGHTS_ENV", "Guard", "Plan", "merge_meta", "parse_window", "plan", "window_arg"]

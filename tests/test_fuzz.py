@@ -35,7 +35,8 @@ from pytest_mig.profiles import ProfileError, parse_profile  # noqa: E402
 from pytest_mig.reference import SHIPPED, ReferenceStore  # noqa: E402
 from pytest_mig.results import ResultRecord, ResultsFileError, read_results_file, write_results  # noqa: E402
 from pytest_mig.settings import count_arg, positive_int_arg, tolerance_arg  # noqa: E402
-from pytest_mig.window import last_runs, merge_meta, window_arg  # noqa: E402
+from pytest_mig.night import last_runs  # noqa: E402
+from pytest_mig.window import merge_meta, window_arg  # noqa: E402
 
 FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "60")), deadline=None, suppress_health_check=list(HealthCheck))
 #: Names the files use, so that generated objects often hit real fields.

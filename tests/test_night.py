@@ -11,7 +11,7 @@ import pytest
 from test_verdict_flow import QUIET, TEST_ID, h200  # noqa: F401
 
 from pytest_mig.baselines import BaselineEntry, Run
-from pytest_mig.night import CACHE_FOLDER, Progress, compile_caches, gates_nothing, previous_durations, stack_key
+from pytest_mig.night import CACHE_FOLDER, Progress, compile_caches, gates_nothing, last_runs, stack_key
 from pytest_mig.reference import ReferenceStore, build
 from pytest_mig.results import read_results_file
 
@@ -74,8 +74,8 @@ def test_each_tests_seconds_are_kept_and_read_back_for_the_next_estimate(h200: R
     h200("--mig-results", "night/first.json").assert_outcomes(passed=1)
     _, meta = read_results_file(pytester.path / "night" / "first.json")
     assert set(meta["durations"]) == {TEST_ID} and meta["durations"][TEST_ID] >= 0
-    assert previous_durations(pytester.path / "night") == meta["durations"]
-    assert previous_durations(pytester.path / "night", pytester.path / "night" / "first.json") == {}
+    assert last_runs(pytester.path / "night")[0] == meta["durations"]
+    assert last_runs(pytester.path / "night", pytester.path / "night" / "first.json")[0] == {}
 
 
 def test_an_ungated_test_is_deselected_with_the_reason_and_runs_on_request(

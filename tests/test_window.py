@@ -13,7 +13,8 @@ from test_verdict_flow import h200  # noqa: F401
 
 from pytest_mig.calibrate import check_pytest_args
 from pytest_mig.results import read_results_file
-from pytest_mig.window import Guard, last_runs, merge_meta, parse_window, plan
+from pytest_mig.night import last_runs
+from pytest_mig.window import Guard, merge_meta, parse_window, plan
 
 SUITE = '''
 import os
