@@ -347,7 +347,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     from .baselines import BaselineStore
     from .reference import judged_against
 
-    mode = "quick" if config.getoption("mig_quick") else "normal"
+    mode = _mode(config)
     store = BaselineStore(baseline_dir(config))
     lines.extend(f"pytest-mig: {line}" for line in judged_against(plan.targets, store, state.references, mode))
     slow = config.getoption("mig_slowdown_sms")
@@ -401,7 +401,7 @@ def _deselect_ungated(config: pytest.Config, state: RunState, items: list[pytest
     from .baselines import BaselineStore
     from .night import ungated
 
-    mode = "quick" if config.getoption("mig_quick") else "normal"
+    mode = _mode(config)
     chosen = [(i, _item_target(i, state.plan)) for i in items if not i.get_closest_marker("skip") and _uses_bench(i)]
     left_out = ungated([(i, _test_key(i, t), t) for i, t in chosen], mode, BaselineStore(baseline_dir(config)),
                        state.references)
@@ -463,8 +463,12 @@ def _last_runs(config: pytest.Config, state: RunState) -> tuple[dict[str, float]
 def _where(config: pytest.Config, state: RunState) -> tuple[str | None, str | None, str]:
     """The GPU model, profile (None: a sweep's every one) and mode whose earlier nights time this one."""
     t = state.plan.targets[0]
-    return (t.gpu_slug, None if state.plan.sweep else t.baseline_profile,
-            "quick" if config.getoption("mig_quick") else "normal")
+    return t.gpu_slug, None if state.plan.sweep else t.baseline_profile, _mode(config)
+
+
+def _mode(config: pytest.Config) -> str:
+    """The run's mode, as records and baselines name it."""
+    return "quick" if config.getoption("mig_quick") else "normal"
 
 
 def _uses_bench(item: pytest.Item) -> bool:
@@ -572,11 +576,11 @@ def mig_bench(request: pytest.FixtureRequest, benchmark: Any, mig_device: Target
         state.sigterm = stop_on_sigterm()
     item = request.node
     records = item.stash.setdefault(ITEM_RECORDS, [])
-    quick = bool(request.config.getoption("mig_quick"))
+    mode = _mode(request.config)
     telemetry = None
     if state.board is not None:
         telemetry = Telemetry(state.board.power_w, state.board.energy_mj, state.board.clocks,
-                              window_s=ENERGY_WINDOW_S["quick" if quick else "normal"],
+                              window_s=ENERGY_WINDOW_S[mode],
                               power_limit_w=state.fingerprint.get("power_limit_w"))
     slow = request.config.getoption("mig_slowdown_sms")
 
@@ -589,12 +593,12 @@ def mig_bench(request: pytest.FixtureRequest, benchmark: Any, mig_device: Target
             target["slowed_to_sms"] = int(slow)
         rec = ResultRecord(test=_test_key(item, mig_device), metric=metric, target=target,
                            fingerprint=dict(state.fingerprint),
-                           mode="quick" if quick else "normal")
+                           mode=mode)
         records.append(rec)
         state.records.append(rec)
 
-    bench = MigBench(benchmark, mig_device, telemetry, sink, quick=quick, su=state.su, allocation=state.allocation,
-                     read_link=state.board.pcie if state.board is not None else None)
+    bench = MigBench(benchmark, mig_device, telemetry, sink, quick=mode == "quick", su=state.su,
+                     allocation=state.allocation, read_link=state.board.pcie if state.board is not None else None)
     item.stash[BENCH] = bench
     return bench
 

@@ -17,7 +17,7 @@ def _oom_above(threshold: int, calls: list[int]):
     def try_batch(b: int) -> None:
         calls.append(b)
         if b > threshold:
-            raise bs._OOM_ERROR("CUDA out of memory")
+            raise bs.OOM_ERROR("CUDA out of memory")
     return try_batch
 
 
@@ -102,7 +102,7 @@ class _Trainer:
     def probe(self, b: int, room: float | None = None, *, steps: int = 1) -> None:
         self.probes.append((b, self.is_compiled))
         if b > (self.compiled if self.is_compiled else self.eager):
-            raise bs._OOM_ERROR("CUDA out of memory")
+            raise bs.OOM_ERROR("CUDA out of memory")
 
     def compile(self) -> None:
         self.is_compiled = True

@@ -29,13 +29,14 @@ import torch
 
 from . import DoesNotFit
 
-_OOM_ERROR: type[BaseException] = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+#: The exception torch raises when the device runs out of memory.
+OOM_ERROR: type[BaseException] = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
 
 
 def is_oom(exc: BaseException) -> bool:
     """Whether an exception is the device running out of memory (torch's or cuBLAS's way of saying it)."""
-    if isinstance(exc, _OOM_ERROR):
+    if isinstance(exc, OOM_ERROR):
         return True
     text = str(exc)
     return isinstance(exc, RuntimeError) and ("out of memory" in text.lower() or "CUBLAS_STATUS_ALLOC_FAILED" in text)
@@ -269,5 +270,5 @@ def remember(case: str, **batches: int | None) -> None:
             atomic_write_text(path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
 
 
-__all__ = ["BatchGrowth", "BatchSearch", "COMPILED_MARGIN", "ENV", "FILE", "confirm_batch", "confirm_growth",
+__all__ = ["BatchGrowth", "BatchSearch", "COMPILED_MARGIN", "ENV", "FILE", "OOM_ERROR", "confirm_batch", "confirm_growth",
            "grow_batch", "is_oom", "key", "max_batch_search", "recall", "remember"]

@@ -56,7 +56,7 @@ import torch
 from ..measure import Metric, Timer, Timing, energy_metrics, percentile
 from ..target import Target
 from . import DoesNotFit, WorkloadError, batch_search, hf
-from .batch_search import _OOM_ERROR, BatchGrowth, BatchSearch, grow_batch, is_oom, max_batch_search
+from .batch_search import OOM_ERROR, BatchGrowth, BatchSearch, grow_batch, is_oom, max_batch_search
 from .hf import CONFIG_NAMES, CONFIGS, LORA, LoraSpec, ModelConfig
 
 MODES: tuple[str, ...] = ("full", "lora", "qlora")
@@ -412,7 +412,7 @@ class _Trainer:
         if cuda and limit_bytes is not None:
             reserved = torch.cuda.max_memory_reserved()
             if reserved > limit_bytes:
-                raise _OOM_ERROR(f"batch {batch} reserved {reserved / 1e9:.1f} GB, over the "
+                raise OOM_ERROR(f"batch {batch} reserved {reserved / 1e9:.1f} GB, over the "
                                  f"{limit_bytes / 1e9:.1f} GB a step may fill")
 
     def reset_moments(self) -> None:
@@ -652,7 +652,7 @@ def _search(trainer: _Trainer, cfg: ModelConfig, mode: str, budget: int, cpu: bo
 
         def try_batch(b: int) -> None:
             if estimate_memory(cfg, mode, b, cpu=True).total > room:
-                raise _OOM_ERROR(f"estimated out of memory at batch {b}")
+                raise OOM_ERROR(f"estimated out of memory at batch {b}")
             trainer.probe(b)
 
         return max_batch_search(try_batch, start=cfg.fixed_batch, limit=effort.max_batch,
