@@ -132,5 +132,6 @@ class MigBench:
         return self.record_all(cost_metrics(self.target, rate_per_s, unit, cpus, ram_gb, coeffs=self.su,
                                             unit_count=unit_count, rate_samples=rate_samples))
 
-    def time(self, fn: Callable[[], Any], *, warmup: int = 3, repeats: int = 10, energy: bool = True) -> Timing:
-        return self.timer(fn, warmup=warmup, repeats=repeats, energy=energy)
+    def time(self, fn: Callable[[], Any], *, warmup: int = 3, repeats: int = 10, energy: bool = True,
+             sustained: bool = False) -> Timing:
+        return self.timer(fn, warmup=warmup, repeats=repeats, energy=energy, sustained=sustained)

@@ -295,15 +295,20 @@ def cmd_history(files: Sequence[Path], baselines: Path | None, page: Path, title
 
 def cmd_samples(files: Sequence[Path], out: TextIO) -> int:
     """The samples table (:mod:`pytest_mig.samples`); exit 2 where no figure has runs enough."""
-    from .samples import MIN_RUNS, analyse, lines
+    from .samples import MIN_RUNS, analyse, energy_windows, lines, window_lines
 
     records = [r for path in files for r in read_results(path)]
-    rows = analyse(records)
-    if not rows:
-        raise CliError(f"no figure that is the median of its samples has {MIN_RUNS} runs or more on one GPU model, "
-                       f"profile and case in these {len(files)} file(s): give the results files of repeated runs")
-    for line in lines(rows):
+    rows, windows = analyse(records), energy_windows(records)
+    if not rows and not windows:
+        raise CliError(f"no figure that is the median of its samples, and no energy figure, has {MIN_RUNS} runs or "
+                       f"more on one GPU model, profile and case in these {len(files)} file(s): give the results files "
+                       f"of repeated runs")
+    for line in lines(rows) if rows else []:
         print(line, file=out)
+    if windows:
+        print(("\n" if rows else "") + "energy windows: the first half of each window against the whole", file=out)
+        for line in window_lines(windows):
+            print(line, file=out)
     return 0
 
 

@@ -207,6 +207,9 @@ class PowerTrace:
     source: str  # "energy-counter" or "power-samples"
     limit_w: float | None = None  # the board's enforced power limit, where known
     sm_clock_mhz: list[float] = field(default_factory=list)  # SM clock sampled during the window
+    #: The window's first half read alone, (seconds, joules, calls): the figure a window half as long
+    #: would have given, kept so that repeated runs show whether a shorter window holds its noise.
+    first_half: tuple[float, float, int] | None = None
 
     @property
     def mean_w(self) -> float | None:
@@ -347,12 +350,17 @@ class Telemetry:
         interval: float = 0.1,
         window_s: float = 1.0,
         power_limit_w: float | None = None,
+        sustained_window_s: float | None = None,
     ) -> None:
         self.read_power_w = read_power_w
         self.read_energy_mj = read_energy_mj
         self.read_clocks = read_clocks
         self.interval = interval
         self.window_s = window_s  # how long the energy window after a timing runs the work
+        #: The window of a timing whose window also times a rate that is judged (GEMM's sustained
+        #: TFLOPS at the clock the power cap settles on): longer, since that rate needs the clock to
+        #: settle; ``window_s`` where None.
+        self.sustained_window_s = sustained_window_s
         self.power_limit_w = power_limit_w  # the board's enforced limit: an average above it is an error
 
     @property
@@ -390,12 +398,16 @@ class Timer:
     def _timed(self, fn: Callable[[], Any], warmup: int, repeats: int) -> list[float]:
         return time_fn(fn, warmup=warmup, repeats=repeats, device=self.device, min_warmup_s=self.min_warmup_s)
 
-    def __call__(self, fn: Callable[[], Any], *, warmup: int = 3, repeats: int = 10, energy: bool = True) -> Timing:
+    def __call__(self, fn: Callable[[], Any], *, warmup: int = 3, repeats: int = 10, energy: bool = True,
+                 sustained: bool = False) -> Timing:
         """Time ``fn``; with ``energy`` (and a board to read), then read board energy over a window
-        of sustained work of its own."""
+        of sustained work of its own: the telemetry's ``sustained_window_s`` where ``sustained`` (the
+        window also times a rate that is judged), else its ``window_s``."""
         before = self.telemetry.clocks()
         samples = self._timed(fn, warmup, repeats)
-        power, calls, total = self._energy_window(fn, samples) if energy else (None, 0, 0)
+        t = self.telemetry
+        seconds = t.sustained_window_s if sustained and t.sustained_window_s is not None else t.window_s
+        power, calls, total = self._energy_window(fn, samples, seconds) if energy else (None, 0, 0)
         after = self.telemetry.clocks()
         clocks = {"before": before, "after": after} if (before or after) else {}
         return Timing(samples=samples, power=power, clocks=clocks, energy_calls=calls, window_calls=total)
@@ -404,8 +416,9 @@ class Timer:
     #: clock follows the GPU's, long enough that synchronising costs well under a percent.
     window_batch_s = 0.005
 
-    def _energy_window(self, fn: Callable[[], Any], samples: list[float]) -> tuple[PowerTrace | None, int, int]:
-        """Run ``fn`` back to back for the telemetry's window (seconds) and read board energy over it.
+    def _energy_window(self, fn: Callable[[], Any], samples: list[float],
+                       window_s: float) -> tuple[PowerTrace | None, int, int]:
+        """Run ``fn`` back to back for ``window_s`` seconds and read board energy over it.
 
         NVML's energy counter advances in steps (tens of milliseconds apart), so a difference read
         at two arbitrary instants is off by up to a step at each end: over one second that moved
@@ -425,9 +438,12 @@ class Timer:
         sampler = PowerSampler(t.read_power_w, None, t.interval, t.sm_clock_mhz if t.read_clocks else None)
         ticks = EnergyTicks(t.read_energy_mj)
         calls = 0
+        half: tuple[float, int] | None = None  # (instant, calls) where the window's first half ended
         with sampler, ticks:
             start = time.perf_counter()
-            while time.perf_counter() - start < t.window_s:
+            while (now := time.perf_counter()) - start < window_s:
+                if half is None and now - start >= window_s / 2:
+                    half = (now, calls)
                 for _ in range(batch):
                     fn()
                 if gpu:
@@ -441,8 +457,13 @@ class Timer:
         joules = mean_w * seconds if mean_w is not None else None
         if joules is None and not watts:
             return None, 0, calls
+        first_half = None
+        if joules is not None and half is not None and half[1] > 0:
+            half_w = ticks.mean_power_w(start + RAMP_S, half[0])
+            if half_w is not None:
+                first_half = (half[0] - start, half_w * (half[0] - start), half[1])
         return PowerTrace(watts, seconds, joules, "energy-counter" if joules is not None else "power-samples",
-                          t.power_limit_w, clocks), calls, calls
+                          t.power_limit_w, clocks, first_half), calls, calls
 
 
 #: The first moments of the energy window are left out of its power: the GPU is still ramping up.
@@ -513,6 +534,10 @@ def energy_metrics(timing: Timing, work_per_call: float, unit: str, *, label: st
     info: dict[str, Any] = {"scope": "board", "source": timing.power.source, "samples": len(timing.power.watts),
                             "window_s": round(timing.power.seconds, 3),
                             "calls": timing.energy_calls or len(timing.samples)}
+    half = timing.power.first_half
+    if half is not None and timing.energy_calls:
+        info["first_half"] = {"window_s": round(half[0], 3), "calls": half[2],
+                              "value": half[1] / half[2] / work_per_call}
     limit = timing.power.limit_w
     valid = not (limit and mean_w > limit * POWER_LIMIT_SLACK)
     if not valid:

@@ -15,7 +15,9 @@ things here keep that time honest:
   folder (a nightly's state folder keeps both), one per
   software stack (GPU model, driver, CUDA, torch, triton), so the second night on the same stack
   loads what the first compiled, and a new driver, CUDA or torch starts a fresh folder.  The largest
-  batches the training cases found are kept there too (:mod:`pytest_mig.workloads.batch_search`).
+  batches the training cases found are kept there too (:mod:`pytest_mig.workloads.batch_search`),
+  and, beside the stacks' folders since they depend on none of that, the OpenMM systems built
+  (:mod:`pytest_mig.workloads.md_systems`).
 - **Progress and time left** (:class:`Progress`): after each test that took a while, a line with
   the tests done, the time spent and the time left, estimated from each test's seconds the last
   time it ran on the same GPU model, profile and mode (:func:`last_runs`, from the results files'
@@ -37,6 +39,8 @@ from typing import Any, Iterable, Mapping
 STACK_KEYS = ("gpu_name", "driver", "cuda_driver", "cuda_runtime", "torch", "triton")
 #: The cache folder, beside the baseline folder (never in it: that one is reviewed like code).
 CACHE_FOLDER = ".mig-compile-cache"
+#: Built OpenMM systems, in the cache folder beside the stacks' folders (workloads.md_systems).
+BUILT_SYSTEMS = "openmm-systems"
 #: A progress line is printed after a test that took at least this long, or this long after the last line.
 PROGRESS_EVERY_S = 20.0
 
@@ -59,6 +63,10 @@ def compile_caches(baselines: Path, fingerprint: Mapping[str, Any], environ: Any
     environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(folder / "inductor"))
     environ.setdefault("TRITON_CACHE_DIR", str(folder / "triton"))
     environ["PYTEST_MIG_STACK_CACHE"] = str(folder)  # the largest batches found (workloads.batch_search)
+    # Built OpenMM systems depend on OpenMM and the system, not on the driver, CUDA or torch
+    # (workloads.md_systems names each file by what it does depend on): kept across stacks, so that
+    # the first night after a driver update does not build them again.
+    environ["PYTEST_MIG_BUILT_SYSTEMS"] = str(folder.parent / BUILT_SYSTEMS)
     return folder
 
 

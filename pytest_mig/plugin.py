@@ -128,8 +128,16 @@ BENCH = pytest.StashKey[MigBench]()
 ITEM_RECORDS = pytest.StashKey[list[ResultRecord]]()
 
 #: Seconds of back-to-back work over which board energy is read after each timing (normal, quick):
-#: several times the energy counter's update period, so that a figure is a measurement.
-ENERGY_WINDOW_S = {"normal": 3.0, "quick": 1.5}
+#: many ticks of the energy counter (tens of milliseconds apart; the power is read between the
+#: first and last tick, measure.EnergyTicks).  1.5 s in both modes, measured (docs/benchmarks.md
+#: "The night's time"): over five normal runs on an H100 the first half of a 1.5 s window gave the
+#: same J/unit as the whole (within 1.5%), but STREAM's and training's varied two to three times as
+#: much from run to run; a 0.75 s quick window did the same to them.
+ENERGY_WINDOW_S = {"normal": 1.5, "quick": 1.5}
+#: The window where it also times a rate that is judged (GEMM's sustained TFLOPS): the clock a
+#: power-capped GPU settles on needs seconds (docs/detection.md: on 128 SMs the sustained rate lost
+#: 6.1-6.4% over 1.5 s but 2.0-2.2% over 3 s).
+SUSTAINED_WINDOW_S = {"normal": 3.0, "quick": 1.5}
 
 
 # --------------------------------------------------------------------------- options
@@ -580,7 +588,7 @@ def mig_bench(request: pytest.FixtureRequest, benchmark: Any, mig_device: Target
     telemetry = None
     if state.board is not None:
         telemetry = Telemetry(state.board.power_w, state.board.energy_mj, state.board.clocks,
-                              window_s=ENERGY_WINDOW_S[mode],
+                              window_s=ENERGY_WINDOW_S[mode], sustained_window_s=SUSTAINED_WINDOW_S[mode],
                               power_limit_w=state.fingerprint.get("power_limit_w"))
     slow = request.config.getoption("mig_slowdown_sms")
 

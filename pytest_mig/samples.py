@@ -16,6 +16,11 @@ stays at most :data:`KEEPS` with :data:`CONFIDENCE` (a ratio that came out low b
 runs does not shorten a window).  Figures
 whose value is not the median of their samples, or with fewer than :data:`MIN_RUNS` runs in a group,
 are left out: nothing is guessed.
+
+Energy figures are read over a window of sustained work after each timing, and each records what the
+window's first half alone gave (``first_half`` in its info).  :func:`energy_windows` pools those the
+same way, with two "samples" per run: the first half and the whole window.  A halved window keeps
+the threshold where its CV's ratio to the whole window's passes the same test.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ class Shortening:
     samples: int  # measured per run
     groups: list[dict[int, list[float]]] = field(default_factory=list)  # per group: k -> each run's figure
     _bounds: dict[int, float] = field(default_factory=dict, repr=False)
+    window_s: float | None = None  # an energy window's length (energy_windows: k 1 is its first half, 2 the whole)
 
     @property
     def runs(self) -> int:
@@ -59,7 +65,7 @@ class Shortening:
 
     @property
     def windows(self) -> list[int]:
-        return windows_for(self.samples)
+        return [1, 2] if self.window_s is not None else windows_for(self.samples)
 
     def cv(self, k: int) -> float:
         """The pooled run-to-run CV of the figure made from the first ``k`` samples."""
@@ -100,8 +106,12 @@ class Shortening:
         return fewest
 
     def add(self, runs: list[list[float]]) -> None:
-        """One group's runs (each its samples in the order measured)."""
-        self.groups.append({k: [statistics.median(s[:k]) for s in runs] for k in self.windows})
+        """One group's runs (each its samples in the order measured; for an energy window, its first
+        half's figure and the whole window's)."""
+        if self.window_s is not None:
+            self.groups.append({1: [r[0] for r in runs], 2: [r[1] for r in runs]})
+        else:
+            self.groups.append({k: [statistics.median(s[:k]) for s in runs] for k in self.windows})
         self._bounds.clear()
 
 
@@ -151,6 +161,55 @@ def analyse(records: Iterable[Any]) -> list[Shortening]:
     return sorted(rows, key=lambda r: (r.mode, r.test, r.metric, r.samples))
 
 
+def _halves(metric: Any) -> tuple[float, float, float] | None:
+    """(first half's figure, the whole window's, the window's seconds) of an energy figure that kept both."""
+    half = (metric.info or {}).get("first_half") if metric.compare is not False else None
+    window = (metric.info or {}).get("window_s")
+    if not isinstance(half, dict) or not isinstance(window, (int, float)) or isinstance(window, bool):
+        return None
+    value = half.get("value")
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    if not (math.isfinite(value) and value > 0 and math.isfinite(metric.value) and metric.value > 0 and window > 0):
+        return None
+    return float(value), float(metric.value), float(window)
+
+
+def energy_windows(records: Iterable[Any]) -> list[Shortening]:
+    """Energy figures pooled as :func:`analyse` pools samples, each run's first half against its whole window."""
+    groups: dict[tuple[Any, ...], dict[tuple[Any, ...], tuple[float, float, float]]] = defaultdict(dict)
+    for r in records:
+        pair = _halves(r.metric)
+        if pair is None:
+            continue
+        t = r.target or {}
+        key = (r.mode, r.test.split("::")[-1].split("[")[0], r.metric.name,
+               t.get("gpu_slug"), t.get("baseline_profile") or t.get("profile"), r.test)
+        groups[key][(t.get("uuid"), r.timestamp)] = pair
+    pooled: dict[tuple[Any, ...], Shortening] = {}
+    for key, runs in groups.items():
+        if len(runs) < MIN_RUNS:
+            continue
+        mode, test, metric = key[:3]
+        row = pooled.setdefault(key[:3], Shortening(test, metric, mode, 2, window_s=0.0))
+        row.window_s = max(row.window_s or 0.0, statistics.median(w for _, _, w in runs.values()))
+        row.add([[h, w] for h, w, _ in runs.values()])
+    rows = (r for r in pooled.values() if r.runs > len(r.groups))
+    return sorted(rows, key=lambda r: (r.mode, r.test, r.metric))
+
+
+def window_lines(rows: list[Shortening]) -> list[str]:
+    """The energy windows' table: the whole window's CV, and its first half's as a multiple of it."""
+    out = [f"{'mode':7} {'test':22} {'metric':28} {'window':>7} {'groups':>6} {'runs':>5} {'CV (whole)':>10}  "
+           f"{'first half: CV / CV(whole), its 90% bound':42} half keeps it"]
+    for r in rows:
+        full = r.cv(2)
+        ratio = f"{r.cv(1) / full:.2f} ({r.bound(1):.2f})" if full else "-"
+        out.append(f"{r.mode:7} {r.test[:22]:22} {r.metric[:28]:28} {r.window_s or 0:>6.2f}s {len(r.groups):>6} "
+                   f"{r.runs:>5} {100 * full:>9.2f}%  {ratio:42} {'yes' if r.fewest == 1 else 'no'}")
+    return out
+
+
 def lines(rows: list[Shortening]) -> list[str]:
     """The table: each window's CV as a multiple of the full window's, and the fewest samples that keep it."""
     out = [f"{'mode':7} {'test':22} {'metric':24} {'n':>3} {'groups':>6} {'runs':>5} {'CV (all n)':>10}  "
@@ -164,4 +223,5 @@ def lines(rows: list[Shortening]) -> list[str]:
     return out
 
 
-__all__ = ["CONFIDENCE", "KEEPS", "LADDER", "MIN_RUNS", "Shortening", "analyse", "lines", "windows_for"]
+__all__ = ["CONFIDENCE", "KEEPS", "LADDER", "MIN_RUNS", "Shortening", "analyse", "energy_windows", "lines",
+           "window_lines", "windows_for"]

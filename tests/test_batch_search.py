@@ -154,3 +154,21 @@ def test_a_night_with_less_memory_does_not_shrink_the_next(stack: Path, monkeypa
     free = _Trainer(eager=50, compiled=200)
     search, growth = tr._find_batch(free, TARGET, EFFORT, compile_model=True)
     assert (growth.batch, growth.remembered) == (96, True)
+
+
+def test_a_first_night_compiled_case_confirms_the_eager_cases_batch(stack: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tr, "_grow_compiled", _grow_to_projection)
+    eager = _Trainer(eager=50, compiled=200)
+    assert tr._find_batch(eager, TARGET, EFFORT, compile_model=False)[0].batch == 48  # the eager case, searched
+    assert len(eager.probes) > 4
+    compiled = _Trainer(eager=50, compiled=200)
+    search, growth = tr._find_batch(compiled, TARGET, EFFORT, compile_model=True)
+    # its eager search is the eager case's batch, confirmed with two probes; the growth still runs
+    assert (search.batch, search.remembered, growth.batch, growth.remembered) == (48, True, 96, False)
+    assert compiled.probes[:3] == [(1, False), (48, False), (54, False)]
+    # where the eager case's batch no longer holds (less memory tonight), the search runs as before
+    (stack / bs.FILE).unlink()
+    bs.remember(bs.key("gpt2-small", "full", False, "max 256, resolution 0.125", TARGET), eager=48)
+    crowded = _Trainer(eager=30, compiled=200)
+    search = tr._find_batch(crowded, TARGET, EFFORT, compile_model=True)[0]
+    assert (48, False) in crowded.probes and not search.remembered and search.batch <= 30

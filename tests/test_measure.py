@@ -105,6 +105,9 @@ def test_energy_comes_from_a_window_of_its_own_divided_by_its_calls() -> None:
     assert timing.power is not None and timing.power.source == "energy-counter"
     per = {m.name: m for m in energy_metrics(timing, 1.0, "call")}["energy_j_per_call"]
     assert per.value == pytest.approx(0.5, rel=0.15)  # power between counter ticks x the window / its calls
+    half = per.info["first_half"]  # the figure a window half as long would have given, from the same ticks
+    assert 0.1 <= half["window_s"] <= 0.2 and 0 < half["calls"] < timing.energy_calls
+    assert half["value"] == pytest.approx(0.5, rel=0.15)
 
 
 def test_energy_ticks_give_power_between_the_first_and_last_tick_inside_the_window() -> None:

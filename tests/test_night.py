@@ -24,7 +24,10 @@ def test_compile_caches_live_beside_the_baselines_one_folder_per_stack(tmp_path:
     folder = compile_caches(tmp_path / "baselines", FP, env)
     assert folder == tmp_path / CACHE_FOLDER / stack_key(FP) and folder.is_dir()
     assert env == {"TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor"), "TRITON_CACHE_DIR": str(folder / "triton"),
-                   "PYTEST_MIG_STACK_CACHE": str(folder)}
+                   "PYTEST_MIG_STACK_CACHE": str(folder),
+                   "PYTEST_MIG_BUILT_SYSTEMS": str(tmp_path / CACHE_FOLDER / "openmm-systems")}  # beside the stacks
+    assert compile_caches(tmp_path / "baselines", {**FP, "driver": "590.10.02"}, env) != folder
+    assert env["PYTEST_MIG_BUILT_SYSTEMS"] == str(tmp_path / CACHE_FOLDER / "openmm-systems")  # kept across stacks
     assert not (tmp_path / "baselines").exists()  # the reviewed folder gets nothing
     assert stack_key({**FP, "driver": "590.10.02"}) != stack_key(FP)  # a new driver starts a fresh cache
     assert stack_key({**FP, "gpu_uuid": "GPU-other"}) == stack_key(FP)  # another board of the model shares it

@@ -166,3 +166,94 @@ def test_a_figure_whose_confinement_is_not_verified_is_never_the_profiles(monkey
     result["resources"] = {"error": "libcuda is not loadable"}
     with pytest.raises(DoesNotFit, match="saw an unknown number of SMs"):
         om.run_openmm(EMULATED)
+
+
+# --- built systems kept across nights (md_systems) -----------------------------------------------------
+
+def _reference_energy(system, positions_nm) -> float:
+    ctx = openmm.Context(system, openmm.VerletIntegrator(0.001), openmm.Platform.getPlatformByName("Reference"))
+    ctx.setPositions([openmm.Vec3(*p) for p in positions_nm] * openmm.unit.nanometer)
+    return ctx.getState(getEnergy=True).getPotentialEnergy().value_in_unit(openmm.unit.kilojoule_per_mole)
+
+
+def test_a_built_system_is_kept_and_read_back_the_same(tmp_path, monkeypatch):
+    from pytest_mig.workloads import md_systems
+
+    monkeypatch.setenv(md_systems.ENV, str(tmp_path / "built"))
+    built = []
+
+    def build():
+        built.append(1)
+        return om._built(om.CPU_SYSTEM)
+
+    first, pos1, cached1 = md_systems.cached_build(om.CPU_SYSTEM, om.BUILD_SETTINGS, build)
+    second, pos2, cached2 = md_systems.cached_build(om.CPU_SYSTEM, om.BUILD_SETTINGS, build)
+    assert (cached1, cached2, len(built)) == (False, True, 1)  # built once, then read back
+    assert pos1 == pos2 and second.getNumParticles() == first.getNumParticles() == len(pos1)
+    assert _reference_energy(second, pos2) == pytest.approx(_reference_energy(first, pos1), rel=1e-9)
+    # another build (other settings, another OpenMM) has a file of its own: never read as this one's
+    other = {**om.BUILD_SETTINGS, "cutoff_nm": 1.0}
+    assert md_systems.cached_build(om.CPU_SYSTEM, other, build)[2] is False and len(built) == 2
+    assert len(list((tmp_path / "built").glob("*.json"))) == 2
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not json", "other key", "nan", "fewer positions", "bad xml",
+                                    "link"])
+def test_a_damaged_system_file_is_built_again_and_rewritten(tmp_path, monkeypatch, damage):
+    import json
+
+    from pytest_mig.workloads import md_systems
+
+    monkeypatch.setenv(md_systems.ENV, str(tmp_path / "built"))
+    md_systems.cached_build(om.CPU_SYSTEM, om.BUILD_SETTINGS, lambda: om._built(om.CPU_SYSTEM))
+    (path,) = (tmp_path / "built").glob("*.json")
+    text = path.read_text()
+    doc = json.loads(text)
+    if damage == "truncated":
+        path.write_text(text[: len(text) // 2])
+    elif damage == "not json":
+        path.write_text("<System/>")
+    elif damage == "other key":
+        path.write_text(json.dumps({**doc, "key": "0" * 16}))
+    elif damage == "nan":
+        doc["positions_nm"][0][0] = float("nan")
+        path.write_text(json.dumps(doc))
+    elif damage == "fewer positions":
+        path.write_text(json.dumps({**doc, "positions_nm": doc["positions_nm"][:-3]}))
+    elif damage == "bad xml":
+        path.write_text(json.dumps({**doc, "system_xml": "<System><Particles>"}))
+    else:
+        elsewhere = tmp_path / "elsewhere.json"  # a site's link to a file elsewhere, damaged there
+        elsewhere.write_text(text[:100])
+        path.unlink()
+        path.symlink_to(elsewhere)
+    built = []
+    system, positions, cached = md_systems.cached_build(
+        om.CPU_SYSTEM, om.BUILD_SETTINGS, lambda: built.append(1) or om._built(om.CPU_SYSTEM))
+    assert cached is False and built == [1] and system.getNumParticles() == len(positions)
+    # the file is whole again (a link is written through, never replaced): the next night reads it
+    assert md_systems.cached_build(om.CPU_SYSTEM, om.BUILD_SETTINGS, lambda: pytest.fail("built again"))[2] is True
+    if damage == "link":
+        assert path.is_symlink() and len(elsewhere.read_text()) == len(text)
+
+
+def test_without_a_folder_the_system_is_built_every_time(tmp_path, monkeypatch):
+    from pytest_mig.workloads import md_systems
+
+    monkeypatch.delenv(md_systems.ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    built = []
+    for _ in range(2):
+        assert md_systems.cached_build(om.CPU_SYSTEM, om.BUILD_SETTINGS,
+                                       lambda: built.append(1) or om._built(om.CPU_SYSTEM))[2] is False
+    assert built == [1, 1] and not list(tmp_path.iterdir())
+
+
+def test_the_worker_reads_the_kept_system_on_a_second_run(cpu, tmp_path, monkeypatch):
+    from pytest_mig.workloads import md_systems
+
+    monkeypatch.setenv(md_systems.ENV, str(tmp_path / "built"))
+    first = {m.name: m for m in om.run_openmm(cpu, quick=True)}["ns_per_day"]
+    second = {m.name: m for m in om.run_openmm(cpu, quick=True)}["ns_per_day"]
+    assert (first.info["system_from_cache"], second.info["system_from_cache"]) == (False, True)
+    assert second.value > 0 and second.info["checks"]["force_rel_rms"] <= om.FORCE_LIMIT["mixed"]

@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from test_verdict import FP_OLD, TEST, record

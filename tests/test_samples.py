@@ -79,8 +79,44 @@ def test_the_command_prints_the_table_or_says_why_not(tmp_path: Path, capsys: py
     out = capsys.readouterr().out
     assert out.splitlines()[0].startswith("mode") and "test_a" in out.splitlines()[1]
     assert cli.main(["samples", str(tmp_path / "r0.json")]) == 2
-    assert capsys.readouterr().err.startswith("pytest-mig: error: no figure that is the median of its samples has 3 "
-                                              "runs or more")
+    assert capsys.readouterr().err.startswith("pytest-mig: error: no figure that is the median of its samples, and no "
+                                              "energy figure, has 3 runs or more")
     (tmp_path / "bad.json").write_text("{")
     assert cli.main(["samples", str(tmp_path / "bad.json")]) == 2
     assert "Traceback" not in capsys.readouterr().err
+
+
+def _energy(test: str, whole: float, half: float | None, run: int, window_s: float = 1.5) -> ResultRecord:
+    info = {"window_s": window_s, **({"first_half": {"window_s": window_s / 2, "calls": 10, "value": half}}
+                                     if half is not None else {})}
+    return ResultRecord(test, Metric("energy_j_per_x", whole, "J/x", "lower", [], kind="energy", info=info),
+                        TARGET, {}, f"2026-11-{run + 1:02d}T00:00:00+00:00")
+
+
+def test_an_energy_windows_first_half_is_judged_against_the_whole_window() -> None:
+    rng = random.Random(11)
+    records = []
+    for i in range(12):
+        level = 1.0 + rng.gauss(0, 0.02)  # the night moves both halves alike: a half window keeps the threshold
+        records.append(_energy("b.py::test_steady[a]", level, level * (1 + rng.gauss(0, 0.001)), i))
+        whole = 1.0 + rng.gauss(0, 0.005)  # the first half alone is four times as noisy: it does not
+        records.append(_energy("b.py::test_short[a]", whole, whole * (1 + rng.gauss(0, 0.02)), i, window_s=0.75))
+        records.append(_energy("b.py::test_old[a]", 1.0, None, i))  # recorded before first halves were kept
+    from pytest_mig.samples import energy_windows, window_lines
+
+    short, steady = energy_windows(records)
+    assert (steady.test, steady.runs, steady.window_s) == ("test_steady", 12, 1.5) and steady.fewest == 1
+    assert short.window_s == 0.75 and short.cv(1) > 2 * short.cv(2) and short.fewest == 2
+    table = window_lines([short, steady])
+    assert table[1].split()[1:4] == ["test_short", "energy_j_per_x", "0.75s"] and table[1].endswith(" no")
+    assert table[2].endswith(" yes")
+    assert energy_windows(records[:6]) == []  # two runs of each: too few to count
+
+
+def test_the_command_prints_the_energy_windows_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for i in range(4):
+        write_results(tmp_path / f"e{i}.json", [_energy("b.py::test_e[x]", 1.0 + i / 100, 1.0 + i / 90, i)])
+    assert cli.main(["samples", *map(str, sorted(tmp_path.glob("e*.json")))]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "energy windows: the first half of each window against the whole"  # no samples table above it
+    assert any(line.split()[1:3] == ["test_e", "energy_j_per_x"] for line in out)

@@ -70,6 +70,8 @@ def test_training_record_on_cpu(cpu, timer, config, mode, batch):
     info = tok.info
     assert info["config"] == cfg.name and info["mode"] == mode and info["batch"] == n_batch
     assert info["precision"] == "fp32" and info["steps"] == effort.repeats
+    # where the case's seconds went (model, batch, timer): what the night's time is tuned from
+    assert set(info["phases_s"]) == {"build", "batch", "timer"} and all(v >= 0 for v in info["phases_s"].values())
     assert info["loss_drop"] >= tr.MIN_LOSS_DROP and info["loss_last"] < info["loss_first"]
     assert abs(info["initial_loss"] - math.log(cfg.vocab)) <= tr.INITIAL_LOSS_TOLERANCE * math.log(cfg.vocab)
     if batch == "maxbatch":

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -223,9 +224,13 @@ def test_gemm_sustained_and_per_sm_cycle_figures_come_from_the_energy_window(cpu
         return ticks["mj"]
 
     powered = Timer("cpu", Telemetry(read_power_w=lambda: 100.0, read_energy_mj=energy, read_clocks=clocks,
-                                     interval=0.005, window_s=0.2))
+                                     interval=0.005, window_s=0.05, sustained_window_s=0.2))
     by = {m.name: m for m in gemm.run_gemm(cpu, powered, dtype="fp32", quick=True)}
     tflops, sustained_m = by["fp32_tflops"], by["fp32_sustained_tflops"]
+    # GEMM's window times its sustained rate, so it runs the longer window, not the energy-only one
+    assert sustained_m.info["window_s"] >= 0.2 and by["fp32_energy_j_per_tflop"].info["window_s"] >= 0.2
+    plain = Timer("cpu", powered.telemetry)(lambda: time.sleep(0.001), warmup=0, repeats=2)
+    assert plain.power is not None and 0.05 <= plain.power.seconds < 0.2  # other workloads: the short window
     assert sustained_m.unit == "TFLOPS" and sustained_m.compare and sustained_m.kind == tflops.kind
     # The same work timed over the window: on a busy 2-core CPU the two timings moved apart by 2.3x
     # once, and by 7.9x with a second test suite running beside it, so only the order of magnitude

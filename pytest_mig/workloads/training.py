@@ -48,7 +48,8 @@ import gc
 import importlib.util
 import math
 import statistics
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -75,6 +76,10 @@ class Effort:
 
 EFFORT: dict[tuple[str, bool, str], Effort] = {
     ("gpu", False, "fixed"): Effort(warmup=3, repeats=20, max_batch=256, search_resolution=0.125),
+    # 10 measured steps at the largest batch.  5 would give tokens/s the same run-to-run CV (`pytest-mig
+    # samples`: ratio 0.94 over 187 runs), but not the loss check: at its largest batch Qwen2.5-1.5B's
+    # loss rose over the 5 measured steps in nine of ten H100 runs, eager and compiled (8.76 -> 10.60),
+    # so a right answer could not be told from a wrong one (docs/benchmarks.md "The night's time").
     ("gpu", False, "maxbatch"): Effort(warmup=2, repeats=10, max_batch=256, search_resolution=0.125),
     ("gpu", True, "fixed"): Effort(warmup=2, repeats=8, max_batch=256, search_resolution=0.25),
     ("gpu", True, "maxbatch"): Effort(warmup=2, repeats=6, max_batch=128, search_resolution=0.25),
@@ -489,6 +494,7 @@ class _Run:
     estimate: MemoryEstimate
     search: BatchSearch | None
     growth: BatchGrowth | None = None
+    phases_s: dict[str, float] = field(default_factory=dict)  # seconds of finding the batch, of the timer
 
 
 def run_training(
@@ -525,8 +531,11 @@ def run_training(
     out_of_memory: str | None = None
     try:
         try:
+            started = time.perf_counter()
             trainer = _Trainer(cfg, mode, device)
+            built_s = time.perf_counter() - started
             run = _train(trainer, target, timer, batch, effort, compile_model)
+            run.phases_s = {"build": round(built_s, 2), **run.phases_s}
         except Exception as exc:
             if not is_oom(exc):
                 raise
@@ -548,6 +557,7 @@ def run_training(
             "loss_last": round(measured[-1], 4), "loss_drop": round(drop, 4), "steps": len(measured),
             "warmup": effort.warmup, "lr": trainer.lr, "engine": _engine_versions(mode),
             "attention": "SDPA, is_causal, no mask tensor", "gradient_checkpointing": trainer.gradient_checkpointing,
+            "phases_s": run.phases_s,
         }
         if mode != "full":
             info["lora_rank"] = LORA.rank
@@ -578,6 +588,7 @@ def _train(trainer: _Trainer, target: Target, timer: Timer, batch: str, effort: 
     cuda = device.startswith("cuda")
     search: BatchSearch | None = None
     growth: BatchGrowth | None = None
+    started = time.perf_counter()
     if batch == "maxbatch":
         search, growth = _find_batch(trainer, target, effort, compile_model)
         n_batch = growth.batch if growth is not None else search.batch
@@ -592,11 +603,13 @@ def _train(trainer: _Trainer, target: Target, timer: Timer, batch: str, effort: 
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     start = len(trainer.losses)
+    timed = time.perf_counter()
     timing = timer(trainer.timed_step_fn(n_batch), warmup=effort.warmup, repeats=effort.repeats)
+    phases = {"batch": round(timed - started, 2), "timer": round(time.perf_counter() - timed, 2)}
     alloc, reserved, source = _peak_memory(cuda, estimate)
     losses = [float(x) for x in torch.stack(trainer.losses[start:]).tolist()]
     return _Run(n_batch, timing, measured_losses(losses, len(timing.samples), timing.window_calls), alloc, reserved,
-                source, estimate, search, growth)
+                source, estimate, search, growth, phases)
 
 
 def measured_losses(losses: list[float], repeats: int, energy_calls: int) -> list[float]:
@@ -622,6 +635,11 @@ def _find_batch(trainer: _Trainer, target: Target, effort: Effort,
     limits = f"max {effort.max_batch}, resolution {effort.search_resolution}"
     case = batch_search.key(cfg.name, mode, compile_model, limits, target) if cuda else ""
     known = batch_search.recall(case) if case else {}
+    if compile_model and case and not known.get("eager"):
+        # The eager case of the same model and limits (run before this one, tonight or earlier)
+        # searched the same eager steps: its batch, confirmed, is this search's answer.
+        eager = batch_search.recall(batch_search.key(cfg.name, mode, False, limits, target)).get("eager")
+        known = {**known, "eager": eager} if eager else known
     if compile_model and known.get("compiled") and known.get("eager"):
         trainer.compile()
         growth = batch_search.confirm_growth(lambda b: trainer.probe(b, room, steps=COMPILED_PROBE_STEPS),
