@@ -30,6 +30,7 @@ import hashlib
 import json
 import math
 import os
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -153,7 +154,7 @@ class Progress:
     def line(self, now: float | None = None) -> str:
         now = time.monotonic() if now is None else now
         left = self.left_s()
-        source = "the last run's times" if any(t in self.previous for t in self.tests) else "this run's average"
+        source = "the last runs' times" if any(t in self.previous for t in self.tests) else "this run's average"
         tail = "" if left is None else f"; about {duration_text(left)} left (from {source})"
         return (f"pytest-mig: {len(self.done)} of {len(self.tests)} tests done in {duration_text(now - self.started)}"
                 f"{tail}")
@@ -164,14 +165,19 @@ def duration_text(seconds: float) -> str:
     return f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"
 
 
-#: Results files read for the last run of each test: two weeks of nights.
+#: Results files read for the last runs of each test: two weeks of nights.
 RECENT_FILES = 14
+#: A test's seconds are the median of its last this many times: with warm nights behind it, one
+#: first night on a new stack (compiling again: 216 s for the two compiled cases, about 34 s warm,
+#: on an H100) does not make the next night's estimate and window pessimistic.
+RECENT_TIMES = 3
 
 
 def last_runs(folder: Path | None, current: Path | None = None,
               where: tuple[str | None, str | None, str] | None = None) -> tuple[dict[str, float], dict[str, float]]:
     """Per node id, from the newest :data:`RECENT_FILES` results files in ``folder``: the seconds it
-    took the last time it ran (its meta's ``durations``), and when that was (the file's time).
+    took (its meta's ``durations``; the median of the last :data:`RECENT_TIMES` times it ran), and
+    when it last ran (the file's time).
 
     ``where`` (GPU model slug, profile, mode; None for any) keeps only the files with a record of
     that Target and mode: a folder shared by a whole GPU's nights and a slice's, or by quick and
@@ -179,14 +185,14 @@ def last_runs(folder: Path | None, current: Path | None = None,
     (:mod:`pytest_mig.window`).  Files that cannot be read are passed over: they decide nothing."""
     from .results import ResultsFileError, read_results_file
 
-    seconds: dict[str, float] = {}
+    times: dict[str, list[float]] = {}
     when: dict[str, float] = {}
     if folder is None:
-        return seconds, when
+        return {}, when
     try:
         files = sorted(((p.stat().st_mtime, p) for p in Path(folder).glob("*.json") if p != current), reverse=True)
     except OSError:
-        return seconds, when
+        return {}, when
     read = 0
     for mtime, path in files:
         if read == RECENT_FILES:
@@ -201,9 +207,10 @@ def last_runs(folder: Path | None, current: Path | None = None,
         window = meta.get("window") if isinstance(meta.get("window"), dict) else {}
         left = set(window.get("left") or [])
         for nodeid, value in (meta.get("durations") or {}).items():
-            if nodeid not in left and nodeid not in seconds and math.isfinite(value):
-                seconds[nodeid], when[nodeid] = float(value), mtime
-    return seconds, when
+            if nodeid not in left and len(times.setdefault(nodeid, [])) < RECENT_TIMES and math.isfinite(value):
+                times[nodeid].append(float(value))
+                when.setdefault(nodeid, mtime)
+    return {nodeid: statistics.median(t) for nodeid, t in times.items() if t}, when
 
 
 def _matches(record: Any, where: tuple[str | None, str | None, str]) -> bool:

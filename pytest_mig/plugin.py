@@ -155,7 +155,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      "history and the reference): they are reported, never judged.")
     g.addoption("--mig-window", dest="mig_window", type=window_arg, default=None, metavar="TIME",
                 help="fit the night into TIME (300, 5m, 1.5h): the tests that ran longest ago first, as many as "
-                     "their last times fit; the rest are named and run first the next night.")
+                     "their recent times fit; the rest are named and run first the next night.")
     g.addoption("--mig-save-baseline", dest="mig_save_baseline", action="store_true", default=False, help=HELP_SAVE)
     g.addoption("--mig-save-if-passed", dest="mig_save_if_passed", action="store_true", default=False,
                 help=HELP_SAVE_IF_PASSED)
@@ -456,8 +456,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 def _last_runs(config: pytest.Config, state: RunState) -> tuple[dict[str, float], dict[str, float]]:
-    """Each test's seconds and time the last time it ran on this Target and mode (night.last_runs), from
-    this run's results folder, or the node's for a node-mode worker (window.NIGHTS_ENV); read once."""
+    """Each test's seconds (the median of its last three runs) and when it last ran, on this Target and
+    mode (night.last_runs), from this run's results folder, or the node's for a node-mode worker
+    (window.NIGHTS_ENV); read once."""
     if state.last_runs is None:
         from .night import last_runs
         from .window import NIGHTS_ENV
@@ -749,7 +750,7 @@ def _results_meta(state: RunState) -> dict[str, Any]:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """The run's tests, and the last run's times of them, for the progress line."""
+    """The run's tests, and their last runs' times, for the progress line."""
     state = session.config.stash.get(STATE, None)
     if state is None or session.config.option.collectonly:
         return

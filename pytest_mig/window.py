@@ -4,8 +4,9 @@ A site's nightly often shares a Slurm reservation or a maintenance window with o
 than a run that the window's end kills halfway (SIGTERM: the tests that finished are kept, the rest
 are lost for the night), ``--mig-window`` plans the night to fit, and rotates what does not fit:
 
-- **Each test's seconds** are those it took the last time it ran on the same GPU model, profile and
-  mode, read from the newest results files in the results folder (their ``durations``,
+- **Each test's seconds** are the median of the last three times it ran on the same GPU model,
+  profile and mode (a first night on a new stack, compiling again, is one time of three), read
+  from the newest results files in the results folder (their ``durations``,
   :func:`pytest_mig.night.last_runs`); a test with none is counted at the median of the others'.
 - **The stalest tests go first**: the tests are taken in the order of when each last ran (never
   first), each while the window holds its seconds, so a test left out tonight is among the first

@@ -65,7 +65,7 @@ def test_progress_estimates_the_time_left_from_the_last_run_else_this_runs_avera
     p = Progress(["a", "b", "c"], previous={"b": 100.0, "c": 50.0}, started=0.0, last_line=0.0)
     assert p.finished("a", 5.0, now=5.0) is None  # short, and soon after the last line
     assert p.finished("b", 30.0, now=35.0) == ("pytest-mig: 2 of 3 tests done in 35 s; about 50 s left "
-                                              "(from the last run's times)")
+                                              "(from the last runs' times)")
     fresh = Progress(["a", "b", "c"], started=0.0, last_line=0.0)
     assert fresh.left_s() is None
     assert fresh.finished("a", 90.0, now=90.0) == ("pytest-mig: 1 of 3 tests done in 1 min 30 s; about 3 min 00 s "

@@ -127,9 +127,19 @@ def test_last_runs_come_from_the_newest_results_files_and_skip_what_a_window_lef
     (tmp_path / "odd.json").write_text(json.dumps({"schema": "pytest-mig/results/1", "records": [],
                                                    "meta": {"durations": {"a": "fast", "b": True, "c": -1}}}))
     seconds, when = last_runs(tmp_path, current=tmp_path / "tonight.json")
-    assert seconds == {"a": 11.0, "b": 20.0, "c": 30.0}  # b was skipped by the newest night: the older time counts
+    assert seconds == {"a": 10.5, "b": 20.0, "c": 30.0}  # b was skipped by the newest night: the older time counts
     assert when["a"] > when["b"] == when["c"]
     assert last_runs(None) == ({}, {}) and last_runs(tmp_path / "missing") == ({}, {})
+
+
+def test_a_first_night_on_a_new_stack_does_not_make_the_next_nights_estimate_pessimistic(tmp_path: Path) -> None:
+    for age, compiled in ((500, 40.0), (400, 41.0), (300, 38.0), (200, 216.0)):  # the newest compiled everything
+        _results(tmp_path / f"night-{age}.json", {"compiled": compiled, "gemm": 55.0}, age=age)
+    seconds, when = last_runs(tmp_path)
+    assert seconds == {"compiled": 41.0, "gemm": 55.0}  # the median of the last three: 216, 38 and 41
+    assert when["compiled"] == 1_700_000_000 - 200  # when it last ran is still the newest night
+    _results(tmp_path / "night-100.json", {"compiled": 39.0}, age=100)
+    assert last_runs(tmp_path)[0]["compiled"] == 39.0  # three warm nights out of the newest three files: 216 is gone
 
 
 def test_a_nodes_results_keep_each_tests_longest_time_and_all_a_window_left_out() -> None:
@@ -149,9 +159,9 @@ def test_only_nights_of_the_same_gpu_model_profile_and_mode_time_a_night(tmp_pat
                                                      "meta": {"durations": {"a": 1.0}}}))
     assert last_runs(tmp_path, where=("nvidia-h200", "full", "normal"))[0] == {"a": 10.0}
     assert last_runs(tmp_path, where=("nvidia-h200", "full", "quick"))[0] == {"a": 3.0}
-    assert last_runs(tmp_path, where=("nvidia-h200", None, "normal"))[0] == {"a": 70.0}  # a sweep: any profile
+    assert last_runs(tmp_path, where=("nvidia-h200", None, "normal"))[0] == {"a": 40.0}  # a sweep: any profile (70, 10)
     assert last_runs(tmp_path, where=("nvidia-h100-80gb-hbm3", "full", "normal"))[0] == {}
-    assert last_runs(tmp_path)[0] == {"a": 1.0}  # no Target given: the newest file, whatever it measured
+    assert last_runs(tmp_path)[0] == {"a": 3.0}  # no Target given: the newest files, whatever they measured
 
 
 def test_calibrate_refuses_a_window() -> None:
