@@ -30,7 +30,7 @@ import random
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 #: Shares of a figure's samples tried (the first k of n).
 LADDER = (0.25, 0.5, 0.75, 1.0)
@@ -107,9 +107,10 @@ class Shortening:
 
     def add(self, runs: list[list[float]]) -> None:
         """One group's runs (each its samples in the order measured; for an energy window, its first
-        half's figure and the whole window's)."""
-        if self.window_s is not None:
+        half's figure, the whole window's and the window's seconds)."""
+        if self.window_s is not None:  # each run [first half, whole window, its seconds]: the longest group's window
             self.groups.append({1: [r[0] for r in runs], 2: [r[1] for r in runs]})
+            self.window_s = max(self.window_s, statistics.median(r[2] for r in runs))
         else:
             self.groups.append({k: [statistics.median(s[:k]) for s in runs] for k in self.windows})
         self._bounds.clear()
@@ -139,30 +140,38 @@ def _samples(metric: Any) -> list[float] | None:
     return list(s)
 
 
-def analyse(records: Iterable[Any]) -> list[Shortening]:
-    """Pool the records' figures (:class:`pytest_mig.results.ResultRecord`) as the module says."""
+def _pool(records: Iterable[Any], values: Callable[[Any], list[float] | None],
+          new_row: Callable[[str, str, str, int], Shortening]) -> list[Shortening]:
+    """Group the records' figures by GPU model, profile, mode and case (each run once, by board and
+    time), keep the groups of :data:`MIN_RUNS` runs or more, and pool them per test and metric.
+    ``values`` gives a figure's values per run (None: not this table's), ``new_row`` a pooled row."""
     groups: dict[tuple[Any, ...], dict[tuple[Any, ...], list[float]]] = defaultdict(dict)
     for r in records:
-        samples = _samples(r.metric)
-        if samples is None:
+        v = values(r.metric)
+        if v is None:
             continue
         t = r.target or {}
-        key = (r.mode, r.test.split("::")[-1].split("[")[0], r.metric.name, len(samples),
+        key = (r.mode, r.test.split("::")[-1].split("[")[0], r.metric.name, len(v),
                t.get("gpu_slug"), t.get("baseline_profile") or t.get("profile"), r.test)
-        groups[key][(t.get("uuid"), r.timestamp)] = samples  # a run read twice (two copies of a file) counts once
+        groups[key][(t.get("uuid"), r.timestamp)] = v  # a run read twice (two copies of a file) counts once
     pooled: dict[tuple[Any, ...], Shortening] = {}
     for key, runs in groups.items():
         if len(runs) < MIN_RUNS:
             continue
-        mode, test, metric, n = key[:4]
-        row = pooled.setdefault(key[:4], Shortening(test, metric, mode, n))
-        row.add(list(runs.values()))
+        if key[:4] not in pooled:
+            pooled[key[:4]] = new_row(*key[:4])
+        pooled[key[:4]].add(list(runs.values()))
     rows = (r for r in pooled.values() if r.runs > len(r.groups))
     return sorted(rows, key=lambda r: (r.mode, r.test, r.metric, r.samples))
 
 
-def _halves(metric: Any) -> tuple[float, float, float] | None:
-    """(first half's figure, the whole window's, the window's seconds) of an energy figure that kept both."""
+def analyse(records: Iterable[Any]) -> list[Shortening]:
+    """Pool the records' figures (:class:`pytest_mig.results.ResultRecord`) as the module says."""
+    return _pool(records, _samples, lambda mode, test, metric, n: Shortening(test, metric, mode, n))
+
+
+def _halves(metric: Any) -> list[float] | None:
+    """[first half's figure, the whole window's, the window's seconds] of an energy figure that kept both."""
     half = (metric.info or {}).get("first_half") if metric.compare is not False else None
     window = (metric.info or {}).get("window_s")
     if not isinstance(half, dict) or not isinstance(window, (int, float)) or isinstance(window, bool):
@@ -172,30 +181,12 @@ def _halves(metric: Any) -> tuple[float, float, float] | None:
         return None
     if not (math.isfinite(value) and value > 0 and math.isfinite(metric.value) and metric.value > 0 and window > 0):
         return None
-    return float(value), float(metric.value), float(window)
+    return [float(value), float(metric.value), float(window)]
 
 
 def energy_windows(records: Iterable[Any]) -> list[Shortening]:
     """Energy figures pooled as :func:`analyse` pools samples, each run's first half against its whole window."""
-    groups: dict[tuple[Any, ...], dict[tuple[Any, ...], tuple[float, float, float]]] = defaultdict(dict)
-    for r in records:
-        pair = _halves(r.metric)
-        if pair is None:
-            continue
-        t = r.target or {}
-        key = (r.mode, r.test.split("::")[-1].split("[")[0], r.metric.name,
-               t.get("gpu_slug"), t.get("baseline_profile") or t.get("profile"), r.test)
-        groups[key][(t.get("uuid"), r.timestamp)] = pair
-    pooled: dict[tuple[Any, ...], Shortening] = {}
-    for key, runs in groups.items():
-        if len(runs) < MIN_RUNS:
-            continue
-        mode, test, metric = key[:3]
-        row = pooled.setdefault(key[:3], Shortening(test, metric, mode, 2, window_s=0.0))
-        row.window_s = max(row.window_s or 0.0, statistics.median(w for _, _, w in runs.values()))
-        row.add([[h, w] for h, w, _ in runs.values()])
-    rows = (r for r in pooled.values() if r.runs > len(r.groups))
-    return sorted(rows, key=lambda r: (r.mode, r.test, r.metric))
+    return _pool(records, _halves, lambda mode, test, metric, _: Shortening(test, metric, mode, 2, window_s=0.0))
 
 
 def window_lines(rows: list[Shortening]) -> list[str]:

@@ -33,7 +33,6 @@ from . import DoesNotFit
 OOM_ERROR: type[BaseException] = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
 
-
 def is_oom(exc: BaseException) -> bool:
     """Whether an exception is the device running out of memory (torch's or cuBLAS's way of saying it)."""
     if isinstance(exc, OOM_ERROR):

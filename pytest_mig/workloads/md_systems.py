@@ -45,13 +45,15 @@ def cache_path(name: str, key: str, environ: Any = os.environ) -> Path | None:
 
 def load(path: Path | None, key: str) -> tuple[Any, list[tuple[float, float, float]]] | None:
     """(System, positions in nm) from ``path``, or None where it is absent or not exactly this build's."""
+    from ..files import FileProblem, read_json
+
     if path is None:
         return None
     try:
-        if not path.is_file():
+        if not path.is_file():  # not a folder, a pipe or a device: a file or nothing
             return None
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        doc = read_json(path)
+    except (OSError, FileProblem):
         return None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("key") != key:
         return None

@@ -494,7 +494,7 @@ class _Run:
     estimate: MemoryEstimate
     search: BatchSearch | None
     growth: BatchGrowth | None = None
-    phases_s: dict[str, float] = field(default_factory=dict)  # seconds of finding the batch, of the timer
+    phases_s: dict[str, float] = field(default_factory=dict)  # seconds of the batch and the timer (run_training adds build)
 
 
 def run_training(
