@@ -1,9 +1,9 @@
 """OpenMM systems built once and read back on later nights.
 
-Building a benchmark system is pure Python that gives the same System every night: on a CI core,
+Building a benchmark system is pure Python that gives the same System every night:
 ``Modeller.addSolvent`` and ``createSystem`` took 9.3 s for the 92k-atom water box and 2.6 s for each
-of the three 23.5k-atom runs (mixed, single and double precision build the same box); on an
-H100 host's CPU, 15.8 s and 5.1 s.  The built System (OpenMM's own XML serialisation) and its
+of the three 23.5k-atom runs (mixed, single and double precision build the same box) on the CPU-only
+development machine, and 15.8 s and 5.1 s on an H100 host's CPU.  The built System (OpenMM's own XML serialisation) and its
 positions are kept in one JSON file in ``.mig-compile-cache/openmm-systems/``
 (``$PYTEST_MIG_BUILT_SYSTEMS``, set by :func:`pytest_mig.night.compile_caches`), named by a digest of
 everything the build depends on (the system, the force field and its settings, OpenMM's version).
