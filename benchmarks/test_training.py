@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import pytest
 
 from pytest_mig.bench import MigBench
+from pytest_mig.workloads.hf import imports
 from pytest_mig.workloads.training import run_training
 
 
@@ -58,6 +59,8 @@ CASES = (
 def _param(case: Case) -> object:
     # torch.compile's seconds of compilation would dominate a small slice's run: 3g-sized and up.
     marks = [pytest.mark.mig_gpu_only, pytest.mark.mig_min_sms(60)] if case.compiled else []
+    # what building the model imports, which the plugin may import while OpenMM's worker runs
+    marks.append(pytest.mark.mig_imports(*imports(case.config, case.mode)))
     return pytest.param(case, id=case.id, marks=marks)
 
 

@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from . import exports, mps, nvml
+from . import exports, mps, nvml, preload
 from . import target as _target
 from .bench import MigBench, drop_failed_test
 from .checkpoint import Checkpoint, stop_on_sigterm
@@ -89,6 +89,7 @@ MARKERS = (
     "mig_gpu_only: skip the test on the CPU",
     "mig_tolerance(fraction): the regression tolerance of this test's metrics (e.g. 0.1 for 10%)",
     "mig_scaling: a cross-profile scaling check, run after all other tests",
+    "mig_imports(*modules): modules the test imports, which may be imported earlier while the run waits on a worker",
 )
 
 
@@ -759,6 +760,22 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     previous = _last_runs(session.config, state)[0]
     benchmarks = [i.nodeid for i in session.items if _uses_bench(i)]  # not a plugin's own unit tests
     state.progress = Progress(benchmarks, previous) if benchmarks else None
+    imports = _marked_imports(session.items)
+    if not state.plan.targets[0].is_cpu:  # on the CPU a worker's engine uses every core: nothing to overlap
+        preload.expect(imports)
+
+
+def _marked_imports(items: list[pytest.Item]) -> list[str]:
+    """The modules the run's tests name in ``mig_imports`` markers, in test order."""
+    names: list[str] = []
+    for item in items:
+        for m in item.iter_markers("mig_imports"):
+            if m.kwargs or not all(isinstance(a, str) and a for a in m.args):
+                raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.mig_imports needs module names, e.g. "
+                                        f"@pytest.mark.mig_imports('transformers.modeling_utils'); got "
+                                        f"{m.args or m.kwargs or '()'}.")
+            names.extend(a for a in m.args if a not in names)
+    return names
 
 
 def _timed(item: pytest.Item, state: RunState, report: pytest.TestReport) -> None:
@@ -872,6 +889,7 @@ def add_summary_section(config: pytest.Config, title: str, text: str) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    preload.forget()
     state = config.stash.get(STATE, None)
     if state is not None and state.sigterm is not None:  # SIGTERM's own action again, after the session's end
         state.sigterm.restore()

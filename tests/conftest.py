@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import types
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
@@ -158,3 +159,27 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def machine(
+    mig_env: pytest.MonkeyPatch, stand_in_cuda: Callable[[CudaProps | None], None],
+    cuda_props_of: Callable[..., CudaProps],
+) -> Callable[..., None]:
+    """machine(topology, cuda=None): NVML shows that topology; CUDA shows the MIG instance or GPU with
+    UUID ``cuda`` ("gpu0" for GPU 0, None for a torch without CUDA)."""
+
+    def make(topology: Any, cuda: str | None = None) -> None:
+        fake_pynvml.install(mig_env, topology)
+        stand_in_cuda(None if cuda is None else cuda_props_of(topology, None if cuda == "gpu0" else cuda))
+
+    return make
+
+
+@pytest.fixture
+def stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The stack's cache folder, where the largest batches are remembered (workloads.batch_search)."""
+    from pytest_mig.workloads import batch_search
+
+    monkeypatch.setenv(batch_search.ENV, str(tmp_path / "stack"))
+    return tmp_path / "stack"

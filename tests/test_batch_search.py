@@ -21,12 +21,6 @@ def _oom_above(threshold: int, calls: list[int]):
     return try_batch
 
 
-@pytest.fixture
-def stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv(bs.ENV, str(tmp_path / "stack"))
-    return tmp_path / "stack"
-
-
 def test_batches_are_kept_per_case_and_an_unreadable_file_is_no_answer(stack: Path) -> None:
     assert bs.recall("gpt2|full") == {}  # nothing yet: the search runs
     bs.remember("gpt2|full", eager=48, compiled=126)

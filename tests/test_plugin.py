@@ -15,7 +15,6 @@ import pytest
 
 import fake_pynvml
 import topologies as topo
-from pytest_mig.target import CudaProps
 
 H100 = "NVIDIA H100 80GB HBM3"
 H100_PROFILES = "1g.10gb, 1g.10gb+me, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb"
@@ -34,21 +33,6 @@ def test_target(mig_device, mig_plan):
     print("verified", mig_device.verified)
     print("pinned", os.environ.get("CUDA_VISIBLE_DEVICES"), "sweep", mig_plan.sweep)
 """
-
-
-@pytest.fixture
-def machine(
-    mig_env: pytest.MonkeyPatch, stand_in_cuda: Callable[[CudaProps | None], None],
-    cuda_props_of: Callable[..., CudaProps],
-) -> Callable[..., None]:
-    """machine(topology, cuda=None): NVML shows that topology; CUDA shows the MIG instance or GPU with
-    UUID ``cuda`` ("gpu0" for GPU 0, None for a torch without CUDA)."""
-
-    def make(topology: Any, cuda: str | None = None) -> None:
-        fake_pynvml.install(mig_env, topology)
-        stand_in_cuda(None if cuda is None else cuda_props_of(topology, None if cuda == "gpu0" else cuda))
-
-    return make
 
 
 @pytest.fixture

@@ -152,6 +152,21 @@ INSTALL = {
 }
 
 
+#: What building a model of each layout imports, beyond torch: transformers' modelling stack is most
+#: of the first build's seconds in a process.  The training tests name them (``mig_imports``) so the
+#: plugin can import them while the main process waits on OpenMM's worker (:mod:`pytest_mig.preload`).
+IMPORTS: dict[str, tuple[str, ...]] = {
+    layout: ("transformers.modeling_utils", "transformers.integrations.sdpa_attention",
+             "transformers.models.auto.modeling_auto", f"transformers.models.{layout}.modeling_{layout}")
+    for layout in ("gpt2", "qwen2")
+}
+
+
+def imports(config: str, mode: str) -> tuple[str, ...]:
+    """The modules a training case of ``config`` in ``mode`` imports (:data:`IMPORTS`, and peft for adapters)."""
+    return IMPORTS[CONFIGS[config].layout] + (("peft",) if mode in ("lora", "qlora") else ())
+
+
 def installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 

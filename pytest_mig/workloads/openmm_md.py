@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import mps
+from .. import mps, preload
 from ..measure import (
     RAMP_S,
     EnergyTicks,
@@ -381,7 +381,8 @@ def run_openmm(target: Target, *, system: str = "water-23k", precision: str = "m
     if target.emulated:
         base, confinement = mps.confine_engine(target, base, "OpenMM")
     request = {"device": "cpu" if target.is_cpu else "cuda", "system": system, "precision": precision, "quick": quick}
-    with EnergyTicks(telemetry.read_energy_mj if telemetry is not None else None) as ticks:
+    # this process only waits: the imports a later test needs are made meanwhile (pytest_mig.preload)
+    with EnergyTicks(telemetry.read_energy_mj if telemetry is not None else None) as ticks, preload.while_waiting():
         result = _run_worker(request, base)
     if target.emulated:
         _verify_confinement(target, result, confinement)
