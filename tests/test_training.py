@@ -655,3 +655,16 @@ def test_missing_engines_name_the_pip_line(monkeypatch):
 def test_metric_kinds_are_known():
     for kind in ("training", "info", "energy"):
         Metric("x", 1.0, "u", kind=kind)  # raises if the measure module does not know the kind
+
+
+
+def test_the_record_counts_the_graphs_torch_compile_made():
+    """``compiled_graphs`` in a compiled case's info: a first night's growth compiles a second static batch
+    (two graphs where a second night, its batch remembered, makes one)."""
+    f = torch.compile(lambda x: (x * 2).sum(), backend="eager", dynamic=False)
+    before = tr._compiled_graphs()
+    f(torch.ones(3))
+    f(torch.ones(3))  # the same shape: no new graph
+    assert tr._compiled_graphs() - before == 1
+    f(torch.ones(5))  # static shapes: another size, another graph
+    assert tr._compiled_graphs() - before == 2

@@ -48,6 +48,7 @@ import gc
 import importlib.util
 import math
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -382,8 +383,11 @@ class _Trainer:
 
     def compile(self) -> None:
         """Run the model through torch.compile from the next step on, a static graph for each batch size
-        (``dynamic=False``: a second size compiles its own graph, as fast as the first, rather than
-        one graph with a symbolic batch)."""
+        (``dynamic=False``: a second size compiles its own graph).  A symbolic batch, one graph for
+        every size, was measured on an H100 and not taken: compiled GPT-2 small's step held 18% more
+        memory per sequence, so its largest batch fell from 126 to 107 and its tokens/s by 2.9%, and
+        the first night's compilation took longer, not shorter (docs/benchmarks.md, "The night's time").
+        """
         self.step_model = torch.compile(self.model, dynamic=False)
 
     def uncompile(self) -> None:
@@ -531,6 +535,7 @@ def run_training(
     out_of_memory: str | None = None
     try:
         try:
+            graphs = _compiled_graphs()
             started = time.perf_counter()
             trainer = _Trainer(cfg, mode, device)
             built_s = time.perf_counter() - started
@@ -559,6 +564,8 @@ def run_training(
             "attention": "SDPA, is_causal, no mask tensor", "gradient_checkpointing": trainer.gradient_checkpointing,
             "phases_s": run.phases_s,
         }
+        if compile_model:  # graphs dynamo compiled for this case: a first night's growth compiles a second batch
+            info["compiled_graphs"] = _compiled_graphs() - graphs
         if mode != "full":
             info["lora_rank"] = LORA.rank
             info["lora_targets"] = list(hf.LORA_TARGETS[cfg.layout])
@@ -571,6 +578,14 @@ def run_training(
         del trainer
         _release(device)
     return _metrics(target, cfg, mode, run, info, trainable)
+
+
+def _compiled_graphs() -> int:
+    """Graphs torch.compile has compiled in this process so far (dynamo's own count; 0 where it keeps none)."""
+    if "torch._dynamo" not in sys.modules:
+        return 0
+    stats = sys.modules["torch._dynamo"].utils.counters.get("stats", {})
+    return int(stats.get("unique_graphs", 0))
 
 
 def _engine_versions(mode: str) -> dict[str, str]:
