@@ -7,7 +7,11 @@ process, and this process does nothing but wait for it (and poll the energy coun
 between reads).  So the plugin tells this module, once the run's tests are known, which modules
 its tests will import (:func:`expect`, from each test's ``mig_imports`` marker), and code that waits
 on a worker imports them in a thread meanwhile (:func:`while_waiting`).  Nothing this process times
-runs during the import: the thread is joined before the waiting code returns.
+runs during the import: the thread is joined before the waiting code returns (for at most
+:data:`JOIN_TIMEOUT_S`: an import that hangs must not hang the night).  The one thread of this
+process that runs beside it is the energy poller, which sleeps between reads: while the import holds
+the interpreter a counter tick may be stamped up to Python's switch interval (5 ms) late, against
+timed windows of several seconds.
 
 An import that fails is left alone here: the test that needs the module imports it again and
 reports the failure in its own words.
@@ -22,6 +26,8 @@ import threading
 from collections.abc import Iterable, Iterator
 
 _expected: list[str] = []
+#: The longest the waiting code waits for the import after its own wait has ended.
+JOIN_TIMEOUT_S = 120.0
 
 
 def expect(modules: Iterable[str]) -> None:
@@ -62,4 +68,4 @@ def while_waiting() -> Iterator[None]:
     try:
         yield
     finally:
-        thread.join()
+        thread.join(JOIN_TIMEOUT_S)

@@ -60,6 +60,20 @@ def test_the_thread_is_joined_even_where_the_body_returns_first(modules) -> None
         assert not any(t.name == "pytest-mig-preload" for t in threading.enumerate())
 
 
+def test_an_import_that_hangs_does_not_hang_the_run(modules, monkeypatch: pytest.MonkeyPatch) -> None:
+    hangs = modules("pm_hangs", "import time\ntime.sleep(3)\n")
+    monkeypatch.setattr(preload, "JOIN_TIMEOUT_S", 0.2)
+    preload.expect([hangs])
+    started = time.perf_counter()
+    with preload.while_waiting():
+        pass
+    assert time.perf_counter() - started < 2  # the run goes on; the import finishes on its own
+    for thread in threading.enumerate():
+        if thread.name == "pytest-mig-preload":
+            thread.join()
+    assert hangs in sys.modules
+
+
 def test_openmm_imports_what_is_expected_while_its_worker_runs(modules, cpu, monkeypatch: pytest.MonkeyPatch) -> None:
     later = modules("pm_later", "X = 1\n")
     preload.expect([later])
