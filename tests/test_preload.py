@@ -96,16 +96,10 @@ def test_openmm_imports_what_is_expected_while_its_worker_runs(modules, cpu, mon
 def test_each_training_case_names_what_building_its_model_imports() -> None:
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("pytest_mig_bench_training",
-                                                  Path(__file__).parents[1] / "benchmarks" / "test_training.py")
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench  # its dataclass looks its module up
-    try:
-        spec.loader.exec_module(bench)
-    finally:
-        del sys.modules[spec.name]
-    for case in bench.CASES:
-        marks = [m for m in bench._param(case).marks if m.name == "mig_imports"]
+    from benchmarks.test_training import CASES, _param
+
+    for case in CASES:
+        marks = [m for m in _param(case).marks if m.name == "mig_imports"]
         assert len(marks) == 1 and marks[0].args == hf.imports(case.config, case.mode)
         assert ("peft" in marks[0].args) == (case.mode != "full")
         assert f"transformers.models.{hf.CONFIGS[case.config].layout}.modeling_{hf.CONFIGS[case.config].layout}" \

@@ -657,7 +657,6 @@ def test_metric_kinds_are_known():
         Metric("x", 1.0, "u", kind=kind)  # raises if the measure module does not know the kind
 
 
-
 def test_the_record_counts_the_graphs_torch_compile_made():
     """``compiled_graphs`` in a compiled case's info: a first night's growth compiles a second static batch
     (two graphs where a second night, its batch remembered, makes one)."""
