@@ -11,7 +11,7 @@ things here keep that time honest:
   wants them reported, or that builds the history that may let them gate).  A test the reference
   does not know (a GPU model without one) always runs.
 - **Compilation and batch searches are paid once per stack** (:func:`compile_caches`): Inductor's FX graph and
-  AOTAutograd caches and Triton's kernel cache live in ``.mig-compile-cache/`` beside the baseline
+  AOTAutograd caches, Triton's kernel cache and OpenMM's compiled kernels live in ``.mig-compile-cache/`` beside the baseline
   folder (a nightly's state folder keeps both), one per
   software stack (GPU model, driver, CUDA, torch, triton), so the second night on the same stack
   loads what the first compiled, and a new driver, CUDA or torch starts a fresh folder.  The largest
@@ -42,6 +42,8 @@ STACK_KEYS = ("gpu_name", "driver", "cuda_driver", "cuda_runtime", "torch", "tri
 CACHE_FOLDER = ".mig-compile-cache"
 #: Built OpenMM systems, in the cache folder beside the stacks' folders (workloads.md_systems).
 BUILT_SYSTEMS = "openmm-systems"
+#: The references' folder in use (``--mig-reference``), whose ``batches.json`` seeds compiled batches.
+REFERENCE_DIR_ENV = "PYTEST_MIG_REFERENCE_DIR"
 #: A progress line is printed after a test that took at least this long, or this long after the last line.
 PROGRESS_EVERY_S = 20.0
 
@@ -52,10 +54,16 @@ def stack_key(fingerprint: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
-def compile_caches(baselines: Path, fingerprint: Mapping[str, Any], environ: Any = os.environ) -> Path | None:
-    """Point Inductor's and Triton's caches at ``.mig-compile-cache/<stack>`` beside the baseline folder
+def compile_caches(baselines: Path, fingerprint: Mapping[str, Any], environ: Any = os.environ, *,
+                   references: Path | None = None) -> Path | None:
+    """Point Inductor's, Triton's and OpenMM's kernel caches at ``.mig-compile-cache/<stack>`` beside the baseline folder
     (made if need be), unless the site set them itself; the folder, or None where it cannot be made
-    (the caches stay where torch puts them)."""
+    (the caches stay where torch puts them).  ``references``, the folder of references in use, is
+    where compiled batches may be seeded from (:func:`pytest_mig.workloads.batch_search.seed`)."""
+    if references is not None:
+        environ[REFERENCE_DIR_ENV] = str(references)
+    else:
+        environ.pop(REFERENCE_DIR_ENV, None)
     folder = Path(baselines).parent / CACHE_FOLDER / stack_key(fingerprint)
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -63,6 +71,11 @@ def compile_caches(baselines: Path, fingerprint: Mapping[str, Any], environ: Any
         return None
     environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(folder / "inductor"))
     environ.setdefault("TRITON_CACHE_DIR", str(folder / "triton"))
+    # OpenMM's CUDA platform keeps the kernels it compiles in OPENMM_CACHE_DIR, else in its temporary
+    # folder ($TMPDIR), which a batch job's scratch folder loses every night.  Kept per stack: a
+    # kernel compiled by a newer NVRTC may not load under an older driver.
+    if environ.setdefault("OPENMM_CACHE_DIR", str(folder / "openmm")) == str(folder / "openmm"):
+        (folder / "openmm").mkdir(exist_ok=True)  # OpenMM writes its files there, it makes no folder
     environ["PYTEST_MIG_STACK_CACHE"] = str(folder)  # the largest batches found (workloads.batch_search)
     # Built OpenMM systems depend on OpenMM and the system, not on the driver, CUDA or torch
     # (workloads.md_systems names each file by what it does depend on): kept across stacks, so that
@@ -220,5 +233,5 @@ def _matches(record: Any, where: tuple[str | None, str | None, str]) -> bool:
             and (profile is None or (t.get("baseline_profile") or t.get("profile")) == profile))
 
 
-__all__ = ["CACHE_FOLDER", "PROGRESS_EVERY_S", "Progress", "RECENT_FILES", "compile_caches", "duration_text",
+__all__ = ["CACHE_FOLDER", "PROGRESS_EVERY_S", "Progress", "RECENT_FILES", "REFERENCE_DIR_ENV", "compile_caches", "duration_text",
            "gates_nothing", "last_runs", "stack_key", "ungated"]

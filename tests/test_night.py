@@ -24,6 +24,7 @@ def test_compile_caches_live_beside_the_baselines_one_folder_per_stack(tmp_path:
     folder = compile_caches(tmp_path / "baselines", FP, env)
     assert folder == tmp_path / CACHE_FOLDER / stack_key(FP) and folder.is_dir()
     assert env == {"TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor"), "TRITON_CACHE_DIR": str(folder / "triton"),
+                   "OPENMM_CACHE_DIR": str(folder / "openmm"),  # not $TMPDIR, which a batch job loses each night
                    "PYTEST_MIG_STACK_CACHE": str(folder),
                    "PYTEST_MIG_BUILT_SYSTEMS": str(tmp_path / CACHE_FOLDER / "openmm-systems")}  # beside the stacks
     assert compile_caches(tmp_path / "baselines", {**FP, "driver": "590.10.02"}, env) != folder
@@ -31,9 +32,12 @@ def test_compile_caches_live_beside_the_baselines_one_folder_per_stack(tmp_path:
     assert not (tmp_path / "baselines").exists()  # the reviewed folder gets nothing
     assert stack_key({**FP, "driver": "590.10.02"}) != stack_key(FP)  # a new driver starts a fresh cache
     assert stack_key({**FP, "gpu_uuid": "GPU-other"}) == stack_key(FP)  # another board of the model shares it
-    site = {"TORCHINDUCTOR_CACHE_DIR": "/site/cache"}
-    compile_caches(tmp_path / "baselines", FP, site)
+    assert (folder / "openmm").is_dir()  # OpenMM writes kernels into the folder but does not make it
+    site = {"TORCHINDUCTOR_CACHE_DIR": "/site/cache", "OPENMM_CACHE_DIR": "/site/openmm"}
+    compile_caches(tmp_path / "site" / "baselines", FP, site)
     assert site["TORCHINDUCTOR_CACHE_DIR"] == "/site/cache"  # a site's own setting is left alone
+    assert site["OPENMM_CACHE_DIR"] == "/site/openmm"
+    assert not (tmp_path / "site" / CACHE_FOLDER / stack_key(FP) / "openmm").exists()
 
 
 def _entry(test: str, metric: str, values: list[float]) -> BaselineEntry:
