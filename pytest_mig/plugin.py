@@ -292,7 +292,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         return
     from .night import compile_caches
 
-    state.compile_cache = compile_caches(baseline_dir(session.config), state.fingerprint)  # before anything compiles
+    state.compile_cache = compile_caches(baseline_dir(session.config), state.fingerprint,  # before anything compiles
+                                         references=state.references.root if state.references is not None else None)
     from .health import Reader, Watch
 
     reader = Reader(first.gpu_index, first.uuid) if first.gpu_index is not None else None
@@ -363,8 +364,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     if state.health is not None:
         lines.extend(f"pytest-mig: {line}" for line in state.health.header())
     if state.compile_cache is not None:
-        lines.append(f"pytest-mig: compile cache: {state.compile_cache} (Inductor and Triton, this software stack's: "
-                     f"a second night compiles nothing the first did)")
+        lines.append(f"pytest-mig: compile cache: {state.compile_cache} (Inductor, Triton and OpenMM, this software "
+                     f"stack's: a second night compiles nothing the first did)")
     if slow:
         lines.append(f"pytest-mig: SLOWED ON PURPOSE: every test runs on {slow} of the GPU's {t.sms} SMs (a green "
                      f"context) and is judged as the whole GPU (--mig-slowdown-sms, detection experiments)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -166,3 +167,82 @@ def test_a_first_night_compiled_case_confirms_the_eager_cases_batch(stack: Path,
     crowded = _Trainer(eager=30, compiled=200)
     search = tr._find_batch(crowded, TARGET, EFFORT, compile_model=True)[0]
     assert (48, False) in crowded.probes and not search.remembered and search.batch <= 30
+
+
+VERSIONS = {"torch": "2.11.0", "transformers": "5.17.0"}
+CASE = bs.key("gpt2-small", "full", True, "max 256, resolution 0.125", TARGET)
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This stack's folder in ``.mig-compile-cache/`` (other stacks' folders beside it); the references
+    in ``tmp_path / "refs"``."""
+    monkeypatch.setenv(bs.ENV, str(tmp_path / ".mig-compile-cache" / "b7f8eb5d4f"))
+    monkeypatch.setenv(bs.SEEDS_ENV, str(tmp_path / "refs"))
+    return tmp_path / ".mig-compile-cache" / "b7f8eb5d4f"
+
+
+def _write(path: Path, doc: object) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc) if not isinstance(doc, str) else doc)
+    return path
+
+
+def test_a_seed_is_a_compiled_batch_found_under_the_same_versions(cache: Path) -> None:
+    assert bs.seed(CASE, VERSIONS) is None  # nothing anywhere
+    old = _write(cache.parent / "0a1b2c3d4e" / bs.FILE, {CASE: {"eager": 48, "compiled": 126, **VERSIONS}})
+    assert bs.seed(CASE, VERSIONS) == (126, "stack 0a1b2c3d4e")  # the stack before a driver update
+    assert bs.seed(CASE, {**VERSIONS, "torch": "2.12.0"}) is None  # a compiled step's memory is torch's
+    assert bs.seed(CASE, {}) is None
+    assert bs.seed(bs.key("qwen1.5b", "full", True, "max 256, resolution 0.125", TARGET), VERSIONS) is None
+    _write(old, {CASE: {"eager": 48, "compiled": 126}})  # remembered before versions were kept: no seed
+    assert bs.seed(CASE, VERSIONS) is None
+    _write(cache / bs.FILE, {CASE: {"compiled": 130, **VERSIONS}})  # this stack's own file is recall's, not a seed
+    assert bs.seed(CASE, VERSIONS) is None
+    _write(cache.parent.parent / "refs" / bs.SEEDS, {CASE: {"compiled": 120, **VERSIONS}})
+    assert bs.seed(CASE, VERSIONS) == (120, "reference")
+    _write(cache.parent / "9f8e7d6c5b" / bs.FILE, {CASE: {"compiled": 124, **VERSIONS}})
+    assert bs.seed(CASE, VERSIONS) == (124, "stack 9f8e7d6c5b")  # a site's own stacks before the references
+
+
+@pytest.mark.parametrize("bad", ["{not json", "[]", json.dumps({CASE: {"compiled": True, **VERSIONS}}),
+                                 json.dumps({CASE: {"compiled": -3, **VERSIONS}}), json.dumps({CASE: "126"}),
+                                 json.dumps({CASE: {"compiled": 126.0, **VERSIONS}})])
+def test_a_seed_file_that_holds_no_valid_batch_is_passed_over(cache: Path, bad: str) -> None:
+    _write(cache.parent / "0a1b2c3d4e" / bs.FILE, bad)
+    _write(cache.parent.parent / "refs" / bs.SEEDS, {CASE: {"compiled": 120, **VERSIONS}})
+    assert bs.seed(CASE, VERSIONS) == (120, "reference")  # never an error: the next place is read
+
+
+def test_a_seeded_first_night_compiles_once_and_a_wrong_seed_costs_the_growth(
+        cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tr, "_grow_compiled", _grow_to_projection)
+    monkeypatch.setattr(tr, "_batch_versions", lambda: dict(VERSIONS))
+    _write(cache.parent / "0a1b2c3d4e" / bs.FILE, {CASE: {"eager": 48, "compiled": 96, **VERSIONS}})
+    assert tr._find_batch(_Trainer(eager=50, compiled=200), TARGET, EFFORT, compile_model=False)[0].batch == 48
+    first = _Trainer(eager=50, compiled=200)
+    search, growth = tr._find_batch(first, TARGET, EFFORT, compile_model=True)
+    assert (search.batch, growth.batch, growth.remembered, growth.seeded_from) == (48, 96, True, "stack 0a1b2c3d4e")
+    assert first.probes == [(1, False), (96, True)]  # no eager confirmation, one compiled size: one compilation
+    assert growth.to_dict()["seeded_from"] == "stack 0a1b2c3d4e"
+    assert json.loads((cache / bs.FILE).read_text())[CASE] == {"eager": 48, "compiled": 96, **VERSIONS}  # now its own
+    (cache / bs.FILE).unlink()
+    bs.remember(bs.key("gpt2-small", "full", False, "max 256, resolution 0.125", TARGET), eager=48)
+    small = _Trainer(eager=50, compiled=80)  # the seed does not fit here: grown as on any first night
+    search, growth = tr._find_batch(small, TARGET, EFFORT, compile_model=True)
+    assert (96, True) in small.probes and not growth.seeded_from and growth.batch == 72  # halfway to the projection
+    assert bs.recall(CASE) == {"eager": 48}  # the projection did not fit: no compiled batch is kept
+
+
+def test_the_shipped_seeds_are_compiled_batches_of_models_and_gpus_the_suite_knows() -> None:
+    from pytest_mig.reference import SHIPPED
+    from pytest_mig.workloads.hf import CONFIGS
+
+    doc = json.loads((SHIPPED / bs.SEEDS).read_text())
+    assert doc, "the references ship compiled-batch seeds"
+    for case, entry in doc.items():
+        config, mode, compiled, search, slug, profile, sms, memory = case.split("|")
+        assert config in CONFIGS and compiled == "compiled" and (SHIPPED / slug / f"{profile}.json").is_file()
+        assert search.startswith("max ") and int(sms) > 0 and int(memory) > 0
+        assert isinstance(entry["compiled"], int) and entry["compiled"] >= entry["eager"] > 0
+        assert entry["torch"] and entry["transformers"]  # a seed is used only under the same versions

@@ -14,6 +14,14 @@
   itself fitted, so a night whose growth fell back (another process holding memory, say) teaches
   nothing.  Nothing in the file is a measurement: a missing, unreadable or unwritable file only
   means the search runs.
+- Seeded compiled batches (:func:`seed`): a compiled case with nothing remembered on its stack
+  (a first night, or the first after a driver or CUDA update) takes a compiled batch found on the
+  same GPU model, profile and search with the same torch and transformers, from another stack's
+  folder beside its own or from the references' ``batches.json``, and confirms it like a
+  remembered one: one compilation instead of two (one at the eager batch to measure the compiled
+  step's memory, one at the batch it projects).  What a compiled step holds per sequence depends on
+  torch and transformers, not on the driver.  A seed that does not fit is dropped, and the batch is
+  grown as on any first night.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..night import REFERENCE_DIR_ENV
 from . import DoesNotFit
 
 #: The exception torch raises when the device runs out of memory.
@@ -133,12 +142,13 @@ class BatchGrowth:
     batch: int  # the batch measured: the largest tried that fitted, or ``start``
     per_sequence_bytes: float
     tried: list[tuple[int, bool]] = field(default_factory=list)
-    remembered: bool = False  # last night's batch on this stack, tried once instead of growing
+    remembered: bool = False  # last night's batch on this stack (or a seed), tried once instead of growing
+    seeded_from: str = ""  # where a seed came from (:func:`seed`); empty where it is this stack's own
 
     def to_dict(self) -> dict[str, Any]:
         return {"start": self.start, "projected": self.projected, "batch": self.batch,
                 "per_sequence_gb": None if self.remembered else round(self.per_sequence_bytes / 1e9, 4), "tried": [[b, ok] for b, ok in self.tried],
-                "remembered": self.remembered}
+                "remembered": self.remembered, **({"seeded_from": self.seeded_from} if self.seeded_from else {})}
 
 
 def grow_batch(
@@ -248,8 +258,9 @@ def recall(case: str) -> dict[str, int]:
             and not isinstance(v, bool) and v > 0}
 
 
-def remember(case: str, **batches: int | None) -> None:
-    """Keep the batches found for ``case`` (under the folder's lock: node mode's workers share the file)."""
+def remember(case: str, versions: dict[str, str] | None = None, **batches: int | None) -> None:
+    """Keep the batches found for ``case`` (under the folder's lock: node mode's workers share the file),
+    with the ``versions`` they were found under (what :func:`seed` matches in another stack's file)."""
     from ..baselines import folder_lock
     from ..files import FileProblem, atomic_write_text, read_json
 
@@ -265,9 +276,51 @@ def remember(case: str, **batches: int | None) -> None:
             except FileProblem:
                 doc = {}  # a cache that cannot be read is rebuilt, never a reason to fail a run
             doc = doc if isinstance(doc, dict) else {}
-            doc[case] = {**(doc.get(case) if isinstance(doc.get(case), dict) else {}), **found}
+            doc[case] = {**(doc.get(case) if isinstance(doc.get(case), dict) else {}), **found, **(versions or {})}
             atomic_write_text(path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
 
 
-__all__ = ["BatchGrowth", "BatchSearch", "COMPILED_MARGIN", "ENV", "FILE", "OOM_ERROR", "confirm_batch", "confirm_growth",
-           "grow_batch", "is_oom", "key", "max_batch_search", "recall", "remember"]
+#: The references' seeds: ``SEEDS`` in the folder of ``--mig-reference`` (set by the plugin).
+SEEDS_ENV = REFERENCE_DIR_ENV
+SEEDS = "batches.json"
+
+
+def _entry(doc: Any, case: str, versions: dict[str, str]) -> int | None:
+    """The compiled batch ``doc`` holds for ``case`` under exactly ``versions``, else None."""
+    entry = doc.get(case) if isinstance(doc, dict) else None
+    if not isinstance(entry, dict) or any(entry.get(k) != v for k, v in versions.items()):
+        return None
+    value = entry.get("compiled")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def seed(case: str, versions: dict[str, str]) -> tuple[int, str] | None:
+    """A compiled batch for ``case`` found elsewhere under the same ``versions`` (torch, transformers),
+    and where: another stack's folder beside this one (the newest first), else the references'
+    ``batches.json``.  None where neither has one; a file that cannot be read is passed over."""
+    from ..files import FileProblem, read_json
+
+    if not versions:
+        return None
+    own = _path()
+    places: list[tuple[Path, str]] = []
+    if own is not None and own.parent.parent.is_dir():
+        others = [p for p in own.parent.parent.glob(f"*/{FILE}") if p.parent != own.parent]
+        with contextlib.suppress(OSError):
+            others.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+        places += [(p, f"stack {p.parent.name}") for p in others]
+    refs = os.environ.get(SEEDS_ENV)
+    if refs:
+        places.append((Path(refs) / SEEDS, "reference"))
+    for path, name in places:
+        try:
+            found = _entry(read_json(path), case, versions) if path.is_file() else None
+        except (FileProblem, OSError):
+            continue
+        if found:
+            return found, name
+    return None
+
+
+__all__ = ["BatchGrowth", "BatchSearch", "COMPILED_MARGIN", "ENV", "FILE", "OOM_ERROR", "SEEDS", "SEEDS_ENV", "confirm_batch",
+           "confirm_growth", "grow_batch", "is_oom", "key", "max_batch_search", "recall", "remember", "seed"]

@@ -15,7 +15,9 @@ What is measured (reference/measurement.md, "Training"; the Wulver, SparkTrainer
   ``maxbatch`` (Columbia/IBM's method: the largest batch that fits the slice, found by trying real
   steps and catching out-of-memory errors: :func:`max_batch_search`).  A compiled ``maxbatch``
   case runs at the larger batch its compiled step holds, projected from that step's memory at the
-  eager search's batch and tried (:func:`grow_batch`).
+  eager search's batch and tried (:func:`grow_batch`); where a batch found under the same torch and
+  transformers is at hand (another stack's folder, the references' ``batches.json``) it is
+  confirmed instead, one compilation instead of two (:func:`batch_search.seed`).
 - Figures: tokens/s and step time p50 (kind ``training``; per-step samples), step time p95, MFU,
   batch size, peak allocated and peak reserved memory (Wulver: allocated is the honest figure,
   reserved grows with the slice), energy per token where power is read.
@@ -655,11 +657,20 @@ def _find_batch(trainer: _Trainer, target: Target, effort: Effort,
         # searched the same eager steps: its batch, confirmed, is this search's answer.
         eager = batch_search.recall(batch_search.key(cfg.name, mode, False, limits, target)).get("eager")
         known = {**known, "eager": eager} if eager else known
+    seeded = None
+    if compile_model and case and known.get("eager") and not known.get("compiled"):
+        # nothing compiled remembered on this stack: a batch found under the same torch and
+        # transformers elsewhere (another stack's folder, the references) spares one compilation
+        seeded = batch_search.seed(case, _batch_versions())
+        known = {**known, "compiled": seeded[0]} if seeded else known
     if compile_model and known.get("compiled") and known.get("eager"):
         trainer.compile()
         growth = batch_search.confirm_growth(lambda b: trainer.probe(b, room, steps=COMPILED_PROBE_STEPS),
                                              known["eager"], known["compiled"], after_oom=trainer.after_oom)
         if growth is not None:
+            if seeded:
+                growth.seeded_from = seeded[1]
+                batch_search.remember(case, _batch_versions(), eager=known["eager"], compiled=growth.batch)
             return BatchSearch(known["eager"], remembered=True), growth
         trainer.uncompile()  # it no longer fits: search again, eager steps first
     search = None
@@ -673,9 +684,17 @@ def _find_batch(trainer: _Trainer, target: Target, effort: Effort,
         if cuda:  # the compiled step holds more: grow the batch, the optimizer state still built
             growth = _grow_compiled(trainer, search.batch, room, effort.max_batch)
     if case:  # a compiled batch only where its projection fitted: a fallback may be another process's doing
-        batch_search.remember(case, eager=search.batch,
+        batch_search.remember(case, _batch_versions(), eager=search.batch,
                               compiled=growth.batch if growth is not None and growth.batch == growth.projected else None)
     return search, growth
+
+
+def _batch_versions() -> dict[str, str]:
+    """What a compiled step's memory per sequence depends on besides the model and the GPU: the
+    versions a seeded batch must share (:func:`batch_search.seed`)."""
+    import transformers
+
+    return {"torch": torch.__version__, "transformers": transformers.__version__}
 
 
 def _search(trainer: _Trainer, cfg: ModelConfig, mode: str, budget: int, cpu: bool, effort: Effort) -> BatchSearch:
