@@ -251,6 +251,11 @@ def recall(case: str) -> dict[str, int]:
         doc = read_json(path)
     except FileProblem:
         return {}
+    return _batches(doc, case)
+
+
+def _batches(doc: Any, case: str) -> dict[str, int]:
+    """The eager and compiled batches ``doc`` (a ``batches.json``) holds for ``case``: positive integers only."""
     entry = doc.get(case) if isinstance(doc, dict) else None
     if not isinstance(entry, dict):
         return {}
@@ -290,8 +295,7 @@ def _entry(doc: Any, case: str, versions: dict[str, str]) -> int | None:
     entry = doc.get(case) if isinstance(doc, dict) else None
     if not isinstance(entry, dict) or any(entry.get(k) != v for k, v in versions.items()):
         return None
-    value = entry.get("compiled")
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    return _batches(doc, case).get("compiled")
 
 
 def seed(case: str, versions: dict[str, str]) -> tuple[int, str] | None:

@@ -652,6 +652,7 @@ def _find_batch(trainer: _Trainer, target: Target, effort: Effort,
     limits = f"max {effort.max_batch}, resolution {effort.search_resolution}"
     case = batch_search.key(cfg.name, mode, compile_model, limits, target) if cuda else ""
     known = batch_search.recall(case) if case else {}
+    versions = _batch_versions() if case else {}  # kept with the batches; a seed must match them
     if compile_model and case and not known.get("eager"):
         # The eager case of the same model and limits (run before this one, tonight or earlier)
         # searched the same eager steps: its batch, confirmed, is this search's answer.
@@ -661,7 +662,7 @@ def _find_batch(trainer: _Trainer, target: Target, effort: Effort,
     if compile_model and case and known.get("eager") and not known.get("compiled"):
         # nothing compiled remembered on this stack: a batch found under the same torch and
         # transformers elsewhere (another stack's folder, the references) spares one compilation
-        seeded = batch_search.seed(case, _batch_versions())
+        seeded = batch_search.seed(case, versions)
         known = {**known, "compiled": seeded[0]} if seeded else known
     if compile_model and known.get("compiled") and known.get("eager"):
         trainer.compile()
@@ -670,7 +671,7 @@ def _find_batch(trainer: _Trainer, target: Target, effort: Effort,
         if growth is not None:
             if seeded:
                 growth.seeded_from = seeded[1]
-                batch_search.remember(case, _batch_versions(), eager=known["eager"], compiled=growth.batch)
+                batch_search.remember(case, versions, eager=known["eager"], compiled=growth.batch)
             return BatchSearch(known["eager"], remembered=True), growth
         trainer.uncompile()  # it no longer fits: search again, eager steps first
     search = None
@@ -684,7 +685,7 @@ def _find_batch(trainer: _Trainer, target: Target, effort: Effort,
         if cuda:  # the compiled step holds more: grow the batch, the optimizer state still built
             growth = _grow_compiled(trainer, search.batch, room, effort.max_batch)
     if case:  # a compiled batch only where its projection fitted: a fallback may be another process's doing
-        batch_search.remember(case, _batch_versions(), eager=search.batch,
+        batch_search.remember(case, versions, eager=search.batch,
                               compiled=growth.batch if growth is not None and growth.batch == growth.projected else None)
     return search, growth
 
