@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import replace
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from .mps import current_context, current_context_sms, make_current
 from .target import Target
@@ -229,3 +229,31 @@ class Emulator:
         with self._enter(sms, 1.0) as (got, how):
             yield replace(target, verified=f"{target.verified}; slowed on purpose to a green context of {sms} SMs "
                                            f"({got if got else '?'} obtained, {how})")
+
+
+def distinct_contexts(targets: Sequence[Target]) -> tuple[list[Target], list[str]]:
+    """An emulated sweep's Targets with each green context measured once, and a sentence per profile left out.
+
+    The driver rounds an SM request (Hopper: to a multiple of 8), so two profiles can obtain the same
+    context: an H100's 3g.40gb asks 60 SMs and gets the 64 of its 4g.40gb, with the same memory cap.
+    Their tests would measure one configuration twice, which buys no verdict.  Of profiles whose
+    contexts obtained the same SMs and the same memory, the one that got the SMs it asked for stands
+    for the others (else the first in ladder order).  A Target whose SMs were not read back is kept.
+    """
+    groups: dict[tuple[int, int | None], list[Target]] = {}
+    for t in targets:
+        if t.emulated and t.sms_obtained:
+            groups.setdefault((t.sms_obtained, t.memory_bytes), []).append(t)
+    left: dict[str, str] = {}
+    for (sms, memory), same in groups.items():
+        if len(same) < 2:
+            continue
+        kept = next((t for t in same if t.sms == t.sms_obtained), same[0])
+        for t in same:
+            if t is not kept:
+                gib = f" and {memory / 2**30:.1f} GiB" if memory else ""
+                left[t.profile] = (f"{t.profile} left out of the sweep: its green context obtained the same {sms} "
+                                   f"SMs{gib} as {kept.profile}'s ({t.sms} asked), so it would measure the same "
+                                   f"configuration again; measured once, as {kept.profile} (--mig-all-tests "
+                                   f"measures both)")
+    return [t for t in targets if t.profile not in left], list(left.values())

@@ -326,6 +326,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
                 raise pytest.UsageError(f"--mig-emulate: a green context for {t.profile} ({t.sms} SMs) could not "
                                         f"be created on this GPU: {exc}") from None
         plan.targets = checked or plan.targets
+        if plan.sweep and not session.config.getoption("mig_all_tests"):
+            from .emulation import distinct_contexts
+
+            plan.targets, plan.left_out = distinct_contexts(plan.targets)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -353,6 +357,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     if plan.sweep and t.emulated:
         got = ", ".join(f"{x.profile} {x.sms} -> {x.sms_obtained or '?'}" for x in plan.targets)
         lines.append(f"pytest-mig: green contexts, SMs asked -> obtained: {got}")
+    lines.extend(f"pytest-mig: {line}" for line in plan.left_out)
     lines.append(f"pytest-mig: check: {t.verified}")
     from .baselines import BaselineStore
     from .reference import judged_against

@@ -149,6 +149,7 @@ class Plan:
     targets: list[Target]
     pin: str | None = None  # value for CUDA_VISIBLE_DEVICES; None leaves the environment alone
     header: list[str] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)  # a sweep's profiles measured as a twin (emulation.distinct_contexts)
 
     @property
     def sweep(self) -> bool:

@@ -407,7 +407,7 @@ def test_the_sweep_parametrizes_mig_device_once_per_profile(pytester: pytest.Pyt
 
 def test_the_sweep_runs_each_profile_in_its_own_green_context(pytester: pytest.Pytester, emulation: Any) -> None:
     pytester.makepyfile(test_sweep=SWEEP_TESTS)
-    result = run(pytester, "-s", "-rs", "--strict-markers", "--mig-profile", "all", "--mig-emulate")
+    result = run(pytester, "-s", "-rs", "--strict-markers", "--mig-profile", "all", "--mig-emulate", "--mig-all-tests")
     result.assert_outcomes(passed=11, skipped=2)
     result.stdout.fnmatch_lines([
         "pytest-mig: emulated sweep over every profile: 1g.18gb (16 SMs), 1g.35gb (26 SMs), 2g.35gb (32 SMs), "
@@ -417,8 +417,32 @@ def test_the_sweep_runs_each_profile_in_its_own_green_context(pytester: pytest.P
                                  "ran 4g.71gb 64 64", "ran 7g.141gb 132 132"])
     result.stdout.fnmatch_lines(["SKIPPED * test_sweep.py:*: needs 32 SMs; 1g.18gb has 16",
                                  "SKIPPED * test_sweep.py:*: needs 32 SMs; 1g.35gb has 26"])
+    assert "left out of the sweep" not in result.stdout.str()  # --mig-all-tests measures the twins too
     # each context once at session start (for the header), then test_each over all, test_big where it fits
     assert emulation.activated == SWEEP + SWEEP + SWEEP[2:]
+
+
+def test_the_sweep_measures_a_green_context_its_driver_gave_two_profiles_once(pytester: pytest.Pytester,
+                                                                               emulation: Any) -> None:
+    """The stand-in rounds SMs up to a multiple of 8, as Hopper's driver does: the H200's 1g.35gb (26 asked)
+    gets 2g.35gb's 32 SMs and 3g.71gb (60) gets 4g.71gb's 64, with the same memory each. The profile that
+    got what it asked stands for its twin; the header names the twin and why."""
+    pytester.makepyfile(test_sweep=SWEEP_TESTS)
+    result = run(pytester, "-s", "-rs", "--strict-markers", "--mig-profile", "all", "--mig-emulate")
+    result.assert_outcomes(passed=8, skipped=1)
+    result.stdout.fnmatch_lines([
+        "pytest-mig: green contexts, SMs asked -> obtained: 1g.18gb 16 -> 16, 2g.35gb 32 -> 32, 4g.71gb 64 -> 64, "
+        "7g.141gb 132 -> 132",
+        "pytest-mig: 1g.35gb left out of the sweep: its green context obtained the same 32 SMs and * GiB as "
+        "2g.35gb's (26 asked), so it would measure the same configuration again; measured once, as 2g.35gb "
+        "(--mig-all-tests measures both)",
+        "pytest-mig: 3g.71gb left out of the sweep: its green context obtained the same 64 SMs and * GiB as "
+        "4g.71gb's (60 asked)*",
+    ])
+    ran = [line.split()[1] for line in result.outlines if line.startswith("ran ")]
+    assert ran == ["1g.18gb", "2g.35gb", "4g.71gb", "7g.141gb"]
+    assert emulation.activated == SWEEP + ["1g.18gb", "2g.35gb", "4g.71gb", "7g.141gb", "2g.35gb", "4g.71gb",
+                                           "7g.141gb"]
 
 
 # ------------------------------------------------------------------------------------------------
