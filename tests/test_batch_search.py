@@ -244,5 +244,5 @@ def test_the_shipped_seeds_are_compiled_batches_of_models_and_gpus_the_suite_kno
         config, mode, compiled, search, slug, profile, sms, memory = case.split("|")
         assert config in CONFIGS and compiled == "compiled" and (SHIPPED / slug / f"{profile}.json").is_file()
         assert search.startswith("max ") and int(sms) > 0 and int(memory) > 0
-        assert isinstance(entry["compiled"], int) and entry["compiled"] >= entry["eager"] > 0
+        assert isinstance(entry["compiled"], int) and entry["compiled"] >= entry.get("eager", 1) > 0
         assert entry["torch"] and entry["transformers"]  # a seed is used only under the same versions
