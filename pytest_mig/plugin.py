@@ -753,6 +753,8 @@ def _results_meta(state: RunState) -> dict[str, Any]:
             "durations": {k: round(v, 2) for k, v in state.durations.items()}}
     if state.window is not None:
         meta["window"] = state.window.plan.to_meta(state.window.skipped)
+    if state.plan.left_out:
+        meta["left_out"] = list(state.plan.left_out)  # a sweep's profiles measured as their twin, and why
     return meta
 
 

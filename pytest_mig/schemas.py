@@ -67,6 +67,7 @@ RESULTS: dict[str, Any] = {
             "window": {"type": "object", "properties": {
                 "seconds": {"type": ["number", "null"], "exclusiveMinimum": 0},
                 "left": {"type": "array", "items": {"type": "string"}}}},
+            "left_out": {"type": "array", "items": {"type": "string"}},
         }},
         "records": {"type": "array", "items": RECORD},
     },

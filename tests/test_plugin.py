@@ -8,6 +8,7 @@ pin in a fresh process as a scheduler's job would start it.
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, Callable
 
@@ -427,9 +428,10 @@ def test_the_sweep_measures_a_green_context_its_driver_gave_two_profiles_once(py
     """The stand-in rounds SMs up to a multiple of 8, as Hopper's driver does: the H200's 1g.35gb (26 asked)
     gets 2g.35gb's 32 SMs and 3g.71gb (60) gets 4g.71gb's 64, with the same memory each. The profile that
     got what it asked stands for its twin; the header names the twin and why."""
-    pytester.makepyfile(test_sweep=SWEEP_TESTS)
-    result = run(pytester, "-s", "-rs", "--strict-markers", "--mig-profile", "all", "--mig-emulate")
-    result.assert_outcomes(passed=8, skipped=1)
+    pytester.makepyfile(test_sweep=SWEEP_TESTS, test_cost=COST_TEST)  # the cost test records figures
+    result = run(pytester, "-s", "-rs", "--strict-markers", "--mig-profile", "all", "--mig-emulate",
+                 "--mig-results", "sweep.json")
+    result.assert_outcomes(passed=12, skipped=1)
     result.stdout.fnmatch_lines([
         "pytest-mig: green contexts, SMs asked -> obtained: 1g.18gb 16 -> 16, 2g.35gb 32 -> 32, 4g.71gb 64 -> 64, "
         "7g.141gb 132 -> 132",
@@ -441,8 +443,10 @@ def test_the_sweep_measures_a_green_context_its_driver_gave_two_profiles_once(py
     ])
     ran = [line.split()[1] for line in result.outlines if line.startswith("ran ")]
     assert ran == ["1g.18gb", "2g.35gb", "4g.71gb", "7g.141gb"]
-    assert emulation.activated == SWEEP + ["1g.18gb", "2g.35gb", "4g.71gb", "7g.141gb", "2g.35gb", "4g.71gb",
-                                           "7g.141gb"]
+    meta = json.loads((pytester.path / "sweep.json").read_text())["meta"]  # the results file says so too
+    assert [line.split()[0] for line in meta["left_out"]] == ["1g.35gb", "3g.71gb"]
+    assert emulation.activated[:len(SWEEP)] == SWEEP  # every context made once at session start, then only the four
+    assert set(emulation.activated[len(SWEEP):]) == {"1g.18gb", "2g.35gb", "4g.71gb", "7g.141gb"}
 
 
 # ------------------------------------------------------------------------------------------------
