@@ -428,7 +428,7 @@ def test_the_sweep_measures_a_green_context_its_driver_gave_two_profiles_once(py
     """The stand-in rounds SMs up to a multiple of 8, as Hopper's driver does: the H200's 1g.35gb (26 asked)
     gets 2g.35gb's 32 SMs and 3g.71gb (60) gets 4g.71gb's 64, with the same memory each. The profile that
     got what it asked stands for its twin; the header names the twin and why."""
-    pytester.makepyfile(test_sweep=SWEEP_TESTS, test_cost=COST_TEST)  # the cost test records figures
+    pytester.makepyfile(test_sweep=SWEEP_TESTS, test_sweep_cost=COST_TEST)  # the cost test records figures
     result = run(pytester, "-s", "-rs", "--strict-markers", "--mig-profile", "all", "--mig-emulate",
                  "--mig-results", "sweep.json")
     result.assert_outcomes(passed=12, skipped=1)
