@@ -75,31 +75,41 @@ def test_escaped_says_so_only_when_the_current_context_is_no_longer_the_active_g
     assert why is not None and "green context of 64 SMs" in why and "now has 132 SMs" in why
 
 
-def _emulated(profile: str, asked: int, got: int | None, gib: int) -> Any:
+def _emulated(profile: str, asked: int, got: int | None, memory_bytes: int) -> Any:
     from pytest_mig.target import Target
 
     return Target("emulated", profile, "emulation", gpu_name="NVIDIA H100 80GB HBM3", sms=asked, sms_obtained=got,
-                  memory_bytes=gib * 2**30)
+                  memory_bytes=memory_bytes)
 
 
 def test_a_sweep_keeps_one_profile_per_green_context_the_one_that_got_what_it_asked() -> None:
-    """An H100: 3g.40gb asks 60 SMs and gets 4g.40gb's 64 with the same memory; 1g.10gb and 1g.20gb get
-    the same 16 SMs but not the same memory, so both are measured."""
-    ladder = [_emulated("1g.10gb", 16, 16, 10), _emulated("1g.20gb", 16, 16, 20), _emulated("2g.20gb", 32, 32, 20),
-              _emulated("3g.40gb", 60, 64, 40), _emulated("4g.40gb", 64, 64, 40), _emulated("7g.80gb", 132, 132, 80)]
+    """An H100's ladder as its reference runs read it back (SMs asked, obtained, memory cap): 1g.20gb asks
+    26 SMs and gets 2g.20gb's 32 with the same memory; 3g.40gb asks 60 and gets 4g.40gb's 64."""
+    ladder = [_emulated("1g.10gb", 16, 16, 10468982784), _emulated("1g.20gb", 26, 32, 21072183296),
+              _emulated("2g.20gb", 32, 32, 21072183296), _emulated("3g.40gb", 60, 64, 42412802048),
+              _emulated("4g.40gb", 64, 64, 42412802048), _emulated("7g.80gb", 132, 132, 85094039552)]
     kept, left = emulation.distinct_contexts(ladder)
-    assert [t.profile for t in kept] == ["1g.10gb", "1g.20gb", "2g.20gb", "4g.40gb", "7g.80gb"]
-    assert left == ["3g.40gb left out of the sweep: its green context obtained the same 64 SMs and 40.0 GiB as "
+    assert [t.profile for t in kept] == ["1g.10gb", "2g.20gb", "4g.40gb", "7g.80gb"]
+    assert left == ["1g.20gb left out of the sweep: its green context obtained the same 32 SMs and 19.6 GiB as "
+                    "2g.20gb's (26 asked), so it would measure the same configuration again; measured once, as "
+                    "2g.20gb (--mig-all-tests measures both)",
+                    "3g.40gb left out of the sweep: its green context obtained the same 64 SMs and 39.5 GiB as "
                     "4g.40gb's (60 asked), so it would measure the same configuration again; measured once, as "
                     "4g.40gb (--mig-all-tests measures both)"]
     # the order of the ladder does not decide which twin stays: the one whose SMs were obtained as asked
     kept, _ = emulation.distinct_contexts(list(reversed(ladder)))
-    assert "4g.40gb" in [t.profile for t in kept] and "3g.40gb" not in [t.profile for t in kept]
+    assert [t.profile for t in kept] == ["7g.80gb", "4g.40gb", "2g.20gb", "1g.10gb"]
+
+
+def test_the_same_sms_with_other_memory_are_two_contexts_both_measured() -> None:
+    """The largest batches differ with the memory cap, so the same SMs alone make no twin."""
+    two = [_emulated("a", 16, 16, 10 * 2**30), _emulated("b", 16, 16, 20 * 2**30)]
+    assert emulation.distinct_contexts(two) == (two, [])
 
 
 def test_twins_that_both_were_rounded_keep_the_first_and_unknown_sms_are_never_merged() -> None:
-    both_rounded = [_emulated("a", 26, 32, 35), _emulated("b", 30, 32, 35)]
+    both_rounded = [_emulated("a", 26, 32, 35 * 2**30), _emulated("b", 30, 32, 35 * 2**30)]
     kept, left = emulation.distinct_contexts(both_rounded)
     assert [t.profile for t in kept] == ["a"] and len(left) == 1 and left[0].startswith("b left out")
-    unread = [_emulated("a", 26, None, 35), _emulated("b", 26, None, 35)]
+    unread = [_emulated("a", 26, None, 35 * 2**30), _emulated("b", 26, None, 35 * 2**30)]
     assert emulation.distinct_contexts(unread) == (unread, [])
