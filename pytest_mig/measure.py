@@ -321,11 +321,15 @@ class Timing:
         return Stats.of(self.samples)
 
     def clock_info(self) -> dict[str, Any]:
-        """What a metric's info records of the clocks: the before/after snapshots and whether the
-        GPU was throttled after the measurement (the verdicts and scaling checks read these)."""
+        """What a metric's info records of the clocks: the before/after snapshots, the mean SM clock
+        sampled during the energy window (``window``) and whether the GPU was throttled after the
+        measurement (the verdicts and scaling checks read these)."""
         info: dict[str, Any] = {}
         if self.clocks:
             info["clocks"] = self.clocks
+        window = self.window_sm_clock_mhz
+        if window is not None:  # the clock the work itself ran at, sampled all through its energy window
+            info["clocks"] = {**self.clocks, "window": {"sm_clock_mhz": round(window, 1)}}
         after = self.clocks.get("after") or {}
         if "throttled" in after:
             info["throttled"] = bool(after["throttled"])

@@ -131,6 +131,18 @@ def test_an_average_above_the_power_limit_is_a_measurement_error_not_compared() 
     assert {m.name: m for m in energy_metrics(ok, 1.0, "TFLOP")}["energy_j_per_tflop"].compare
 
 
+def test_clock_info_holds_the_clock_sampled_through_the_window_beside_the_snapshots() -> None:
+    from pytest_mig.measure import PowerTrace, Timing
+
+    snaps = {"before": {"sm_clock_mhz": 1755}, "after": {"sm_clock_mhz": 1725, "throttled": True}}
+    timing = Timing(samples=[0.01], power=PowerTrace([600.0], 1.5, 900.0, "energy-counter", 700.0, [1600.0, 1650.5]),
+                    clocks=snaps, energy_calls=150)
+    info = timing.clock_info()
+    assert info["clocks"]["window"] == {"sm_clock_mhz": 1625.2} and info["clocks"]["after"]["sm_clock_mhz"] == 1725
+    assert info["throttled"] is True and "window" not in snaps  # the snapshots themselves are left as read
+    assert "window" not in Timing(samples=[0.01], clocks=snaps).clock_info()["clocks"]  # no window, no guess
+
+
 def test_an_energy_counter_that_did_not_move_gives_no_figure_not_zero() -> None:
     tel = Telemetry(read_energy_mj=lambda: 1234.0, window_s=0.005)
     timing = Timer("cpu", tel)(lambda: None, warmup=0, repeats=2)

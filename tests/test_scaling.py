@@ -415,6 +415,29 @@ def test_a_bigger_profile_at_the_power_limit_is_reported_not_failed() -> None:
     assert [r.result for r in check_scaling([small, big]).rows] == ["power-limited"]
 
 
+def test_the_clock_of_a_measurement_is_its_window_mean_before_the_snapshot_after_it() -> None:
+    """On the GPU (2026-11-26) an emulated 7g.141gb's fp64 GEMM sampled 1620 MHz through its window and
+    read 1710 MHz once it ended: scaled by the snapshot, 1.69 would be judged against 1.78, not 1.69."""
+    def clocked(window: float | None, after: float) -> dict:
+        clocks: dict = {"after": {"sm_clock_mhz": after, "throttle_reasons": [], "throttled": False}}
+        if window is not None:
+            clocks["window"] = {"sm_clock_mhz": window}
+        return {"clocks": clocks}
+
+    small = rec("4g.71gb", 31.64, kind="tensor", name="fp64_sustained_tflops", target_kind="emulated", sms_obtained=64)
+    big = rec("7g.141gb", 53.47, kind="tensor", name="fp64_sustained_tflops", target_kind="emulated", sms_obtained=132)
+    small.metric.info.update(clocked(1980.0, 1980.0))
+    big.metric.info.update(clocked(1620.0, 1710.0))
+    (row,) = check_scaling([small, big]).rows
+    assert row.result == "power-limited" and "SM clock 1620 vs 1980 MHz (clock-scaled ideal 1.688)" in row.note
+    big.metric.info.update(clocked(None, 1710.0))  # no window: the snapshot after it
+    (row,) = check_scaling([small, big]).rows
+    assert "SM clock 1710 vs 1980 MHz" in row.note
+    big.metric.info["clocks"]["window"] = {"sm_clock_mhz": True}  # not a clock: passed over, never a number
+    (row,) = check_scaling([small, big]).rows
+    assert "SM clock 1710 vs 1980 MHz" in row.note
+
+
 def test_quick_and_normal_runs_are_never_one_ladder() -> None:
     """--mig-quick measures smaller problems: a quick 1g and a normal 2g are not a scaling pair."""
     small, big = rec("1g.18gb", 16.0), rec("2g.35gb", 20.0)

@@ -239,6 +239,52 @@ def test_gemm_sustained_and_per_sm_cycle_figures_come_from_the_energy_window(cpu
     assert "fp32_flop_per_sm_cycle" not in by  # the CPU has no SM count: no per-cycle figure rather than a guess
 
 
+def test_gemm_window_figures_are_scaling_checked_as_the_hardware_allows():
+    """An emulated H200 sweep, 4g (64 SMs at 1935 MHz) then 7g (132 SMs power-capped at 1485 MHz), as the
+    2026-11-26 quick sweeps measured bf16.  Between profiles GEMM is judged on its sustained TFLOPS, at the
+    clock sampled through its window (power-limited, not failed); the per-SM-cycle figure, already divided
+    by SMs and clock, and the headline, whose few short repeats catch a capped clock moving, are left out
+    of the ratios, each saying why (both failed 7g/4g on the GPU before)."""
+    from pytest_mig.measure import PowerTrace
+    from pytest_mig.results import ResultRecord
+    from pytest_mig.scaling import check_scaling
+
+    def figures(profile: str, sms: int, mhz: float, tflops: float, *, window: bool = True) -> list[ResultRecord]:
+        target = _slice(memory_gib=60.0, sms=sms, kind="emulated", profile=profile, gpu="NVIDIA H200")
+        flops = 2.0 * 8192**3
+        calls = 100
+        trace = PowerTrace([600.0], calls * flops / (tflops * 1e12), None, "energy-counter", 700.0, [mhz - 40, mhz + 40])
+        capped = mhz < 1900
+        timing = Timing(samples=[flops / (tflops * 1e12)] * 5, power=trace if window else None,
+                        clocks={"after": {"sm_clock_mhz": mhz + 200 if capped else mhz,  # read once the window ended
+                                          "throttle_reasons": ["sw_power_cap"] if capped else [], "throttled": capped}},
+                        energy_calls=calls if window else 0, window_calls=calls if window else 0)
+        metrics = gemm._metrics(target, gemm.PRECISIONS["bf16"], timing, flops, 8192, 0.001, 1.2, "test",
+                                [((8192, 8192, 8192), tflops, 0.01)], [])
+        where = {"kind": "emulated", "emulated": True, "profile": profile, "gpu_name": "NVIDIA H200",
+                 "gpu_slug": "nvidia-h200", "baseline_profile": f"{profile}-emulated", "sms_obtained": sms}
+        return [ResultRecord("benchmarks/test_gemm.py::test_gemm[bf16]", m, where, {"memory_total_mib": 143771})
+                for m in metrics]
+
+    records = figures("4g.71gb", 64, 1935.0, 425.0) + figures("7g.141gb", 132, 1485.0, 664.0)
+    by = {r.metric.name: r.metric for r in records[: len(records) // 2]}
+    assert by["bf16_flop_per_sm_cycle"].info["scaling"] is False and by["bf16_tflops"].info["scaling"] is False
+    assert by["bf16_sustained_tflops"].info["clocks"]["window"]["sm_clock_mhz"] == 1935.0
+    report = check_scaling(records)
+    (row,) = report.rows
+    assert row.metric == "bf16_sustained_tflops" and row.result == "power-limited" and not report.failures
+    assert "SM clock 1485 vs 1935 MHz" in row.note  # the window's clock, not the 1685 read after it
+    skipped = "\n".join(report.skipped)
+    assert "bf16_flop_per_sm_cycle: not scaling-checked (per SM and per clock already" in skipped
+    assert "bf16_tflops: not scaling-checked (between profiles bf16_sustained_tflops is judged" in skipped
+    # a 7g that lost a quarter of its GEMM rate at the same capped clock is still caught
+    slow = figures("4g.71gb", 64, 1935.0, 425.0) + figures("7g.141gb", 132, 1485.0, 0.75 * 664.0)
+    assert [r.metric for r in check_scaling(slow).failures] == ["bf16_sustained_tflops"]
+    # without an energy window (no board to read) there is no sustained figure: the headline is judged
+    bare = figures("4g.71gb", 64, 1935.0, 425.0, window=False) + figures("7g.141gb", 132, 1485.0, 0.5 * 664.0, window=False)
+    assert [r.metric for r in check_scaling(bare).failures] == ["bf16_tflops"]
+
+
 def test_fp32_matmul_mode_restores_the_setting():
     matmul = torch.backends.cuda.matmul
     before = matmul.fp32_precision if hasattr(matmul, "fp32_precision") else matmul.allow_tf32
