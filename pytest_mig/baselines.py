@@ -155,6 +155,7 @@ class Run:
     fingerprint: dict[str, Any] = field(default_factory=dict)
     noise: float | None = None  # the run's own within-run spread (relative); informs, never sets, thresholds
     throttled: list[str] = field(default_factory=list)
+    clock_mhz: float | None = None  # the SM clock it ran at (:func:`measured_clock`), for scaling checks
 
     def to_dict(self, fp_id: str | None) -> dict[str, Any]:
         d: dict[str, Any] = {"at": self.recorded_at, "value": _round(self.value)}
@@ -164,6 +165,8 @@ class Run:
             d["noise"] = _round(self.noise)
         if self.throttled:
             d["throttled"] = list(self.throttled)
+        if self.clock_mhz is not None and math.isfinite(self.clock_mhz) and self.clock_mhz > 0:
+            d["clock_mhz"] = round(self.clock_mhz, 1)
         return d
 
 
@@ -360,6 +363,22 @@ def throttle_reasons(info: Mapping[str, Any] | None) -> list[str]:
     return found
 
 
+def measured_clock(info: Mapping[str, Any] | None) -> float | None:
+    """The SM clock a measurement ran at: the mean sampled through its energy window
+    (``info["clocks"]["window"]``), else the snapshot read right after it.  On a power-capped GPU the
+    two differ: an emulated 7g.141gb's fp64 GEMM sampled 1620 MHz through its window and read 1710 MHz
+    once it ended (docs/benchmarks.md, sixth session)."""
+    clocks = (info or {}).get("clocks") or {}
+    if not isinstance(clocks, Mapping):
+        return None
+    for phase in ("window", "after"):
+        snap = clocks.get(phase)
+        value = snap.get("sm_clock_mhz") if isinstance(snap, Mapping) else None
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
+            return float(value)
+    return None
+
+
 def measured_value(record: ResultRecord) -> float:
     """The value a run adds to its figure's history: its reading, or, where the run re-measured the
     figure (its first reading was beyond its threshold), the median of all its readings.
@@ -380,7 +399,7 @@ def run_from_record(record: ResultRecord) -> Run:
     """The run a record adds to its figure's history (its value: :func:`measured_value`)."""
     m = record.metric
     return Run(value=measured_value(record), recorded_at=record.timestamp, fingerprint=dict(record.fingerprint or {}),
-               noise=within_run_noise(m.samples), throttled=throttle_reasons(m.info))
+               noise=within_run_noise(m.samples), throttled=throttle_reasons(m.info), clock_mhz=measured_clock(m.info))
 
 
 def entry_from_records(records: Iterable[ResultRecord], tolerance: float | None = None) -> BaselineEntry:
@@ -640,7 +659,14 @@ def _records_of(base: Baseline) -> Iterator[ResultRecord]:
         "gpu_slug": meta.gpu_slug, "emulated": meta.emulated, "source": f"baseline {meta.path}",
     }
     for e in base.entries.values():
-        metric = Metric(e.metric, e.value, e.unit, e.direction, e.values, e.kind)  # type: ignore[arg-type]
+        # What the scaling check needs of the runs' clocks: their SM clock, where saved, and their throttle reasons
+        # (a stored 7g at the power cap against this run's 4g is `power-limited`, not failed).
+        clocks: dict[str, Any] = {"after": {"throttle_reasons": e.throttled, "throttled": bool(e.throttled)}}
+        ran_at = [r.clock_mhz for r in e.runs if r.clock_mhz]
+        if ran_at:
+            clocks["window"] = {"sm_clock_mhz": statistics.median(ran_at)}
+        metric = Metric(e.metric, e.value, e.unit, e.direction, e.values, e.kind,  # type: ignore[arg-type]
+                        info={"clocks": clocks})
         yield ResultRecord(e.test, metric, dict(target), e.fingerprint or dict(meta.fingerprint),
                            e.recorded_at, node="baseline", mode=e.mode)
 
@@ -816,6 +842,8 @@ def _read_v2(path: Path, doc: dict[str, Any]) -> dict[EntryKey, BaselineEntry]:
                         fingerprint=dict(fps[fp_id]) if fp_id is not None else {},
                         noise=None if noise is None else abs(_number(path, f"{where} run noise", noise)),
                         throttled=_throttled(path, where, r.get("throttled")),
+                        clock_mhz=None if r.get("clock_mhz") is None else _number(path, f"{where} run clock_mhz",
+                                                                                 r["clock_mhz"], positive=True),
                     ))
                 entries[(test, name, mode)] = BaselineEntry(test, name, unit, direction, kind, tol, runs, mode)
     return entries

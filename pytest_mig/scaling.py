@@ -62,7 +62,7 @@ from fractions import Fraction
 from typing import Any, Iterable, Mapping, Sequence
 
 from .measure import Metric
-from .baselines import throttle_reasons
+from .baselines import measured_clock, throttle_reasons
 from .profiles import CPU, FULL, Basis, GpuModel, ProfileError, ProfileSpec, ladder, lookup_model, model_slug, parse_profile
 from .results import ResultRecord
 from .text import quoted
@@ -251,7 +251,7 @@ def _rung(record: ResultRecord, model: GpuModel | None, family: str, source: str
     profile = str(t.get("profile") or "")
     sms = t.get("sms_obtained") or t.get("sms")
     throttled = tuple(throttle_reasons(record.metric.info))
-    clock = _clock(record.metric.info)
+    clock = measured_clock(record.metric.info)
     if profile == FULL:
         top = ladder(model.profiles)[-1] if model else None
         return Rung(FULL, top.slices if top else None, int(sms or (model.sms if model else 0)) or None,
@@ -409,21 +409,6 @@ def check_scaling(
             profs = sorted({str(r.target.get("baseline_profile") or r.target.get("profile")) for r in recs})
             report.skipped.append(f"{label} on {gpu_name}: only {', '.join(profs)} measured")
     return report
-
-
-def _clock(info: Mapping[str, Any] | None) -> float | None:
-    """The SM clock a measurement ran at: the mean sampled through its energy window, else the
-    snapshot read right after it.  On a power-capped GPU the two differ: an emulated 7g.141gb's fp64
-    GEMM sampled 1620 MHz through its window and read 1710 MHz once it ended (docs/benchmarks.md)."""
-    clocks = (info or {}).get("clocks") or {}
-    if not isinstance(clocks, Mapping):
-        return None
-    for phase in ("window", "after"):
-        snap = clocks.get(phase)
-        value = snap.get("sm_clock_mhz") if isinstance(snap, Mapping) else None
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
-            return float(value)
-    return None
 
 
 def _power_limited(big: Rung, small: Rung, ratio: float, ideal: float, tol: float) -> tuple[str, ...]:

@@ -84,6 +84,7 @@ RUN: dict[str, Any] = {
     "properties": {
         "value": {"type": "number", "exclusiveMinimum": 0}, "at": _OPT_STRING, "fp": _OPT_STRING,
         "noise": _OPT_NUMBER, "throttled": {"type": ["array", "null"], "items": {"type": "string"}},
+        "clock_mhz": {"type": ["number", "null"], "exclusiveMinimum": 0},
     },
 }
 

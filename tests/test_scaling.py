@@ -309,6 +309,60 @@ def test_stored_baselines_fill_in_profiles_this_run_did_not_measure(tmp_path: Pa
     assert all(r.metric == "fp32_tflops" for r in report.rows)  # a metric only stored is not checked
 
 
+def test_a_stored_profile_keeps_the_clock_it_ran_at_for_the_power_limited_rule(tmp_path: Path) -> None:
+    """A site's nightly 4g job against the 7g history it saved: at 700 W the 7g ran at 1485 MHz. With
+    nothing of its clocks kept, its bf16 7g/4g (1.57 for 2.06) failed every night the 4g ran alone."""
+    def capped(r: ResultRecord, window: float, after: float, reasons: list[str]) -> ResultRecord:
+        r.metric.info["clocks"] = {"window": {"sm_clock_mhz": window},
+                                   "after": {"sm_clock_mhz": after, "throttle_reasons": reasons, "throttled": bool(reasons)}}
+        return r
+
+    def sustained(profile: str, value: float, sms: int) -> ResultRecord:
+        return rec(profile, value, kind="tensor", name="bf16_sustained_tflops", target_kind="emulated",
+                   sms_obtained=sms, test="benchmarks/test_gemm.py::test_gemm[bf16]")
+
+    store = BaselineStore(tmp_path)
+    store.save([capped(sustained("7g.141gb", 664.0, 132), 1485.0, 1665.0, ["sw_power_cap"])])
+    doc = json.loads(next(tmp_path.rglob("7g.141gb-emulated.json")).read_text())
+    assert '"clock_mhz": 1485.0' in json.dumps(doc)  # the window's clock, not the 1665 read after it
+    stored, problems = store.records("nvidia-h200")
+    assert problems == [] and stored[0].metric.info["clocks"]["window"] == {"sm_clock_mhz": 1485.0}
+    tonight = capped(sustained("4g.71gb", 425.0, 64), 1935.0, 1935.0, [])
+    (row,) = check_scaling([tonight], extra=stored).rows
+    assert row.pair == "7g.141gb / 4g.71gb" and row.result == "power-limited"
+    assert "SM clock 1485 vs 1935 MHz" in row.note
+    slow = capped(sustained("4g.71gb", 640.0, 64), 1935.0, 1935.0, [])  # 4g gained 50%: still a finding
+    assert [r.result for r in check_scaling([slow], extra=stored).rows] == ["FAIL"]
+
+    # a history saved before clocks were kept: its throttle reasons still say the 7g was capped
+    old = tmp_path / "old"
+    BaselineStore(old).save([capped(sustained("7g.141gb", 664.0, 132), 1485.0, 1665.0, ["sw_power_cap"])])
+    path = next(old.rglob("7g.141gb-emulated.json"))
+    path.write_text(path.read_text().replace('"clock_mhz": 1485.0,', "").replace(', "clock_mhz": 1485.0', ""))
+    assert "clock_mhz" not in path.read_text()
+    stored_old, problems = BaselineStore(old).records("nvidia-h200")
+    assert problems == [] and "window" not in stored_old[0].metric.info["clocks"]
+    (row,) = check_scaling([tonight], extra=stored_old).rows
+    assert row.result == "power-limited" and "sw_power_cap" in row.note
+
+
+@pytest.mark.parametrize("clock", ["1485", -5, 0, True, float("nan")])
+def test_a_saved_clock_that_is_not_a_clock_is_named_and_nothing_is_written(tmp_path: Path, clock: Any) -> None:
+    from pytest_mig.baselines import BaselineError
+
+    store = BaselineStore(tmp_path)
+    store.save([rec("7g.141gb", 66.0)])
+    path = next(tmp_path.rglob("7g.141gb.json"))
+    doc = json.loads(path.read_text())
+    entry = next(iter(next(iter(doc["modes"].values())).values()))
+    next(iter(entry.values()))["runs"][0]["clock_mhz"] = clock
+    path.write_text(json.dumps(doc))
+    before = path.read_text()
+    with pytest.raises(BaselineError, match="clock_mhz"):
+        store.save([rec("7g.141gb", 67.0)])
+    assert path.read_text() == before
+
+
 def test_stored_real_slices_never_join_an_emulated_ladder(tmp_path: Path) -> None:
     store = BaselineStore(tmp_path)
     store.save([rec("1g.18gb", 16.0), rec("2g.35gb", 32.0, target_kind="emulated")])
