@@ -325,11 +325,12 @@ class Timing:
         sampled during the energy window (``window``) and whether the GPU was throttled after the
         measurement (the verdicts and scaling checks read these)."""
         info: dict[str, Any] = {}
-        if self.clocks:
-            info["clocks"] = self.clocks
+        clocks = dict(self.clocks)
         window = self.window_sm_clock_mhz
         if window is not None:  # the clock the work itself ran at, sampled all through its energy window
-            info["clocks"] = {**self.clocks, "window": {"sm_clock_mhz": round(window, 1)}}
+            clocks["window"] = {"sm_clock_mhz": round(window, 1)}
+        if clocks:
+            info["clocks"] = clocks
         after = self.clocks.get("after") or {}
         if "throttled" in after:
             info["throttled"] = bool(after["throttled"])

@@ -341,9 +341,9 @@ def check_scaling(
         m: Metric = first.metric
         if not m.compare or SCALING_TOLERANCE.get(m.kind) is None:
             continue
-        exempt = [r for r in recs if r.metric.info.get("scaling") is False]
-        if exempt:
-            why = exempt[0].metric.info.get("scaling_note") or "the workload says its figure does not follow the profile's size"
+        exempt = next((r for r in recs if r.metric.info.get("scaling") is False), None)
+        if exempt is not None:
+            why = exempt.metric.info.get("scaling_note") or "the workload says its figure does not follow the profile's size"
             report.skipped.append(f"{first.test}::{m.name}: not scaling-checked ({why})")
             continue
         tol = _tolerance(tolerances, m.kind)
