@@ -15,7 +15,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Sequence, TextIO
+from typing import Callable, Collection, Iterable, Sequence, TextIO
 
 from .baselines import DEFAULT_TOLERANCE, Baseline, BaselineError, BaselineStore, load_baseline_file, meta_from_record
 from .noise import PRIOR, PRIOR_RUNS, band
@@ -169,9 +169,25 @@ def test_seconds(results: Iterable[Path]) -> dict[str, float]:
     return {t: statistics.median(v) for t, v in seen.items()}
 
 
-def budget_rows(rows: Sequence[dict[str, object]], seconds: dict[str, float]) -> list[list[object]]:
-    """Per test: its seconds, the figures it gates of those it reports, and the smallest change the best of
-    them detects; the tests that gate nothing first, then by seconds, longest first."""
+#: What the time budget says of a test that gates nothing, by what the next night does with it.
+LEFT_OUT = "nothing: left out from the next night on (--mig-all-tests runs it)"
+STILL_RUN = f"nothing yet: still run to build the history (the reference's sigma until {PRIOR_RUNS} runs)"
+
+
+def left_out_tests(base: Baseline, reference: Reference | None) -> set[tuple[str, str]]:
+    """(test, mode) pairs of ``base`` that the next night leaves out, by the plugin's own rule
+    (:func:`pytest_mig.night.gates_nothing`: the history's own band, else the reference's)."""
+    from .night import gates_nothing
+
+    pairs = {(test, mode) for test, _, mode in base.entries}
+    return {(test.split("::", 1)[-1], mode) for test, mode in pairs if gates_nothing(test, mode, base, reference)}
+
+
+def budget_rows(rows: Sequence[dict[str, object]], seconds: dict[str, float],
+                left_out: Collection[tuple[str, str]] = ()) -> list[list[object]]:
+    """Per test: its seconds, the figures it gates of those it reports, the smallest change the best of
+    them detects, and for a test that gates nothing what the next night does with it (``left_out``: the
+    tests it leaves out); the tests that gate nothing first, then by seconds, longest first."""
     per: dict[tuple[str, str], list[dict[str, object]]] = {}
     for r in rows:
         per.setdefault((str(r["test"]), str(r["mode"])), []).append(r)
@@ -180,9 +196,9 @@ def budget_rows(rows: Sequence[dict[str, object]], seconds: dict[str, float]) ->
         gating = [f for f in figs if f["gates"] == "yes"]
         secs = next((v for k, v in seconds.items() if k.split("::", 1)[-1] == test), None)
         best = min((float(f["detects_pct"]) for f in gating), default=None)  # type: ignore[arg-type]
+        buys = "" if gating else LEFT_OUT if (test, mode) in left_out else STILL_RUN
         table.append([test, mode, "-" if secs is None else f"{secs:.0f}", f"{len(gating)}/{len(figs)}",
-                      "-" if best is None else f"{best:.1f}%", "nothing: a candidate to leave out" if not gating
-                      else ""])
+                      "-" if best is None else f"{best:.1f}%", buys])
     return sorted(table, key=lambda r: (r[3].startswith("0/") is False, -float(r[2]) if r[2] != "-" else 0.0))
 
 
@@ -209,9 +225,16 @@ def print_thresholds(bases: Sequence[Baseline], out: TextIO, results: Iterable[P
         if borrowed:
             print(f"{len(borrowed)} figure(s) take the reference's sigma, larger than this history's own, until they "
                   f"have {PRIOR_RUNS} runs: a few runs back to back understate night-to-night noise.", file=out)
-        print(f"\ntime budget (seconds per test, median of the runs; what each buys):", file=out)
-        print(tabulate(budget_rows(rows, seconds), headers=["test", "mode", "seconds", "figures gating",
-                                                            "detects", "gates"], disable_numparse=True), file=out)
+        budget = budget_rows(rows, seconds, left_out_tests(base, _reference_of(base, references)))
+        print("\ntime budget (seconds per test, median of the runs; what each buys):", file=out)
+        print(tabulate(budget, headers=["test", "mode", "seconds", "figures gating", "detects", "gates"],
+                       disable_numparse=True), file=out)
+        idle = [r for r in budget if r[5]]
+        if idle:
+            dropped = [r for r in idle if r[5] == LEFT_OUT]
+            print(f"{len(idle)} test(s) gate nothing: {len(dropped)} left out of the next night "
+                  f"({sum(float(r[2]) for r in dropped if r[2] != '-'):.0f} s), {len(idle) - len(dropped)} still run "
+                  f"until their own history decides.", file=out)
 
 
 def cmd_calibrate(pytest_args: Sequence[str], runs: int, baseline_dir: Path, work_dir: Path, keep: int | None,
