@@ -180,7 +180,7 @@ CATALOG: tuple[GpuModel, ...] = (
 #: CUDA-core FMA instructions per SM per clock, by compute-capability major (torch/cuda/_device_limits.py).
 FMA_PER_SM_PER_CLOCK: dict[int, dict[str, int]] = {
     8: {"fp32": 64, "fp64": 32, "fp16": 128},
-    9: {"fp32": 128, "fp64": 64, "fp16": 256},
+    9: {"fp32": 128, "fp64": 64, "fp16": 256, "bf16": 256},  # H100 whitepaper: bf16 non-tensor = fp16's
     10: {"fp32": 128, "fp64": 64, "fp16": 256},
 }
 

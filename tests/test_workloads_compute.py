@@ -384,7 +384,7 @@ def test_fma_triton_kernel_under_the_interpreter():
         for name, prec in fma.FMA_PRECISIONS.items():
             n = 4 * fma.UNROLL
             b_scale = 2.0 ** -fma.b_shift_for(prec, n)
-            out = torch.full((2 * fma.BLOCK,), float("nan"), dtype=prec.torch_dtype)
+            out = torch.full((2 * fma.PAIR_BLOCK,), float("nan"), dtype=prec.torch_dtype)
             a = torch.full((1,), prec.a, dtype=prec.torch_dtype)
             fma.launch_triton(out, n, a, b_scale)
             err = fma.verify_chains(out, n, prec, b_scale)

@@ -15,9 +15,12 @@ The recurrence is chosen so that the result can be checked exactly:
 - fp16 has too few mantissa bits for that, so it contracts, ``a = 0.5``, towards ``2 b_e``; the
   check is then to rounding (1e-2) and does not see the iteration count.
 
-fp16 runs packed (``fma.rn.f16x2`` through inline PTX: two FMAs per instruction, how the datasheet
-counts fp16 CUDA-core FLOPS); where that does not compile it falls back to scalar fp16 FMAs
-(at most half the packed peak) and says so in the metric's info.
+fp16 and bf16 run paired (``fma.rn.f16x2`` / ``fma.rn.bf16x2`` through inline PTX: two FMAs per
+instruction, how the datasheets count 16-bit CUDA-core FLOPS).  Each 32-bit register holds two
+chains for the whole loop (elements ``2p`` in its low half and ``2p + 1`` in its high half), so the
+loop body is nothing but paired FMAs: no unpacking between steps.  Where the paired instruction does
+not compile the kernel falls back to scalar FMAs (at most half the paired peak) and says so in the
+metric's info.
 
 On the CPU (no GPU for Triton) the same recurrence runs as torch operations at a tiny size, so
 the verification and the record shape are exercised; its rate means nothing.
@@ -52,6 +55,11 @@ except Exception as exc:  # noqa: BLE001 - a broken install is as good as none
 WARPS = 4
 CHAINS = 8
 BLOCK = 32 * WARPS * CHAINS
+#: Registers of two 16-bit chains per thread in the paired kernel: a paired FMA's latency needs
+#: twice the independent chains of a scalar one (8 pairs per thread issue at 66% of the paired
+#: peak on an H100, 16 pairs at 98%).
+PAIRS = 16
+PAIR_BLOCK = 32 * WARPS * PAIRS
 #: FMAs per chain per trip of the (runtime) loop: the unrolled body.
 UNROLL = 16
 #: Programs per SM: with 16 resident 4-warp programs per SM this is two full waves.
@@ -72,6 +80,7 @@ class FmaPrecision:
     exact: bool  # a == 1: the result is exact and checks the iteration count
     rel_limit: float
     b_shift: int | None = None  # fixed b scale 2^-b_shift (contracting recurrences); None: from N
+    paired: str | None = None  # the PTX instruction doing two FMAs of this 16-bit type at once
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -83,7 +92,8 @@ FMA_PRECISIONS: dict[str, FmaPrecision] = {
     for p in (
         FmaPrecision("fp32", "float32", 1.0, True, 1e-9),
         FmaPrecision("fp64", "float64", 1.0, True, 1e-12),
-        FmaPrecision("fp16", "float16", 0.5, False, 1e-2, b_shift=4),
+        FmaPrecision("fp16", "float16", 0.5, False, 1e-2, b_shift=4, paired="fma.rn.f16x2"),
+        FmaPrecision("bf16", "bfloat16", 0.5, False, 2e-2, b_shift=4, paired="fma.rn.bf16x2"),
     )
 }
 FMA_PRECISION_NAMES: tuple[str, ...] = tuple(FMA_PRECISIONS)
@@ -160,38 +170,63 @@ if triton is not None:
 
     @triton.jit
     def _fma_chains_kernel(out_ptr, a_ptr, b_scale, n_outer, DTYPE: tl.constexpr, BLOCK: tl.constexpr,
-                           UNROLL: tl.constexpr, PACKED: tl.constexpr):
+                           UNROLL: tl.constexpr):
         e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         x = ((e % 1024).to(tl.float32) * (1.0 / 1024.0) - 0.5).to(DTYPE)
         b = (((e % 8) + 1).to(tl.float32) * b_scale).to(DTYPE)
         a = tl.zeros((BLOCK,), DTYPE) + tl.load(a_ptr)  # loaded, so the compiler cannot fold a == 1
         for _ in range(n_outer):
             for _u in tl.static_range(UNROLL):
-                if PACKED:
-                    x = tl.inline_asm_elementwise("fma.rn.f16x2 $0, $1, $2, $3;", "=r,r,r,r", [x, a, b],
-                                                  dtype=tl.float16, is_pure=True, pack=2)
-                else:
-                    x = tl.fma(x, a, b)
+                x = tl.fma(x, a, b)
         tl.store(out_ptr + e, x)
+
+    @triton.jit
+    def _pair(lo, hi):
+        """Two 16-bit floats in one int32: ``lo`` in the low half, ``hi`` in the high half."""
+        return (lo.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) | (hi.to(tl.int16, bitcast=True).to(tl.int32) << 16)
+
+    @triton.jit
+    def _fma_pairs_kernel(out_ptr, a_ptr, b_scale, n_outer, DTYPE: tl.constexpr, INSTRUCTION: tl.constexpr,
+                          BLOCK: tl.constexpr, UNROLL: tl.constexpr):
+        p = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # pair p holds elements 2p and 2p + 1
+        e0 = 2 * p
+        e1 = e0 + 1
+        x = _pair(((e0 % 1024).to(tl.float32) * (1.0 / 1024.0) - 0.5).to(DTYPE),
+                  ((e1 % 1024).to(tl.float32) * (1.0 / 1024.0) - 0.5).to(DTYPE))
+        b = _pair((((e0 % 8) + 1).to(tl.float32) * b_scale).to(DTYPE), (((e1 % 8) + 1).to(tl.float32) * b_scale).to(DTYPE))
+        a = tl.zeros((BLOCK,), tl.int32) + tl.load(a_ptr)  # a in both halves, loaded: not folded
+        for _ in range(n_outer):
+            for _u in tl.static_range(UNROLL):
+                x = tl.inline_asm_elementwise(INSTRUCTION + " $0, $1, $2, $3;", "=r,r,r,r", [x, a, b],
+                                              dtype=tl.int32, is_pure=True, pack=1)
+        tl.store(out_ptr + p, x)
 
 
 def _triton_dtype(dtype: torch.dtype) -> Any:
-    return {torch.float32: tl.float32, torch.float64: tl.float64, torch.float16: tl.float16}[dtype]
+    return {torch.float32: tl.float32, torch.float64: tl.float64, torch.float16: tl.float16,
+            torch.bfloat16: tl.bfloat16}[dtype]
 
 
-def launch_triton(out: torch.Tensor, n_iters: int, a: torch.Tensor, b_scale: float, *, packed: bool = False) -> None:
+def launch_triton(out: torch.Tensor, n_iters: int, a: torch.Tensor, b_scale: float, *, paired: str | None = None) -> None:
     """Run the FMA-chain kernel over ``out`` (a multiple of BLOCK elements), ``n_iters`` FMAs per element.
 
-    ``a`` is a one-element tensor of ``out``'s dtype on ``out``'s device.  Also runs under
-    TRITON_INTERPRET=1 with CPU tensors, which is how the unit tests check the kernel.
+    ``a`` is a one-element tensor of ``out``'s dtype on ``out``'s device.  ``paired`` names the PTX
+    instruction that does two 16-bit FMAs at once (``fma.rn.f16x2``): each pair of elements then
+    lives in one 32-bit register for the whole loop, PAIRS registers per thread.  The scalar kernel also runs under
+    TRITON_INTERPRET=1 with CPU tensors, which is how the unit tests check it.
     """
     if triton is None:
         raise DoesNotFit(f"the CUDA-core FMA kernel needs Triton, which is not importable here ({TRITON_MISSING})")
-    if out.numel() % BLOCK or n_iters % UNROLL:
-        raise ValueError(f"elements must be a multiple of {BLOCK} and iterations of {UNROLL}")
-    grid = (out.numel() // BLOCK,)
-    _fma_chains_kernel[grid](out, a, b_scale, n_iters // UNROLL, DTYPE=_triton_dtype(out.dtype), BLOCK=BLOCK,
-                             UNROLL=UNROLL, PACKED=packed, num_warps=WARPS)
+    if out.numel() % (2 * PAIR_BLOCK) or n_iters % UNROLL:
+        raise ValueError(f"elements must be a multiple of {2 * PAIR_BLOCK} and iterations of {UNROLL}")
+    if paired is None:
+        _fma_chains_kernel[(out.numel() // BLOCK,)](out, a, b_scale, n_iters // UNROLL, DTYPE=_triton_dtype(out.dtype),
+                                                    BLOCK=BLOCK, UNROLL=UNROLL, num_warps=WARPS)
+        return
+    a_pair = a.reshape(1).repeat(2).view(torch.int32)  # a in both halves of one 32-bit word
+    _fma_pairs_kernel[(out.numel() // (2 * PAIR_BLOCK),)](out.view(torch.int32), a_pair, b_scale, n_iters // UNROLL,
+                                                          DTYPE=_triton_dtype(out.dtype), INSTRUCTION=paired,
+                                                          BLOCK=PAIR_BLOCK, UNROLL=UNROLL, num_warps=WARPS)
 
 
 def _round_iters(n: float) -> int:
@@ -206,6 +241,7 @@ def run_fma(target: Target, timer: Timer, *, dtype: str = "fp32", quick: bool = 
     effort = FMA_EFFORT[quick]
     device = target.device
     info: dict[str, Any] = {"dtype": dtype, "recurrence": f"x = x*{prec.a:g} + b", "exact_check": prec.exact}
+    paired: str | None = None
 
     if target.is_cpu:
         n_iters = effort.cpu_iters
@@ -222,26 +258,25 @@ def run_fma(target: Target, timer: Timer, *, dtype: str = "fp32", quick: bool = 
         sms = target.effective_sms or torch.cuda.get_device_properties(0).multi_processor_count
         out = torch.empty(sms * PROGRAMS_PER_SM * BLOCK, dtype=prec.torch_dtype, device=device)
         a_dev = torch.full((1,), prec.a, dtype=prec.torch_dtype, device=device)
-        packed = prec.name == "fp16"
-        if packed:
+        paired = prec.paired
+        if paired:
             try:
-                launch_triton(out, UNROLL * 16, a_dev, 2.0 ** -b_shift_for(prec, UNROLL * 16), packed=True)
+                launch_triton(out, UNROLL * 16, a_dev, 2.0 ** -b_shift_for(prec, UNROLL * 16), paired=paired)
                 torch.cuda.synchronize()
-            except Exception as exc:  # noqa: BLE001 - any compile failure: fall back to scalar fp16
-                packed = False
-                info["packed_fallback_reason"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        info["backend"] = "triton" + (" (fma.rn.f16x2, packed)" if packed else "")
-        if prec.name == "fp16":
-            info["fp16_packed"] = packed
+            except Exception as exc:  # noqa: BLE001 - any compile failure: fall back to scalar FMAs
+                paired = None
+                info["paired_fallback_reason"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            info["paired"] = paired is not None
+        info["backend"] = "triton" + (f" ({paired}, two FMAs per instruction)" if paired else "")
         # Calibrate: time a short launch, then size the real one to about effort.call_s.
         b_cal = 2.0 ** -b_shift_for(prec, CALIBRATION_ITERS)
-        cal = time_fn(lambda: launch_triton(out, CALIBRATION_ITERS, a_dev, b_cal, packed=packed),
+        cal = time_fn(lambda: launch_triton(out, CALIBRATION_ITERS, a_dev, b_cal, paired=paired),
                       warmup=1, repeats=3, device=device)
         n_iters = _round_iters(CALIBRATION_ITERS * effort.call_s / max(statistics.median(cal), 1e-7))
         b_scale = 2.0 ** -b_shift_for(prec, n_iters)
 
         def launch() -> None:
-            launch_triton(out, n_iters, a_dev, b_scale, packed=packed)
+            launch_triton(out, n_iters, a_dev, b_scale, paired=paired)
 
     timing = timer(launch, warmup=effort.warmup, repeats=effort.repeats)
     # Poison, run once more, check: every element must be written with the right value.
@@ -252,7 +287,7 @@ def run_fma(target: Target, timer: Timer, *, dtype: str = "fp32", quick: bool = 
     rel_err = verify_chains(out, n_iters, prec, b_scale)
     flops = 2.0 * out.numel() * n_iters
     info.update({"elements": out.numel(), "iterations": n_iters, "rel_error": rel_err, "rel_limit": prec.rel_limit,
-                 "chains_per_thread": CHAINS, "repeats": len(timing.samples)})
+                 "chains_per_thread": 2 * PAIRS if paired else CHAINS, "repeats": len(timing.samples)})
     del out
     if not target.is_cpu:
         torch.cuda.empty_cache()
