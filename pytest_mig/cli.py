@@ -30,11 +30,10 @@ import argparse
 import math
 import sys
 from pathlib import Path
-from typing import Mapping, Sequence, TextIO
+from typing import Sequence, TextIO
 
-from .baselines import DEFAULT_KEEP, BaselineError, BaselineMeta, entry_from_records, measured_value, meta_from_record
+from .baselines import DEFAULT_KEEP, BaselineError
 from .files import FileProblem, output_file
-from .measure import partner_keys
 from .profiles import model_slug
 from .reference import SHIPPED, ReferenceStore, UnknownTestError, build, count_range, store_for
 from .report import (
@@ -49,15 +48,8 @@ from .report import (
 )
 from .results import ResultRecord, ResultsFileError, read_results
 from .settings import tolerance_arg
-from .verdict import (
-    Verdict,
-    compare,
-    compare_reference,
-    confirm,
-    explain_clock,
-    format_number,
-    reference_prior,
-)
+from .judge.pipeline import Pipeline, RecordHistories
+from .verdict import Verdict
 from .text import quoted
 
 PROG = "pytest-mig"
@@ -414,25 +406,6 @@ def cmd_report(files: Sequence[Path], out_path: Path | None, factor: float, fail
 # -- compare -------------------------------------------------------------------------------------
 
 
-def _on(recs: Sequence[ResultRecord], mine: BaselineMeta) -> list[ResultRecord]:
-    """The records measured on the GPU model and profile of ``mine``."""
-    metas = ((c, meta_from_record(c)) for c in recs)
-    return [c for c, m in metas if (m.gpu_slug, m.profile) == (mine.gpu_slug, mine.profile)]
-
-
-def _partners(rec: ResultRecord, by_key: Mapping[tuple[str, str, str], Sequence[ResultRecord]],
-              mine: BaselineMeta) -> dict[str, list[float]]:
-    """The old values, on this GPU model and profile, of the rate figures whose timing energy
-    figure ``rec`` shares (:func:`pytest_mig.measure.partner_keys`), by name."""
-    kinds = {k: recs[0].metric.kind for k, recs in by_key.items() if recs}
-    out: dict[str, list[float]] = {}
-    for key in partner_keys((rec.test, rec.metric.name, rec.mode), rec.metric.kind, kinds):
-        values = [measured_value(c) for c in _on(by_key[key], mine)]
-        if values:
-            out[key[1]] = values
-    return out
-
-
 def compare_records(
     old: Sequence[ResultRecord] | Sequence[Sequence[ResultRecord]],
     new: Sequence[ResultRecord],
@@ -441,7 +414,8 @@ def compare_records(
     improvement_fails: bool = False,
     references: ReferenceStore | None = None,
 ) -> list[Verdict]:
-    """Each NEW record judged against the history of the same test, metric and mode in OLD.
+    """Each NEW record judged against the history of the same test, metric and mode in OLD, through
+    the plugin's pipeline (:class:`pytest_mig.judge.pipeline.Pipeline`).
 
     ``old`` is one run's records or a list of runs' records, oldest first; a figure's history is
     its records on the same GPU model and profile (another one is reported as incomparable).  A
@@ -452,44 +426,8 @@ def compare_records(
     """
     runs: list[Sequence[ResultRecord]]
     runs = [old] if not old or isinstance(old[0], ResultRecord) else list(old)  # type: ignore[list-item]
-    by_key: dict[tuple[str, str, str], list[ResultRecord]] = {}
-    for run in runs:
-        for r in run:
-            by_key.setdefault((r.test, r.metric.name, r.mode), []).append(r)
-    verdicts = []
-    for rec in new:
-        mine = meta_from_record(rec)
-        same = _on(by_key.get((rec.test, rec.metric.name, rec.mode), []), mine)
-        others = [c for m in ("normal", "quick") for c in by_key.get((rec.test, rec.metric.name, m), [])]
-        taken = list((rec.verdict or {}).get("confirmations") or [])
-        ref = references.holding(rec) if references is not None and not same else None  # a first night
-        if same:
-            entry = entry_from_records(same)
-            v = compare(rec, entry, meta_from_record(same[-1]), tolerance=tolerance,
-                        improvement_fails=improvement_fails, partners=_partners(rec, by_key, mine),
-                        prior=reference_prior(references, rec))
-            if v.failed and taken:
-                v = confirm(v, rec, entry, taken, improvement_fails=improvement_fails)
-        elif ref is not None:
-            v = compare_reference(rec, ref, improvement_fails=improvement_fails)
-            if v.failed and taken:
-                v = confirm(v, rec, ref.get(rec.test, rec.metric.name, rec.mode), taken,
-                            improvement_fails=improvement_fails)
-        elif others:
-            v = compare(rec, entry_from_records([others[-1]]), meta_from_record(others[-1]), tolerance=tolerance,
-                        improvement_fails=improvement_fails)
-        else:
-            v = compare(rec, None, None)
-            if v.outcome == "no-baseline":
-                v.message = f"{rec.metric.name} {format_number(rec.metric.value)} {rec.metric.unit}: not in the old files"
-        rec.verdict = v.to_dict()
-        verdicts.append(v)
-    by_test: dict[str, list[int]] = {}
-    for i, rec in enumerate(new):
-        by_test.setdefault(rec.test, []).append(i)
-    for idx in by_test.values():  # whether the clock or the kernel moved, as the plugin says it
-        explain_clock([new[i] for i in idx], [verdicts[i] for i in idx])
-    return verdicts
+    pipeline = Pipeline(RecordHistories(runs), references=references, improvement_fails=improvement_fails)
+    return pipeline.judge_runs(new, tolerance=tolerance)
 
 
 #: Outcomes that mean a figure was actually compared.

@@ -26,13 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence, TextIO
 
-from .baselines import entry_from_records, measured_value
+from .baselines import measured_value
+from .judge.pipeline import Pipeline, RecordHistories
 from .calibrate import check_pytest_args, run_suite
 from .measure import Metric, partner_keys
 from .noise import MIN_RUNS, band
 from .files import atomic_write_text
 from .results import ResultRecord, ResultsFileError, read_results
-from .verdict import compare, confirm, format_number
+from .verdict import format_number
 
 #: Slowdowns the replay applies.
 SIZES = (0.03, 0.05, 0.10)
@@ -76,19 +77,22 @@ def _scaled(rec: ResultRecord, size: float) -> ResultRecord:
                         None, rec.mode)
 
 
+def _unjudged(rec: ResultRecord) -> ResultRecord:
+    """A copy of a recorded figure to judge again, so that judging it leaves the run's own verdict as recorded."""
+    return ResultRecord(rec.test, rec.metric, rec.target, rec.fingerprint, rec.timestamp, rec.node, None, rec.mode,
+                        health=rec.health)
+
+
 def _gating_records(records: Sequence[ResultRecord]) -> dict[Key, ResultRecord]:
     return {(r.test, r.metric.name, r.mode): r for r in records if r.metric.compare and r.metric.value > 0}
 
 
-def _judge_replayed(rec: ResultRecord, history: Sequence[ResultRecord], confirmations: Sequence[ResultRecord],
-                    partners: dict[str, list[float]]) -> tuple[bool, bool]:
+def _judge_replayed(pipeline: Pipeline, rec: ResultRecord, confirmations: Sequence[ResultRecord]) -> tuple[bool, bool]:
     """(beyond on the first measurement, still beyond after re-measuring) for a replayed record."""
-    entry = entry_from_records(history)
-    v = compare(rec, entry, None, partners=partners)
+    v = pipeline.first(rec)
     if not v.failed:
         return False, False
-    v2 = confirm(v, rec, entry, [c.metric.value for c in confirmations])
-    return True, v2.failed
+    return True, pipeline.confirm(rec, v, [c.metric.value for c in confirmations]).failed
 
 
 @dataclass
@@ -98,12 +102,18 @@ class _Partners:
 
     runs: Sequence[dict[Key, ResultRecord]]
     at: Sequence[int]
+    key: Key
     mates: Sequence[Key]
 
     def __call__(self, picked: Iterable[int]) -> dict[str, list[float]]:
         """Their values, by name, in the figure's runs ``picked`` (indices into its series)."""
         rows = [self.runs[self.at[i]] for i in picked]
         return {k[1]: [measured_value(r[k]) for r in rows if k in r] for k in self.mates}
+
+    def pipeline(self, picked: Iterable[int]) -> Pipeline:
+        """The judging pipeline over the figure's runs ``picked`` (and its mates' in those runs)."""
+        rows = [self.runs[self.at[i]] for i in picked]
+        return Pipeline(RecordHistories([[r[k] for r in rows for k in (self.key, *self.mates) if k in r]]))
 
 
 def analyse(unchanged: Sequence[Sequence[ResultRecord]], slowed: dict[int, list[Sequence[ResultRecord]]]) -> list[Figure]:
@@ -118,7 +128,7 @@ def analyse(unchanged: Sequence[Sequence[ResultRecord]], slowed: dict[int, list[
         if len(series) < MIN_RUNS + 1:
             continue
         first = series[0].metric
-        partners = _Partners(runs, at, partner_keys(key, first.kind, kinds))
+        partners = _Partners(runs, at, key, partner_keys(key, first.kind, kinds))
         fig = Figure(key, first.unit, first.direction, first.kind, [s.metric.value for s in series])
         b = band(fig.unchanged[-KEEP:], partners=partners(range(len(series))[-KEEP:]))
         fig.cv, fig.threshold, fig.detectable, fig.gates = b.sigma, b.threshold, b.detectable, b.gates
@@ -127,12 +137,11 @@ def analyse(unchanged: Sequence[Sequence[ResultRecord]], slowed: dict[int, list[
             if i < MIN_RUNS:
                 continue
             fig.flow_judged += 1
-            entry = entry_from_records(series[max(0, i - KEEP):i])
-            v = compare(rec, entry, None, partners=partners(range(max(0, i - KEEP), i)))
-            if not v.failed:
+            pipeline = partners.pipeline(range(max(0, i - KEEP), i))
+            if not pipeline.first(rec).failed:
                 continue
-            taken = (rec.verdict or {}).get("confirmations") or []
-            alarm = confirm(v, rec, entry, taken).failed if taken else True
+            taken = list((rec.verdict or {}).get("confirmations") or [])
+            alarm = pipeline.judge([_unjudged(rec)], remeasure=lambda: {key[1]: taken})[0].failed
             fig.flow_false += alarm
             fig.flow_transient += not alarm
             if alarm:
@@ -141,15 +150,14 @@ def analyse(unchanged: Sequence[Sequence[ResultRecord]], slowed: dict[int, list[
         n = len(series)
         for i, rec in enumerate(series):
             picked = [j for j in range(n) if j != i][-KEEP:]
-            history = [series[j] for j in picked]
             conf = [series[(i + 1) % n], series[(i + 2) % n]]
-            shared = partners(picked)
-            first_beyond, still = _judge_replayed(rec, history, conf, shared)
+            pipeline = partners.pipeline(picked)
+            first_beyond, still = _judge_replayed(pipeline, rec, conf)
             fig.replay_n += 1
             fig.replay_first += first_beyond
             fig.replay_false += still
             for size in SIZES:
-                _, caught = _judge_replayed(_scaled(rec, size), history, [_scaled(c, size) for c in conf], shared)
+                _, caught = _judge_replayed(pipeline, _scaled(rec, size), [_scaled(c, size) for c in conf])
                 got, tried = fig.detect.get(size, (0, 0))
                 fig.detect[size] = (got + caught, tried + 1)
         # 2. slowed runs, judged in the plugin flow against the whole history

@@ -106,7 +106,7 @@ class RunState:
     errors: list[str] = field(default_factory=list)  # make the run fail (a baseline that could not be saved)
     unsaved: set[int] = field(default_factory=set)  # id() of records of tests that failed: never saved
     finished: set[int] = field(default_factory=set)  # id() of records of tests whose call ended and passed
-    judge: Any = None  # verdict.Judge of the run (reads each baseline file once)
+    judge: Any = None  # judge.pipeline.Pipeline of the run (reads each baseline file once)
     references: Any = None  # reference.ReferenceStore for figures with no local history (None: --mig-reference none)
     messages: list[str] = field(default_factory=list)
     baseline_errors: list[str] = field(default_factory=list)
@@ -652,7 +652,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     records = item.stash.get(ITEM_RECORDS, [])
     for rec in records:
         rec.health = health
-    failures = _judge(item, records, health)
+    failures = _judge(item, records)
     from .health import failing
 
     failures += failing(health)  # a health sign alone fails the test (an XID, uncorrected ECC errors)
@@ -665,34 +665,26 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     return result
 
 
-def _judge(item: pytest.Item, records: list[ResultRecord], health: dict[str, Any] | None = None) -> list[str]:
-    """Compare this test's records with their stored histories, re-measuring a figure beyond its
+def _judge(item: pytest.Item, records: list[ResultRecord]) -> list[str]:
+    """Judge this test's records through the run's pipeline, re-measuring a figure beyond its
     threshold before it fails; the lines of every failing verdict."""
     if not records:
         return []
     from .baselines import BaselineError, BaselineStore
-    from .verdict import Judge, explain_clock
+    from .judge.pipeline import Pipeline, StoreHistories
 
     config = item.config
     state = _state(config)
     if state.judge is None:
-        state.judge = Judge(BaselineStore(baseline_dir(config)), references=state.references,
-                            improvement_fails=bool(config.getoption("mig_fail_on_improvement")))
+        state.judge = Pipeline(StoreHistories(BaselineStore(baseline_dir(config))), references=state.references,
+                               improvement_fails=bool(config.getoption("mig_fail_on_improvement")))
     tolerance = marker_tolerance(item)
     if tolerance is None:
         tolerance = explicit_tolerance(config)
+    times = confirm_count(config)
     try:
-        verdicts = state.judge.judge(records, tolerance)
-        beyond = [(r, v) for r, v in zip(records, verdicts) if v.failed]
-        times = confirm_count(config)
-        if beyond and times:
-            again = _remeasure(item, times)
-            verdicts = [state.judge.confirm(r, v, again.get(r.metric.name, [])) if v.failed else v
-                        for r, v in zip(records, verdicts)]
-        explain_clock(records, verdicts)
-        from .health import annotate
-
-        annotate(verdicts, records, health)  # a regression measured beside a health sign names it
+        verdicts = state.judge.judge(records, tolerance=tolerance,
+                                     remeasure=(lambda: _remeasure(item, times)) if times else None)
     except BaselineError as exc:
         msg = str(exc)
         if msg not in state.baseline_errors:

@@ -43,7 +43,6 @@ from .baselines import (
     BaselineEntry,
     BaselineError,
     BaselineMeta,
-    BaselineStore,
     fingerprint_value,
     meta_from_record,
     throttle_reasons,
@@ -194,12 +193,12 @@ def incomparable_reason(record: ResultRecord, meta: BaselineMeta) -> str | None:
     return None
 
 
-def _value_text(record: ResultRecord) -> str:
+def value_text(record: ResultRecord) -> str:
     m = record.metric
     return f"{m.name} {format_number(m.value)} {m.unit}".rstrip()
 
 
-def _verdict(record: ResultRecord, outcome: Outcome, message: str, **kw: Any) -> Verdict:
+def make_verdict(record: ResultRecord, outcome: Outcome, message: str, **kw: Any) -> Verdict:
     m = record.metric
     fields: dict[str, Any] = dict(baseline=None, change_pct=None, tolerance=None)
     fields.update(kw)
@@ -277,25 +276,25 @@ def compare(
             partners = {p.metric: p.values for p in whole.timing_partners(baseline_entry)}
     meta = baseline_meta.meta if isinstance(baseline_meta, Baseline) else baseline_meta
     throttled = throttle_reasons(m.info)
-    value_text = _value_text(record)
+    shown = value_text(record)
     if not m.compare:
-        return _verdict(record, "info", f"{value_text} (informational, not compared)", throttled=throttled)
+        return make_verdict(record, "info", f"{shown} (informational, not compared)", throttled=throttled)
     if meta is not None:
         reason = incomparable_reason(record, meta)
         if reason:
-            return _verdict(record, "incomparable", f"{value_text} not compared: {reason}", throttled=throttled)
+            return make_verdict(record, "incomparable", f"{shown} not compared: {reason}", throttled=throttled)
     if baseline_entry is not None and baseline_entry.mode != record.mode:
         other_mode, baseline_entry = baseline_entry.mode, None
     if other_mode is not None:  # no baseline value shown: a figure of other sizes would read as a change
         run_mode = "with --mig-quick" if record.mode == "quick" else "without --mig-quick"
         base_mode = "quick runs (--mig-quick)" if other_mode == "quick" else "normal runs"
-        return _verdict(record, "incomparable",
-                        f"{value_text} not compared: measured {run_mode} but the baseline holds only "
+        return make_verdict(record, "incomparable",
+                            f"{shown} not compared: measured {run_mode} but the baseline holds only "
                         f"{base_mode}, and the workloads' sizes differ; run as the baseline was recorded, or "
                         f"record this mode's with --mig-save-baseline", throttled=throttled)
     if baseline_entry is None or not baseline_entry.runs:
         where = f" in {meta.path or f'{meta.gpu_model} {meta.profile}'}" if meta else ""
-        return _verdict(record, "no-baseline", f"{value_text}: no baseline{where} (record one with --mig-save-baseline)",
+        return make_verdict(record, "no-baseline", f"{shown}: no baseline{where} (record one with --mig-save-baseline)",
                         throttled=throttled)
     e = baseline_entry
     early = _unjudgeable(record, e, throttled)
@@ -315,12 +314,12 @@ def compare_reference(record: ResultRecord, reference: Reference, *, improvement
     meta = reference.baseline.meta
     throttled = throttle_reasons(m.info)
     if not m.compare:
-        return _verdict(record, "info", f"{_value_text(record)} (informational, not compared)", throttled=throttled)
+        return make_verdict(record, "info", f"{value_text(record)} (informational, not compared)", throttled=throttled)
     reason = incomparable_reason(record, meta)
     e = reference.get(record.test, m.name, record.mode)
     if reason or e is None:
         why = reason or f"the reference holds no {record.mode} figure of it"
-        return _verdict(record, "incomparable", f"{_value_text(record)} not compared with the reference: {why}",
+        return make_verdict(record, "incomparable", f"{value_text(record)} not compared with the reference: {why}",
                         throttled=throttled)
     early = _unjudgeable(record, e, throttled)
     if early is not None:
@@ -332,14 +331,14 @@ def compare_reference(record: ResultRecord, reference: Reference, *, improvement
 def _unjudgeable(record: ResultRecord, e: BaselineEntry, throttled: list[str]) -> Verdict | None:
     """Why a record cannot be judged against this history although one exists (None: it can)."""
     m = record.metric
-    value_text = _value_text(record)
+    shown = value_text(record)
     if e.unit != m.unit or e.direction != m.direction:
-        return _verdict(record, "incomparable",
-                        f"{value_text} not compared: the baseline is in {e.unit or 'no unit'}, {e.direction} is better, "
+        return make_verdict(record, "incomparable",
+                            f"{shown} not compared: the baseline is in {e.unit or 'no unit'}, {e.direction} is better, "
                         f"this run in {m.unit or 'no unit'}, {m.direction} is better; re-record the baseline",
                         baseline=e.value, throttled=throttled)
     if not math.isfinite(m.value):
-        return _verdict(record, "incomparable", f"{value_text} not compared: this run's value is {m.value}",
+        return make_verdict(record, "incomparable", f"{shown} not compared: this run's value is {m.value}",
                         baseline=e.value, throttled=throttled)
     return None
 
@@ -350,7 +349,7 @@ def _judged(record: ResultRecord, e: BaselineEntry, b: Band, changes: list[str],
     m = record.metric
     change = (m.value - b.center) / abs(b.center)
     if not math.isfinite(change):  # 1.5e308 against 0.5: no measurement, and no verdict either way
-        return _verdict(record, "incomparable", f"{_value_text(record)} not compared: the change against the "
+        return make_verdict(record, "incomparable", f"{value_text(record)} not compared: the change against the "
                         f"baseline {format_number(b.center)} {m.unit} is too large to be a number; the figure or "
                         f"its history is not a measurement", throttled=throttle_reasons(m.info))
     worse = worse_by(m.value, b.center, m.direction)
@@ -363,7 +362,7 @@ def _judged(record: ResultRecord, e: BaselineEntry, b: Band, changes: list[str],
     else:
         outcome = "pass"
     failed = outcome == "regressed" or (outcome == "improved" and improvement_fails)
-    v = _verdict(record, outcome, "", baseline=b.center, change_pct=change * 100, tolerance=b.limit,
+    v = make_verdict(record, outcome, "", baseline=b.center, change_pct=change * 100, tolerance=b.limit,
                  threshold=b.threshold, sigma=b.sigma, detectable=b.detectable, runs=b.runs, gates=b.gates,
                  basis=b.basis, fingerprint_changes=changes, throttled=throttle_reasons(m.info), failed=failed,
                  source=source, sigma_of=b.sigma_of)
@@ -377,7 +376,7 @@ def _message(v: Verdict, record: ResultRecord, e: BaselineEntry) -> str:
     reference = v.source == "reference"
     if reference:
         runs += " of the reference for this GPU model"
-    msg = (f"{_value_text(record)}, {v.source} {format_number(v.baseline)} {e.unit}".rstrip()
+    msg = (f"{value_text(record)}, {v.source} {format_number(v.baseline)} {e.unit}".rstrip()
            + f" ({runs}): {(v.change_pct or 0):+.1f}%, ")
     if v.outcome == "noisy" and reference and v.sigma is None:
         msg += ("not judged: the reference has one run of it, so its run-to-run noise is unknown; "
@@ -443,12 +442,6 @@ def confirm(verdict: Verdict, record: ResultRecord, entry: BaselineEntry, values
     return v
 
 
-def _tolerance_for(tolerance: float | Mapping[str, float] | None, metric: str) -> float | None:
-    if tolerance is None or isinstance(tolerance, (int, float)):
-        return tolerance
-    return tolerance.get(metric)
-
-
 def reference_prior(references: ReferenceStore | None, rec: ResultRecord) -> float | None:
     """The figure's sigma in the reference of its GPU model and profile (the larger of its own and
     its timing partners'), which a short local history is never judged with less of
@@ -462,96 +455,6 @@ def reference_prior(references: ReferenceStore | None, rec: ResultRecord) -> flo
         return None
     entry = ref.get(rec.test, rec.metric.name, rec.mode) if ref is not None else None
     return ref.band_for(entry).sigma if ref is not None and entry is not None else None
-
-
-class Judge:
-    """Judges records against a baseline store, reading each baseline file once.
-
-    A figure with no history of its own in the store (no file, or no entry for this test, metric
-    and mode) is judged against ``references`` (the shipped reference of its GPU model and
-    profile), where one exists: the site's own history, once saved, takes over figure by figure.
-    ``judge`` gives the first verdicts; ``confirm`` re-judges one of them on its re-measurements.
-    A baseline or reference file that cannot be read raises BaselineError: a broken baseline is an
-    error to fix, not a reason to pass.
-    """
-
-    def __init__(self, store: BaselineStore | None, *, references: ReferenceStore | None = None,
-                 default_tolerance: float = DEFAULT_TOLERANCE, improvement_fails: bool = False) -> None:
-        self.store = store
-        self.references = references
-        self.default_tolerance = default_tolerance
-        self.improvement_fails = improvement_fails
-        self._loaded: dict[tuple[str, str], Baseline | None] = {}
-
-    def baseline(self, rec: ResultRecord) -> Baseline | None:
-        meta = meta_from_record(rec)
-        key = (meta.gpu_slug, meta.profile)
-        if key not in self._loaded:
-            self._loaded[key] = self.store.load(*key) if self.store is not None else None
-        return self._loaded[key]
-
-    def reference(self, rec: ResultRecord) -> Reference | None:
-        """The reference this record is judged against when it has no history of its own (None: none)."""
-        if self.references is None:
-            return None
-        base = self.baseline(rec)
-        if base is not None and base.get(rec.test, rec.metric.name, rec.mode) is not None:
-            return None
-        return self.references.holding(rec)
-
-    def prior(self, rec: ResultRecord) -> float | None:
-        return reference_prior(self.references, rec)
-
-    def judge(self, records: Iterable[ResultRecord],
-              tolerance: float | Mapping[str, float] | None = None) -> list[Verdict]:
-        """Verdicts for one test's records; sets each ``record.verdict``.  ``tolerance`` is the
-        site's explicit one: a fraction for all metrics or a mapping from metric name to fraction."""
-        verdicts: list[Verdict] = []
-        for rec in records:
-            if not rec.metric.compare:
-                v = compare(rec, None, None)
-            elif (ref := self.reference(rec)) is not None:
-                v = compare_reference(rec, ref, improvement_fails=self.improvement_fails)
-            else:
-                base = self.baseline(rec)
-                if base is None:
-                    meta = meta_from_record(rec)
-                    where = f" {self.store.path_for(meta.gpu_slug, meta.profile)}" if self.store is not None else ""
-                    v = _verdict(rec, "no-baseline",
-                                 f"{_value_text(rec)}: no baseline file{where} (record one with --mig-save-baseline)",
-                                 throttled=throttle_reasons(rec.metric.info))
-                else:
-                    v = compare(rec, base, tolerance=_tolerance_for(tolerance, rec.metric.name),
-                                improvement_fails=self.improvement_fails, default_tolerance=self.default_tolerance,
-                                prior=self.prior(rec))
-            rec.verdict = v.to_dict()
-            verdicts.append(v)
-        return verdicts
-
-    def confirm(self, rec: ResultRecord, verdict: Verdict, values: Sequence[float]) -> Verdict:
-        """The verdict re-judged on the median of the first measurement and ``values``."""
-        ref = self.reference(rec) if verdict.source == "reference" else None
-        history = ref.baseline if ref is not None else self.baseline(rec)
-        entry = history.get(rec.test, rec.metric.name, rec.mode) if history is not None else None
-        if entry is None:
-            return verdict
-        v = confirm(verdict, rec, entry, values, improvement_fails=self.improvement_fails)
-        rec.verdict = v.to_dict()
-        return v
-
-
-def judge(
-    records: Iterable[ResultRecord],
-    store: BaselineStore | None,
-    *,
-    tolerance: float | Mapping[str, float] | None = None,
-    default_tolerance: float = DEFAULT_TOLERANCE,
-    improvement_fails: bool = False,
-) -> list[Verdict]:
-    """Verdicts for one test's records against the store (CPU runs too: a CPU baseline is a real
-    measurement, its noise just gives it wide thresholds); sets each ``record.verdict``."""
-    return Judge(store, default_tolerance=default_tolerance,
-                 improvement_fails=improvement_fails).judge(records, tolerance)
 
 
 def explain_clock(records: Sequence[ResultRecord], verdicts: Sequence[Verdict]) -> list[Verdict]:
@@ -598,8 +501,8 @@ def failure_text(verdicts: Sequence[Verdict]) -> str:
 
 
 __all__ = [
-    "DEFAULT_TOLERANCE", "DETECT_Z", "EMULATED_SUFFIX", "FINGERPRINT_FIELDS", "Judge", "OUTCOMES", "Outcome",
+    "DEFAULT_TOLERANCE", "DETECT_Z", "EMULATED_SUFFIX", "FINGERPRINT_FIELDS", "OUTCOMES", "Outcome",
     "Verdict", "compare", "compare_reference", "confirm", "explain_clock", "failing", "failure_text",
     "fingerprint_changes", "fingerprint_diff", "format_number",
-    "incomparable_reason", "judge", "parse_tolerance", "worse_by",
+    "incomparable_reason", "make_verdict", "parse_tolerance", "reference_prior", "value_text", "worse_by",
 ]

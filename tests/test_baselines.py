@@ -24,7 +24,8 @@ from pytest_mig.baselines import (
 )
 from pytest_mig.measure import Metric
 from pytest_mig.results import ResultRecord
-from pytest_mig.verdict import compare, judge
+from pytest_mig.judge.pipeline import Pipeline, StoreHistories
+from pytest_mig.verdict import compare
 
 FP = {"driver": "580.159.04", "cuda_driver": "13.0", "vbios": "96.00.B5.00.02", "gsp": "580.159.04",
       "ecc": "on", "power_limit_w": 700, "torch": "2.13.0", "gpu_name": "NVIDIA H200", "memory_total_mib": 143771}
@@ -323,7 +324,7 @@ def test_a_corrupt_file_is_one_sentence_naming_it_and_never_overwritten(
     assert str(refused.value) == message
     assert path.read_bytes() == broken  # the save refused; the file is as the person left it
     with pytest.raises(BaselineError):  # nor is it judged against: a broken baseline is an error to fix
-        judge([rec(149.0)], store)
+        Pipeline(StoreHistories(store)).judge([rec(149.0)])
     records, problems = store.records()
     assert records == [] and problems == [message]
 
@@ -344,7 +345,7 @@ def test_other_files_of_the_store_are_still_read(store: BaselineStore) -> None:
 def test_baseline_of_another_gpu_model_is_never_compared(store: BaselineStore) -> None:
     store.save([rec(100.0, profile="3g.40gb", gpu="NVIDIA A100-SXM4-80GB", slug="nvidia-a100-sxm4-80gb")])
     h100 = rec(50.0, profile="3g.40gb", gpu="NVIDIA H100 80GB HBM3", slug="nvidia-h100-80gb-hbm3")
-    v = judge([h100], store)[0]
+    v = Pipeline(StoreHistories(store)).judge([h100])[0]
     assert v.outcome == "no-baseline" and not v.failed and v.baseline is None and v.change_pct is None
     assert "nvidia-h100-80gb-hbm3/3g.40gb.json" in v.message
 
@@ -358,13 +359,13 @@ def test_baseline_of_another_gpu_model_is_never_compared(store: BaselineStore) -
     target.parent.mkdir(parents=True)
     target.write_bytes(a100.meta.path.read_bytes())  # type: ignore[union-attr]
     with pytest.raises(BaselineError, match="kept in folder 'nvidia-h100-80gb-hbm3'"):
-        judge([h100], store)
+        Pipeline(StoreHistories(store)).judge([h100])
 
 
 def test_an_emulated_run_is_not_saved_into_or_judged_against_a_real_slice(store: BaselineStore) -> None:
     saved(store, rec(151.7))
     emulated = rec(60.0, emulated=True)
-    v = judge([emulated], store)[0]
+    v = Pipeline(StoreHistories(store)).judge([emulated])[0]
     assert v.outcome == "no-baseline" and "3g.71gb-emulated.json" in v.message
     store.save([emulated])
     base = store.load("nvidia-h200", "3g.71gb")

@@ -3,7 +3,7 @@
 J/token is power x step time / tokens.  When the steps slow down (a host-bound small batch), power
 drops, but not in proportion, so J/token moves with tokens/s even where its own history happened to
 be quiet.  These tests hold the rule (pytest_mig.measure.timing_partners, noise.band's and
-noise.reference_band's ``partners``) wherever a figure is judged: the plugin's Judge against a
+noise.reference_band's ``partners``) wherever a figure is judged: the judging pipeline against a
 local history and against a shipped reference, ``pytest-mig compare``, calibrate's threshold table,
 the detection analysis and ``devices``' judged counts.  The values are synthetic.
 """
@@ -22,7 +22,7 @@ from pytest_mig.measure import Metric, timing_partners
 from pytest_mig.noise import FEW_RUNS_BAND, K, REFERENCE_FLOOR, band, reference_band, run_sigma, spread
 from pytest_mig.reference import ReferenceStore, build
 from pytest_mig.results import ResultRecord, read_results, write_results
-from pytest_mig.verdict import Judge
+from pytest_mig.judge.pipeline import Pipeline, StoreHistories
 
 TRAIN = "benchmarks/test_training.py::test_training[gpt2-small-full-fixed]"
 GEMM = "benchmarks/test_gemm.py::test_gemm[bf16]"
@@ -106,11 +106,12 @@ def test_a_local_history_does_not_fail_energy_that_moved_with_a_rate_too_noisy_t
         noisy.save(training_run(tokens, joules))
         quiet.save(training_run(100.0 + (joules - 100.0) / 3, joules))  # a steady rate: the energy alone moved
     slow = training_run(85.0, 112.0)
-    v = {x.metric: x for x in Judge(noisy).judge(slow)}["energy_j_per_token"]
+    v = {x.metric: x for x in Pipeline(StoreHistories(noisy)).judge(slow)}["energy_j_per_token"]
     assert v.outcome == "noisy" and not v.failed and v.sigma_of in ("tokens_per_s", "step_time_s")
     assert f"(that of {v.sigma_of}, whose timing it shares)" in v.message
     # where the rate is steady, the same +12% in energy alone is a regression
-    v = {x.metric: x for x in Judge(quiet).judge(training_run(100.0, 112.0))}["energy_j_per_token"]
+    v = {x.metric: x for x in Pipeline(StoreHistories(quiet)).judge(training_run(100.0, 112.0))}[
+        "energy_j_per_token"]
     assert v.outcome == "regressed" and v.failed and v.sigma_of is None
 
 
@@ -119,7 +120,7 @@ def test_gemm_energy_is_judged_with_the_sustained_rate_not_the_noisier_headline(
     for n, q in zip(NOISY, QUIET):
         store.save([rec("bf16_tflops", n * 7, GEMM), rec("bf16_sustained_tflops", q * 7, GEMM),
                     rec("bf16_energy_j_per_tflop", q, GEMM)])
-    verdicts = {v.metric: v for v in Judge(store).judge([rec("bf16_tflops", 700.0, GEMM),
+    verdicts = {v.metric: v for v in Pipeline(StoreHistories(store)).judge([rec("bf16_tflops", 700.0, GEMM),
                                                           rec("bf16_sustained_tflops", 700.0, GEMM),
                                                           rec("bf16_energy_j_per_tflop", 110.0, GEMM)])}
     energy = verdicts["bf16_energy_j_per_tflop"]
@@ -134,7 +135,8 @@ def test_a_reference_does_not_judge_energy_whose_rate_varies_between_its_runs(tm
         files.append(path)
     build(files, tmp_path / "ref")
     refs = ReferenceStore(tmp_path / "ref")
-    verdicts = {v.metric: v for v in Judge(None, references=refs).judge(training_run(85.0, 112.0))}
+    pipeline = Pipeline(StoreHistories(None), references=refs)
+    verdicts = {v.metric: v for v in pipeline.judge(training_run(85.0, 112.0))}
     energy = verdicts["energy_j_per_token"]
     assert energy.source == "reference" and energy.outcome == "noisy" and not energy.failed
     assert "too noisy to judge against another board" in energy.message and "whose timing it shares" in energy.message

@@ -10,6 +10,7 @@ import topologies
 from test_verdict_flow import BENCH, QUIET, STEADY, TEST_ID, rate_record
 
 from pytest_mig import health
+from pytest_mig.cli import compare_records
 from pytest_mig.health import (
     Reader,
     Snapshot,
@@ -18,6 +19,7 @@ from pytest_mig.health import (
     link_note,
     state_signs,
 )
+from pytest_mig.results import read_results
 
 # --------------------------------------------------------------------------- link arithmetic
 
@@ -269,3 +271,22 @@ def test_a_history_is_not_needed_for_health(h200_health: Callable[..., pytest.Ru
     """Health signs are judged without any baseline: a first run on a sick board already fails."""
     result = h200_health(topologies.with_gpu(H200, 0, ecc_counts=(0, 1, 0, 1)))
     assert result.ret == 1
+
+
+def test_compare_on_recorded_runs_gives_the_plugin_s_verdicts_health_notes_included(
+        h200_health: Callable[..., pytest.RunResult], pytester: pytest.Pytester, mig_env: pytest.MonkeyPatch) -> None:
+    """One judge: `pytest-mig compare` on the nights' results files says what the plugin said."""
+    nights = []
+    for i, rate in enumerate(STEADY):
+        mig_env.setenv("RATE", str(rate))
+        nights.append(f"n{i}.json")
+        h200_health(H200, "--mig-save-baseline", "--mig-results", nights[-1]).assert_outcomes(passed=1)
+    mig_env.setenv("RATE", "90")
+    busy = topologies.with_busy(H200, topologies.H200_GPU0, pid=1234)
+    h200_health(busy, "--mig-results", "r.json").assert_outcomes(failed=1)
+    plugin = {r.metric.name: r.verdict for r in read_results(pytester.path / "r.json")}
+    assert "the likely cause" in plugin["rate"]["message"] and plugin["rate"]["outcome"] == "regressed"
+
+    new = read_results(pytester.path / "r.json")
+    verdicts = compare_records([read_results(pytester.path / n) for n in nights], new)
+    assert {v.metric: v.to_dict() for v in verdicts} == plugin

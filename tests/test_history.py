@@ -17,7 +17,7 @@ from pytest_mig.baselines import BaselineStore
 from pytest_mig.cli import main
 from pytest_mig.history import collect, render, write_page
 from pytest_mig.results import write_results
-from pytest_mig.verdict import Judge
+from pytest_mig.judge.pipeline import Pipeline, StoreHistories
 
 NEW_DRIVER = {**FP_OLD, "driver": "590.10.02"}
 
@@ -36,7 +36,7 @@ def nights(tmp_path: Path, values: list[float], *, driver_from: int | None = Non
                                                         fingerprint=dict(fp))]
         for r in recs:
             r.timestamp = f"2026-11-{10 + i:02d}T02:00:00+00:00"
-        Judge(store).judge(recs)
+        Pipeline(StoreHistories(store)).judge(recs)
         path = tmp_path / f"night-{i}.json"
         write_results(path, recs)
         if save:

@@ -108,7 +108,7 @@ def test_a_short_history_borrows_the_references_sigma_until_it_has_ten_runs() ->
 
 def test_the_judge_takes_the_prior_from_the_shipped_reference() -> None:
     from pytest_mig.reference import ReferenceStore
-    from pytest_mig.verdict import Judge
+    from pytest_mig.verdict import reference_prior
 
     refs = ReferenceStore()
     ref = refs.load("nvidia-h100-80gb-hbm3", "full")
@@ -118,5 +118,5 @@ def test_the_judge_takes_the_prior_from_the_shipped_reference() -> None:
               "gpu_slug": "nvidia-h100-80gb-hbm3"}
     rec = ResultRecord(entry.test, Metric(entry.metric, entry.value, entry.unit, entry.direction, kind=entry.kind),
                        target, {}, mode=entry.mode)
-    assert Judge(None, references=refs).prior(rec) == pytest.approx(ref.band_for(entry).sigma)
-    assert Judge(None, references=None).prior(rec) is None
+    assert reference_prior(refs, rec) == pytest.approx(ref.band_for(entry).sigma)
+    assert reference_prior(None, rec) is None

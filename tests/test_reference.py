@@ -25,7 +25,8 @@ from pytest_mig.reference import (
     pooled_sigma,
 )
 from pytest_mig.results import ResultRecord, write_results
-from pytest_mig.verdict import Judge, compare_reference
+from pytest_mig.judge.pipeline import Pipeline, StoreHistories
+from pytest_mig.verdict import compare_reference
 
 BOARD = {**FP_OLD, "gpu_uuid": "GPU-aaaaaaaa-0000-0000-0000-000000000001"}
 
@@ -230,7 +231,7 @@ def test_the_header_says_how_many_figures_the_reference_judges(tmp_path: Path, r
 
 def test_with_no_local_history_a_figure_is_judged_against_the_reference(tmp_path: Path,
                                                                         refs: ReferenceStore) -> None:
-    judge = Judge(BaselineStore(tmp_path / "baselines"), references=refs)
+    judge = Pipeline(StoreHistories(BaselineStore(tmp_path / "baselines")), references=refs)
     (ok,) = judge.judge([record(95.0, fingerprint=dict(BOARD))])
     assert ok.outcome == "pass" and ok.source == "reference" and ok.threshold == REFERENCE_FLOOR
     (bad,) = judge.judge([record(85.0)])
@@ -242,7 +243,7 @@ def test_with_no_local_history_a_figure_is_judged_against_the_reference(tmp_path
 
 def test_a_figure_too_noisy_across_the_reference_runs_is_reported_not_judged(tmp_path: Path,
                                                                             refs: ReferenceStore) -> None:
-    (v,) = Judge(None, references=refs).judge([record(70.0, name="small_batch_tflops")])
+    (v,) = Pipeline(StoreHistories(None), references=refs).judge([record(70.0, name="small_batch_tflops")])
     assert v.outcome == "noisy" and not v.failed
     assert "too noisy to judge against another board" in v.message
 
@@ -257,14 +258,14 @@ def test_the_reference_fingerprint_is_shown_beside_this_gpus() -> None:
 def test_a_local_baseline_takes_over_figure_by_figure(tmp_path: Path, refs: ReferenceStore) -> None:
     store = BaselineStore(tmp_path / "baselines")
     store.save([record(85.0)])  # this GPU's own history of fp16_tflops: one run at 85
-    judge = Judge(store, references=refs)
+    judge = Pipeline(StoreHistories(store), references=refs)
     own, other = judge.judge([record(85.0), record(100.0, name="small_batch_tflops")])
     assert own.source == "baseline" and own.outcome == "pass"  # against its own 85, not the reference's 100
     assert other.source == "reference"  # no local history of this figure yet
 
 
 def test_a_reference_regression_is_re_measured_against_the_reference(tmp_path: Path, refs: ReferenceStore) -> None:
-    judge = Judge(BaselineStore(tmp_path / "none"), references=refs)
+    judge = Pipeline(StoreHistories(BaselineStore(tmp_path / "none")), references=refs)
     rec = record(80.0)
     (v,) = judge.judge([rec])
     assert judge.confirm(rec, v, [99.0, 98.0]).outcome == "transient"
@@ -272,7 +273,7 @@ def test_a_reference_regression_is_re_measured_against_the_reference(tmp_path: P
 
 
 def test_another_profile_or_mode_is_never_compared_with_a_reference(refs: ReferenceStore) -> None:
-    judge = Judge(None, references=refs)
+    judge = Pipeline(StoreHistories(None), references=refs)
     (quick,) = judge.judge([record(100.0, mode="quick")])
     (other,) = judge.judge([record(100.0, profile="1g.18gb")])
     assert quick.outcome == other.outcome == "no-baseline"

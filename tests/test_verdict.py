@@ -13,15 +13,14 @@ from pytest_mig.baselines import BaselineStore, entry_from_records, meta_from_re
 from pytest_mig.measure import Metric
 from pytest_mig.noise import FEW_RUNS_BAND, FLOOR, K, band, run_sigma
 from pytest_mig.results import ResultRecord
+from pytest_mig.judge.pipeline import Pipeline, StoreHistories
 from pytest_mig.verdict import (
-    Judge,
     compare,
     confirm,
     explain_clock,
     failing,
     failure_text,
     fingerprint_diff,
-    judge,
     parse_tolerance,
 )
 
@@ -244,12 +243,14 @@ def test_the_judge_reads_each_file_once_and_confirms(tmp_path: Path, monkeypatch
     loads = []
     real = store.load
     monkeypatch.setattr(store, "load", lambda *a: loads.append(a) or real(*a))
-    j = Judge(store)
+    j = Pipeline(StoreHistories(store))
     recs = [record(95.0), record(3.9, name="copy_tbs", unit="TB/s", kind="memory")]
     verdicts = j.judge(recs)
     assert [v.outcome for v in verdicts] == ["regressed", "pass"] and len(loads) == 1
     v = j.confirm(recs[0], verdicts[0], [99.9, 100.1])
-    assert v.outcome == "transient" and recs[0].verdict is not None and recs[0].verdict["outcome"] == "transient"
+    assert v.outcome == "transient"
+    (again,) = j.judge(recs[:1], remeasure=lambda: {recs[0].metric.name: [99.9, 100.1]})
+    assert again.outcome == "transient" and recs[0].verdict is not None and recs[0].verdict["outcome"] == "transient"
     assert len(loads) == 1
 
 
@@ -274,11 +275,13 @@ def test_the_clock_normalised_partner_says_whether_the_clock_or_the_kernel_moved
 
 def test_judge_against_a_store_cpu_runs_included(tmp_path: Path) -> None:
     store = BaselineStore(tmp_path / "baselines")
-    assert [v.outcome for v in judge([record(100.0)], store)] == ["no-baseline"]
+    assert [v.outcome for v in Pipeline(StoreHistories(store)).judge([record(100.0)])] == ["no-baseline"]
     for v in QUIET:
         store.save([record(v, target_kind="cpu", profile="cpu")])
-    assert [v.outcome for v in judge([record(99.9, target_kind="cpu", profile="cpu")], store)] == ["pass"]
-    assert [v.outcome for v in judge([record(80.0, target_kind="cpu", profile="cpu")], store)] == ["regressed"]
+    assert [v.outcome for v in Pipeline(StoreHistories(store)).judge(
+        [record(99.9, target_kind="cpu", profile="cpu")])] == ["pass"]
+    assert [v.outcome for v in Pipeline(StoreHistories(store)).judge(
+        [record(80.0, target_kind="cpu", profile="cpu")])] == ["regressed"]
     assert (tmp_path / "baselines" / "cpu" / "cpu.json").exists()
 
 

@@ -1,0 +1,1 @@
+"""Judging: a figure against its history, its reference and the ideal scaling between profiles."""

@@ -1,0 +1,226 @@
+"""One judging pipeline: a test's records against their histories, confirmed, explained.
+
+Every figure is judged by :class:`Pipeline`, wherever it is judged: the plugin (each test as it
+ends), ``pytest-mig compare`` (a results file against earlier ones), the detection analysis (a
+replay of recorded nights) and node mode's workers (each a plugin run).  The steps, in order:
+
+1. the first verdict: against the figure's own history (:func:`pytest_mig.verdict.compare`), else
+   the reference of its GPU model and profile (:func:`pytest_mig.verdict.compare_reference`), else
+   why neither exists;
+2. a verdict beyond its threshold is re-judged on re-measurements (:func:`pytest_mig.verdict.confirm`):
+   the plugin runs the test again, compare and detection read the ones the run recorded;
+3. a throughput verdict says whether its clock-normalised partner moved too
+   (:func:`pytest_mig.verdict.explain_clock`);
+4. a regression measured beside a health sign names it (:func:`pytest_mig.health.annotate`).
+
+Only where a figure's history comes from differs, behind :class:`Histories`: the site's baseline
+files (:class:`StoreHistories`) or earlier results files (:class:`RecordHistories`).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Mapping, Protocol, Sequence
+
+from ..baselines import (
+    DEFAULT_TOLERANCE,
+    Baseline,
+    BaselineEntry,
+    BaselineMeta,
+    BaselineStore,
+    entry_from_records,
+    meta_from_record,
+    throttle_reasons,
+)
+from ..health import annotate
+from ..reference import Reference, ReferenceStore
+from ..results import ResultRecord
+from ..verdict import (
+    Verdict,
+    compare,
+    compare_reference,
+    confirm,
+    explain_clock,
+    format_number,
+    make_verdict,
+    reference_prior,
+    value_text,
+)
+
+#: A site's explicit tolerance: one fraction for every metric, or one per metric name.
+Tolerance = float | Mapping[str, float] | None
+#: Re-measurements of a test's figures, by metric name (called only when a figure is beyond its threshold).
+Remeasure = Callable[[], Mapping[str, Sequence[float]]]
+
+
+class Histories(Protocol):
+    """Where a figure's history comes from."""
+
+    def load(self, gpu_slug: str, profile: str) -> Baseline | None:
+        """The histories of one GPU model and profile (None: there are none)."""
+
+    def missing(self, rec: ResultRecord, base: Baseline | None) -> Verdict:
+        """The verdict of a figure with no history of its own (``base``: its GPU model and profile's)."""
+
+    def elsewhere(self, rec: ResultRecord) -> tuple[BaselineEntry, BaselineMeta] | None:
+        """A history of the figure measured elsewhere (another GPU model, profile or mode), which
+        makes the verdict say why it is not compared (None: no such history is known)."""
+
+
+class StoreHistories:
+    """The site's baseline files, each read once per run."""
+
+    def __init__(self, store: BaselineStore | None) -> None:
+        self.store = store
+        self._loaded: dict[tuple[str, str], Baseline | None] = {}
+
+    def load(self, gpu_slug: str, profile: str) -> Baseline | None:
+        key = (gpu_slug, profile)
+        if key not in self._loaded:
+            self._loaded[key] = self.store.load(*key) if self.store is not None else None
+        return self._loaded[key]
+
+    def missing(self, rec: ResultRecord, base: Baseline | None) -> Verdict:
+        if base is not None:  # the file exists: the rule says why this figure has no history in it
+            return compare(rec, base)
+        meta = meta_from_record(rec)
+        where = f" {self.store.path_for(meta.gpu_slug, meta.profile)}" if self.store is not None else ""
+        return make_verdict(rec, "no-baseline",
+                            f"{value_text(rec)}: no baseline file{where} (record one with --mig-save-baseline)",
+                            throttled=throttle_reasons(rec.metric.info))
+
+    def elsewhere(self, rec: ResultRecord) -> tuple[BaselineEntry, BaselineMeta] | None:
+        return None
+
+
+class RecordHistories:
+    """Histories made of earlier runs' records (results files), oldest first: each figure's history
+    is its records on the same GPU model and profile, as a baseline that had saved them would hold."""
+
+    def __init__(self, runs: Iterable[Iterable[ResultRecord]]) -> None:
+        self._by_key: dict[tuple[str, str, str], list[ResultRecord]] = {}
+        groups: dict[tuple[str, str], dict[tuple[str, str, str], list[ResultRecord]]] = {}
+        metas: dict[tuple[str, str], BaselineMeta] = {}
+        for run in runs:
+            for r in run:
+                key = (r.test, r.metric.name, r.mode)
+                self._by_key.setdefault(key, []).append(r)
+                meta = meta_from_record(r)
+                where = (meta.gpu_slug, meta.profile)
+                groups.setdefault(where, {}).setdefault(key, []).append(r)
+                metas[where] = meta
+        self._baselines = {where: Baseline(meta=metas[where],
+                                           entries={k: entry_from_records(recs) for k, recs in entries.items()})
+                           for where, entries in groups.items()}
+
+    def load(self, gpu_slug: str, profile: str) -> Baseline | None:
+        return self._baselines.get((gpu_slug, profile))
+
+    def missing(self, rec: ResultRecord, base: Baseline | None) -> Verdict:
+        v = compare(rec, None, None)
+        if v.outcome == "no-baseline":
+            m = rec.metric
+            v.message = f"{m.name} {format_number(m.value)} {m.unit}: not in the old files"
+        return v
+
+    def elsewhere(self, rec: ResultRecord) -> tuple[BaselineEntry, BaselineMeta] | None:
+        others = [c for mode in ("normal", "quick") for c in self._by_key.get((rec.test, rec.metric.name, mode), [])]
+        return (entry_from_records([others[-1]]), meta_from_record(others[-1])) if others else None
+
+
+class Pipeline:
+    """Judges records against ``histories``, falling back on ``references`` for a figure with no
+    history of its own: a site's first night, until its own history takes over figure by figure.
+
+    A baseline or reference file that cannot be read raises BaselineError: a broken baseline is an
+    error to fix, not a reason to pass.
+    """
+
+    def __init__(self, histories: Histories, *, references: ReferenceStore | None = None,
+                 improvement_fails: bool = False, default_tolerance: float = DEFAULT_TOLERANCE) -> None:
+        self.histories = histories
+        self.references = references
+        self.improvement_fails = improvement_fails
+        self.default_tolerance = default_tolerance
+
+    def judge(self, records: Sequence[ResultRecord], *, tolerance: Tolerance = None,
+              remeasure: Remeasure | None = None) -> list[Verdict]:
+        """The verdicts of one test's records, through every step; sets each ``record.verdict``.
+
+        ``remeasure`` gives the re-measurements of the test's figures when one is beyond its
+        threshold (None: none are taken, the first verdict stands)."""
+        verdicts = [self.first(rec, tolerance) for rec in records]
+        if remeasure is not None and any(v.failed for v in verdicts):
+            again = remeasure()
+            verdicts = [self.confirm(rec, v, again.get(rec.metric.name, [])) if v.failed else v
+                        for rec, v in zip(records, verdicts)]
+        explain_clock(records, verdicts)
+        health = next((r.health for r in records if r.health), None)
+        annotate(verdicts, records, health)
+        for rec, v in zip(records, verdicts):
+            rec.verdict = v.to_dict()
+        return verdicts
+
+    def judge_runs(self, records: Sequence[ResultRecord], *, tolerance: Tolerance = None) -> list[Verdict]:
+        """The verdicts of a whole run's records (many tests), each test judged on the re-measurements
+        its own run recorded (``verdict.confirmations``), in the records' order."""
+        by_test: dict[str, list[int]] = {}
+        for i, rec in enumerate(records):
+            by_test.setdefault(rec.test, []).append(i)
+        out: list[Verdict | None] = [None] * len(records)
+        for idx in by_test.values():
+            mine = [records[i] for i in idx]
+            taken = {r.metric.name: list((r.verdict or {}).get("confirmations") or []) for r in mine}
+            for i, v in zip(idx, self.judge(mine, tolerance=tolerance, remeasure=lambda: taken)):
+                out[i] = v
+        return [v for v in out if v is not None]
+
+    def reference(self, rec: ResultRecord) -> Reference | None:
+        """The reference this record is judged against when it has no history of its own (None: none)."""
+        if self.references is None:
+            return None
+        meta = meta_from_record(rec)
+        base = self.histories.load(meta.gpu_slug, meta.profile)
+        if base is not None and base.get(rec.test, rec.metric.name, rec.mode) is not None:
+            return None
+        return self.references.holding(rec)
+
+    def first(self, rec: ResultRecord, tolerance: Tolerance = None) -> Verdict:
+        """The verdict on the first measurement."""
+        if not rec.metric.compare:
+            return compare(rec, None, None)
+        ref = self.reference(rec)
+        if ref is not None:
+            return compare_reference(rec, ref, improvement_fails=self.improvement_fails)
+        meta = meta_from_record(rec)
+        base = self.histories.load(meta.gpu_slug, meta.profile)
+        tol = _tolerance_for(tolerance, rec.metric.name)
+        if base is None or base.get(rec.test, rec.metric.name, rec.mode) is None:
+            alt = self.histories.elsewhere(rec)
+            if alt is not None:
+                return compare(rec, *alt, tolerance=tol, improvement_fails=self.improvement_fails)
+            if base is None or base.other_mode(rec.test, rec.metric.name, rec.mode) is None:
+                return self.histories.missing(rec, base)
+        return compare(rec, base, tolerance=tol, improvement_fails=self.improvement_fails,
+                       default_tolerance=self.default_tolerance, prior=reference_prior(self.references, rec))
+
+    def confirm(self, rec: ResultRecord, verdict: Verdict, values: Sequence[float]) -> Verdict:
+        """The verdict re-judged on the median of the first measurement and ``values``."""
+        ref = self.reference(rec) if verdict.source == "reference" else None
+        if ref is not None:
+            history: Baseline | None = ref.baseline
+        else:
+            meta = meta_from_record(rec)
+            history = self.histories.load(meta.gpu_slug, meta.profile)
+        entry = history.get(rec.test, rec.metric.name, rec.mode) if history is not None else None
+        if entry is None:
+            return verdict
+        return confirm(verdict, rec, entry, values, improvement_fails=self.improvement_fails)
+
+
+def _tolerance_for(tolerance: Tolerance, metric: str) -> float | None:
+    if tolerance is None or isinstance(tolerance, (int, float)):
+        return tolerance
+    return tolerance.get(metric)
+
+
+__all__ = ["Histories", "Pipeline", "RecordHistories", "Remeasure", "StoreHistories", "Tolerance"]
