@@ -20,8 +20,9 @@ through this module, so that one set of rules holds everywhere:
   keeps receiving runs.  A dangling link whose target's folder does not exist, and a path that is a
   folder, are refused.
 - **Device nodes are never replaced** (:func:`writes_through`): a character device or a pipe
-  (``/dev/null``, ``/dev/stdout``, a FIFO) is opened and written, as a shell's ``>`` would; a block
-  device, a socket or any other node that is not a regular file is refused.
+  (``/dev/null``, a FIFO) or one of the process's own streams (``/dev/stdout``) is opened and
+  appended to, as a shell's ``>>`` would; a block device, a socket or any other node that is not a
+  regular file is refused.
 - **An output never replaces what a site keeps** (:func:`check_output`, :func:`distinct_outputs`):
   before the run, each output path that exists is read for what it is; a baseline history, a
   reference file, a results file, or a JSON file inside the baseline folder or a reference folder is
@@ -136,14 +137,21 @@ def validate(doc: Any, schema: Mapping[str, Any], where: str) -> None:
     raise FileProblem(f"{where}: {'at ' + at + ': ' if at else ''}{what}")
 
 
+#: Paths that name one of the process's open files (its output, wherever a shell sent it).
+STREAMS = ("/dev/stdout", "/dev/stderr")
+STREAM_FOLDERS = ("/dev/fd/", "/proc/self/fd/")
+
+
 def writes_through(path: Path) -> bool:
-    """Whether ``path`` (links followed) is a character device or a pipe: ``/dev/null``,
-    ``/dev/stdout``, a FIFO.  Such a path is opened and written, never replaced by a regular file."""
+    """Whether ``path`` (links followed) is a character device or a pipe (``/dev/null``, a FIFO), or
+    names one of the process's open files (``/dev/stdout``, ``/dev/fd/3``, even where a shell sent it
+    into a file).  Such a path is opened and appended to, never replaced by a regular file."""
     try:
         mode = os.stat(path).st_mode
     except (OSError, ValueError):
         return False
-    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
+    text = str(path)
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode) or text in STREAMS or text.startswith(STREAM_FOLDERS)
 
 
 def _odd_node(path: Path) -> str | None:
@@ -184,10 +192,11 @@ def write_target(path: Path) -> Path:
 
 def kept_file(path: Path, folders: Sequence[tuple[Path, str]] = ()) -> str | None:
     """What an existing regular file at ``path`` is, when it is something a site keeps: 'a baseline
-    history', 'a reference file', 'a results file' (by the ``schema`` its strict reader checks), or 'a
-    file of <folder>' for any JSON file inside one of ``folders`` ((folder, what it is) pairs: the
-    baseline folder, the reference folders), whatever it holds.  None for anything else: a path that
-    does not exist, a device, a file of another kind (last night's report)."""
+    history', 'a reference file', 'a results file' (by the ``schema`` its reader checks, read leniently
+    here so that a damaged one is still known), or 'a file of <folder>' for any JSON file inside one
+    of ``folders`` ((folder, what it is) pairs: the baseline folder, the reference folders), whatever
+    it holds.  None for anything else: a path that does not exist, a device, a file of another kind
+    (last night's report)."""
     path = Path(path)
     try:
         info = os.stat(path)
@@ -197,9 +206,9 @@ def kept_file(path: Path, folders: Sequence[tuple[Path, str]] = ()) -> str | Non
         return None
     schema, doc = None, None
     if 0 < info.st_size <= KIND_READ_LIMIT:
-        try:
-            doc = read_json(path, allow_nan=True)
-        except FileProblem:
+        try:  # read leniently: a history with a key given twice is still a history to keep
+            doc = json.loads(path.read_bytes().decode("utf-8", errors="replace"))
+        except (OSError, ValueError, RecursionError):
             doc = None
         schema = doc.get("schema") if isinstance(doc, dict) else None
     if isinstance(schema, str) and isinstance(doc, dict):
@@ -221,9 +230,9 @@ def check_output(path: Path, option: str, folders: Sequence[tuple[Path, str]] = 
     """Refuse, before the run, an output path that names something no output may replace: a folder, a
     dangling link into no folder, a block device or socket, or what :func:`kept_file` finds (a
     history, a reference, a results file, a JSON file of the baseline or a reference folder).  A new
-    path, an ordinary file (the option's own earlier output) and a character device or pipe (written
-    through) pass.  ``results``: the path is --mig-results, whose existing results file is another
-    run's.  FileProblem: one sentence naming the option and the file."""
+    path, an ordinary file (the option's own earlier output) and a path written through
+    (:func:`writes_through`) pass.  ``results``: the path is --mig-results, whose existing results
+    file is another run's.  FileProblem: one sentence naming the option and the file."""
     path = Path(path)
     shown = f"{option}{'' if option.endswith('=') else ' '}{printable(path)}"
     if writes_through(path):
@@ -253,8 +262,8 @@ def _identity(path: Path) -> tuple[Any, ...]:
 
 def distinct_outputs(outputs: Sequence[tuple[str, Path]]) -> None:
     """Refuse two outputs of one run that name the same file (the same path spelled twice, through a
-    link, or a hard link): the second would replace the first.  Outputs written through a character
-    device or a pipe may share it.  FileProblem naming both options."""
+    link, or a hard link): the second would replace the first.  Outputs written through
+    (:func:`writes_through`: ``/dev/null``, ``/dev/stdout``) may share it.  FileProblem naming both options."""
     seen: dict[tuple[Any, ...], tuple[str, Path]] = {}
     for option, path in outputs:
         if writes_through(path):
@@ -302,7 +311,7 @@ def atomic_write_text(path: Path, text: str, check: Callable[[str], Any] | None 
     if writes_through(path):
         if check is not None:
             check(text)
-        with open(path, "w", encoding="utf-8") as fh:
+        with open(path, "a", encoding="utf-8") as fh:  # a log /dev/stdout was sent to is added to, not cut
             fh.write(text)
         return Path(path)
     real = write_target(path)
@@ -347,6 +356,6 @@ def _sync_folder(folder: Path) -> None:
         os.close(fd)
 
 
-__all__ = ["KIND_READ_LIMIT", "MAX_DEPTH", "FileProblem", "atomic_write_text", "check_output", "depth",
-           "distinct_outputs", "kept_file", "output_file", "parse_json", "read_json", "validate", "write_target",
-           "writes_through"]
+__all__ = ["KIND_READ_LIMIT", "MAX_DEPTH", "STREAMS", "STREAM_FOLDERS", "FileProblem", "atomic_write_text",
+           "check_output", "depth", "distinct_outputs", "kept_file", "output_file", "parse_json", "read_json",
+           "validate", "write_target", "writes_through"]

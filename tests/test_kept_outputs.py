@@ -5,6 +5,7 @@ device nodes made with os.mknod where this user may)."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -84,16 +85,16 @@ def test_the_shipped_references_are_known_as_references() -> None:
 
     full = next(SHIPPED.glob("*/full.json"))
     assert kept_file(full) == "a reference file"
-    assert kept_file(SHIPPED / "batches.json", [(SHIPPED, "the shipped references")]) == \
-        "a file of the shipped references"
+    shipped = [(SHIPPED, "the shipped references")]
+    assert kept_file(SHIPPED / "batches.json", shipped) == "a file of the shipped references"
     assert kept_file(SHIPPED / "batches.json") is None  # by its place only
 
 
 def test_results_and_report_naming_one_file_are_refused(h200: Run, pytester: pytest.Pytester) -> None:
     result = h200("--mig-report", "r.json", "--mig-results", "r.json")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["ERROR: --mig-results r.json and --mig-report r.json name the same file, so one "
-                                 "output would replace the other; give each its own file."])
+    result.stderr.fnmatch_lines([("ERROR: --mig-results r.json and --mig-report r.json name the same file, so one "
+                                  "output would replace the other; give each its own file.")])
     assert not (pytester.path / "r.json").exists()
 
 
@@ -258,5 +259,15 @@ def test_calibrate_starts_each_run_on_a_new_results_file(tmp_path: Path) -> None
         seen.append(Path(cmd[cmd.index("--mig-results") + 1]).exists())
         return 0
 
-    calibrate(["benchmarks"], 2, tmp_path / "baselines", work, runner=runner, out=open(os.devnull, "w"))
+    calibrate(["benchmarks"], 2, tmp_path / "baselines", work, runner=runner, out=io.StringIO())
     assert seen == [False, False]
+
+
+def test_a_stream_sent_into_a_file_is_added_to_never_replaced(tmp_path: Path) -> None:
+    """/dev/stdout of a job whose output a shell sent into a log: the log gets the text at its end."""
+    log = tmp_path / "job.log"
+    log.write_text("pytest output\n")
+    inode = log.stat().st_ino
+    with open(log, "a") as fh:
+        atomic_write_text(Path(f"/dev/fd/{fh.fileno()}"), '{"records": []}\n')
+    assert log.read_text() == 'pytest output\n{"records": []}\n' and log.stat().st_ino == inode
