@@ -82,7 +82,11 @@ def calibrate(pytest_args: Sequence[str], runs: int, baseline_dir: Path, work_di
     done: list[SuiteRun] = []
     for i in range(1, runs + 1):
         print(f"calibrate: run {i}/{runs} ...", file=out, flush=True)
-        r = run_suite(pytest_args, work_dir / f"calibrate-{i:02d}.json", *extra, index=i, runner=runner)
+        results = work_dir / f"calibrate-{i:02d}.json"
+        # the working folder holds the latest calibration's runs: an earlier calibration's file of this
+        # number (its figures already in the history) is removed, as --mig-results never replaces one
+        results.unlink(missing_ok=True)
+        r = run_suite(pytest_args, results, *extra, index=i, runner=runner)
         state = "ok" if r.returncode == 0 else f"exit {r.returncode}: its failed tests' figures were not saved"
         eta = (runs - i) * r.seconds
         print(f"calibrate: run {i}/{runs} done in {r.seconds:.0f} s ({state}); about {eta:.0f} s to go",

@@ -31,6 +31,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Sequence
 
+from .files import writes_through
 from .results import ResultRecord, ResultsFileError, write_results
 
 
@@ -43,8 +44,9 @@ class Checkpoint:
     failed: bool = False  # a write failed: no more until the session's end, which reports it
 
     def update(self, records: Sequence[ResultRecord], meta: dict[str, Any]) -> None:
-        """Rewrite the file if records arrived since the last write (an incomplete run's file)."""
-        if len(records) == self.written or self.failed:
+        """Rewrite the file if records arrived since the last write (an incomplete run's file).  A
+        character device or a pipe (``/dev/stdout``) gets only the session's end's whole run."""
+        if len(records) == self.written or self.failed or writes_through(self.path):
             return
         try:
             write_results(self.path, records, meta={**meta, "complete": False})

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Sequence, TextIO
 
 from .baselines import DEFAULT_KEEP, BaselineError
-from .files import FileProblem, output_file
+from .files import FileProblem, check_output, output_file
 from .profiles import model_slug
 from .reference import SHIPPED, ReferenceStore, UnknownTestError, build, count_range, store_for
 from .report import (
@@ -49,8 +49,8 @@ from .report import (
 from .results import ResultRecord, ResultsFileError, read_results
 from .settings import tolerance_arg
 from .judge.pipeline import Pipeline, RecordHistories
+from .text import printable, quoted
 from .verdict import Verdict
-from .text import quoted
 
 PROG = "pytest-mig"
 
@@ -269,6 +269,12 @@ def reference_lines(gpu_names: Sequence[str], root: Path | None = None,
 # -- history -------------------------------------------------------------------------------------
 
 
+def _kept_folders(baselines: Path | None) -> list[tuple[Path, str]]:
+    """The folders whose JSON files a command's --out never replaces (:func:`pytest_mig.files.kept_file`)."""
+    folders = [(SHIPPED, "the shipped references")]
+    return folders + ([(baselines, f"the baseline folder {printable(baselines)}")] if baselines is not None else [])
+
+
 def cmd_history(files: Sequence[Path], baselines: Path | None, page: Path, title: str, out: TextIO) -> int:
     """Write the trend page from results files and a baseline folder."""
     from .history import write_page
@@ -280,6 +286,7 @@ def cmd_history(files: Sequence[Path], baselines: Path | None, page: Path, title
     if page.suffix.lower() not in (".html", ".htm"):
         raise CliError(f"--out {page}: the trend page is HTML, name it .html")
     output_file(str(page), "trend.html", "--out")  # a folder or a dangling link: said before anything is read
+    check_output(page, "--out", _kept_folders(baselines))
     count = write_page(page, baselines, files, title)
     print(f"trend page written: {page} ({count} figure(s))", file=out)
     return 0
@@ -370,6 +377,7 @@ def cmd_report(files: Sequence[Path], out_path: Path | None, factor: float, fail
     if out_path is not None:
         report_format(out_path)  # a wrong suffix is said before anything is read or printed
         output_file(str(out_path), "report.md", "--out")
+        check_output(out_path, "--out", _kept_folders(None))  # never a results file, history or reference
     records = _read_all(files)
     if not records:
         print(f"no metrics in {len(files)} file(s)", file=out)

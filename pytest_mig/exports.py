@@ -37,6 +37,8 @@ from .text import quoted
 KINDS = ("github", "prometheus")
 #: The file ``--mig-export prometheus=DIR/`` writes into DIR.
 PROMETHEUS_NAME = "pytest-mig.prom"
+#: The files ``--mig-export github=DIR`` writes into DIR, by direction.
+GITHUB_NAMES = {"bigger": "bigger-is-better.json", "smaller": "smaller-is-better.json"}
 #: Fingerprint fields a github-action-benchmark entry carries in its ``extra`` text.
 EXTRA_FINGERPRINT = ("driver", "cuda_driver", "torch")
 #: Labels of every figure's series: DCGM exporter's names for the device, then the figure's own.
@@ -101,7 +103,7 @@ def write_github(records: Iterable[ResultRecord], folder: Path) -> list[Path]:
     data = github_benchmark(records)
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
-    for key, name in (("bigger", "bigger-is-better.json"), ("smaller", "smaller-is-better.json")):
+    for key, name in GITHUB_NAMES.items():
         path = folder / name
         atomic_write_text(path, json.dumps(data[key], indent=1, allow_nan=False) + "\n")
         paths.append(path)
@@ -171,5 +173,5 @@ def write(exports: Iterable[tuple[str, Path]], records: list[ResultRecord]) -> l
     return lines
 
 
-__all__ = ["KINDS", "ExportError", "github_benchmark", "parse_export", "prometheus_text", "write", "write_github",
+__all__ = ["GITHUB_NAMES", "KINDS", "ExportError", "github_benchmark", "parse_export", "prometheus_text", "write", "write_github",
            "write_prometheus"]

@@ -19,6 +19,15 @@ through this module, so that one set of rules holds everywhere:
   a symbolic link (a shared history on another disk) is written at the link's target, so the link
   keeps receiving runs.  A dangling link whose target's folder does not exist, and a path that is a
   folder, are refused.
+- **Device nodes are never replaced** (:func:`writes_through`): a character device or a pipe
+  (``/dev/null``, a FIFO) or one of the process's own streams (``/dev/stdout``) is opened and
+  appended to, as a shell's ``>>`` would; a block device, a socket or any other node that is not a
+  regular file is refused.
+- **An output never replaces what a site keeps** (:func:`check_output`, :func:`distinct_outputs`):
+  before the run, each output path that exists is read for what it is; a baseline history, a
+  reference file, a results file, or a JSON file inside the baseline folder or a reference folder is
+  refused, as are two outputs of one run naming the same file.  An output's own earlier file (last
+  night's report or ``.prom``) is replaced as before.
 
 Nothing is ever loaded with pickle or eval.
 """
@@ -27,13 +36,19 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
+
+from .text import printable
 
 #: Deepest nesting any pytest-mig file has (a baseline: modes > tests > metrics > runs > fingerprint);
 #: far deeper input is refused before any reader recurses into it.
 MAX_DEPTH = 32
+#: A file larger than this is not read to learn what it is: no history, reference or results file
+#: comes near it.
+KIND_READ_LIMIT = 256 * 2**20
 
 
 class FileProblem(ValueError):
@@ -122,11 +137,45 @@ def validate(doc: Any, schema: Mapping[str, Any], where: str) -> None:
     raise FileProblem(f"{where}: {'at ' + at + ': ' if at else ''}{what}")
 
 
+#: Paths that name one of the process's open files (its output, wherever a shell sent it).
+STREAMS = ("/dev/stdout", "/dev/stderr")
+STREAM_FOLDERS = ("/dev/fd/", "/proc/self/fd/")
+
+
+def writes_through(path: Path) -> bool:
+    """Whether ``path`` (links followed) is a character device or a pipe (``/dev/null``, a FIFO), or
+    names one of the process's open files (``/dev/stdout``, ``/dev/fd/3``, even where a shell sent it
+    into a file).  Such a path is opened and appended to, never replaced by a regular file."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return False
+    text = str(path)
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode) or text in STREAMS or text.startswith(STREAM_FOLDERS)
+
+
+def _odd_node(path: Path) -> str | None:
+    """What ``path`` (links followed) is when it is neither a regular file, a folder, a character
+    device nor a pipe ('a block device', 'a socket'); None otherwise or when it does not exist."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISCHR(mode) or stat.S_ISFIFO(mode):
+        return None
+    return "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "a special file"
+
+
 def write_target(path: Path) -> Path:
     """The file a write to ``path`` lands in: a symbolic link's target (followed to the end), so that a
-    link to a shared history keeps receiving runs.  FileProblem for a folder, or a dangling link whose
-    target's folder does not exist."""
+    link to a shared history keeps receiving runs.  FileProblem for a folder, a dangling link whose
+    target's folder does not exist, or a block device, socket or other node that is not a file (a
+    character device or a pipe is written through by :func:`atomic_write_text`, not here)."""
     path = Path(path)
+    odd = _odd_node(path)
+    if odd:
+        raise FileProblem(f"{printable(path)}: {odd}, not a file; nothing was written (pytest-mig writes regular "
+                          f"files, or through a character device or a pipe such as /dev/null)")
     if path.is_symlink():
         target = Path(os.path.realpath(path))
         if target.is_dir():
@@ -139,6 +188,93 @@ def write_target(path: Path) -> Path:
         raise FileProblem(f"{path}: a folder, not a file; name a file (or end the path with / where a folder "
                           f"to write into is meant)")
     return path
+
+
+def kept_file(path: Path, folders: Sequence[tuple[Path, str]] = ()) -> str | None:
+    """What an existing regular file at ``path`` is, when it is something a site keeps: 'a baseline
+    history', 'a reference file', 'a results file' (by the ``schema`` its reader checks, read leniently
+    here so that a damaged one is still known), or 'a file of <folder>' for any JSON file inside one
+    of ``folders`` ((folder, what it is) pairs: the baseline folder, the reference folders), whatever
+    it holds.  None for anything else: a path that does not exist, a device, a file of another kind
+    (last night's report)."""
+    path = Path(path)
+    try:
+        info = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    if not stat.S_ISREG(info.st_mode):
+        return None
+    schema, doc = None, None
+    if 0 < info.st_size <= KIND_READ_LIMIT:
+        try:  # read leniently: a history with a key given twice is still a history to keep
+            doc = json.loads(path.read_bytes().decode("utf-8", errors="replace"))
+        except (OSError, ValueError, RecursionError):
+            doc = None
+        schema = doc.get("schema") if isinstance(doc, dict) else None
+    if isinstance(schema, str) and isinstance(doc, dict):
+        if schema.startswith("pytest-mig/results/"):
+            return "a results file"
+        if schema.startswith("pytest-mig/baseline/"):
+            return "a reference file" if "reference" in doc else "a baseline history"
+        if schema.startswith("pytest-mig/"):
+            return "a pytest-mig file"
+    real = Path(os.path.realpath(path))
+    if real.suffix.lower() == ".json":
+        for folder, what in folders:
+            if real.is_relative_to(os.path.realpath(folder)):
+                return f"a file of {what}"
+    return None
+
+
+def check_output(path: Path, option: str, folders: Sequence[tuple[Path, str]] = (), *, results: bool = False) -> None:
+    """Refuse, before the run, an output path that names something no output may replace: a folder, a
+    dangling link into no folder, a block device or socket, or what :func:`kept_file` finds (a
+    history, a reference, a results file, a JSON file of the baseline or a reference folder).  A new
+    path, an ordinary file (the option's own earlier output) and a path written through
+    (:func:`writes_through`) pass.  ``results``: the path is --mig-results, whose existing results
+    file is another run's.  FileProblem: one sentence naming the option and the file."""
+    path = Path(path)
+    shown = f"{option}{'' if option.endswith('=') else ' '}{printable(path)}"
+    if writes_through(path):
+        return
+    if path.is_dir():
+        raise FileProblem(f"{shown}: a folder, where this output writes a file; move it or name another path")
+    try:
+        write_target(path)
+    except FileProblem as exc:
+        raise FileProblem(f"{option}{'' if option.endswith('=') else ' '}{exc}") from None
+    kind = kept_file(path, folders)
+    if kind is None:
+        return
+    if results and kind == "a results file":
+        raise FileProblem(f"{shown}: the results file of another run, which a new run never replaces; name a new "
+                          f"file, or a folder ending in / (each run writes its own results-<time>.json there)")
+    raise FileProblem(f"{shown}: {kind}, which an output never replaces; name another file")
+
+
+def _identity(path: Path) -> tuple[Any, ...]:
+    try:
+        info = os.stat(path)
+        return ("inode", info.st_dev, info.st_ino)
+    except (OSError, ValueError):
+        return ("path", os.path.realpath(path))
+
+
+def distinct_outputs(outputs: Sequence[tuple[str, Path]]) -> None:
+    """Refuse two outputs of one run that name the same file (the same path spelled twice, through a
+    link, or a hard link): the second would replace the first.  Outputs written through
+    (:func:`writes_through`: ``/dev/null``, ``/dev/stdout``) may share it.  FileProblem naming both options."""
+    seen: dict[tuple[Any, ...], tuple[str, Path]] = {}
+    for option, path in outputs:
+        if writes_through(path):
+            continue
+        key = _identity(Path(path))
+        if key in seen:
+            first, where = seen[key]
+            raise FileProblem(f"{first}{'' if first.endswith('=') else ' '}{printable(where)} and "
+                              f"{option}{'' if option.endswith('=') else ' '}{printable(path)} name the same file, "
+                              f"so one output would replace the other; give each its own file")
+        seen[key] = (option, Path(path))
 
 
 def output_file(text: str, default_name: str, option: str) -> Path:
@@ -154,6 +290,8 @@ def output_file(text: str, default_name: str, option: str) -> Path:
     path = Path(text)
     if path.is_dir() and not path.is_symlink():
         raise FileProblem(f"{option} {text}: a folder; name a file, or end it with / to write {default_name} into it")
+    if writes_through(path):  # /dev/null, /dev/stdout, a FIFO: written through
+        return path
     try:
         write_target(path)
     except FileProblem as exc:
@@ -168,7 +306,14 @@ def atomic_write_text(path: Path, text: str, check: Callable[[str], Any] | None 
     through), is flushed to disk, read back and, where ``check`` is given, handed to it (the file
     type's own reader, which raises on anything it would refuse), and only then renamed over the old
     file.  An existing file keeps its permissions; a new one gets what open() would give it.  Returns
-    the path written (a link's target)."""
+    the path written (a link's target).  A character device or a pipe (:func:`writes_through`) is
+    opened and written instead, after ``check`` has read the text: the node is never replaced."""
+    if writes_through(path):
+        if check is not None:
+            check(text)
+        with open(path, "a", encoding="utf-8") as fh:  # a log /dev/stdout was sent to is added to, not cut
+            fh.write(text)
+        return Path(path)
     real = write_target(path)
     real.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -211,5 +356,6 @@ def _sync_folder(folder: Path) -> None:
         os.close(fd)
 
 
-__all__ = ["MAX_DEPTH", "FileProblem", "atomic_write_text", "depth", "output_file", "parse_json", "read_json",
-           "validate", "write_target"]
+__all__ = ["KIND_READ_LIMIT", "MAX_DEPTH", "STREAMS", "STREAM_FOLDERS", "FileProblem", "atomic_write_text",
+           "check_output", "depth", "distinct_outputs", "kept_file", "output_file", "parse_json", "read_json",
+           "validate", "write_target", "writes_through"]

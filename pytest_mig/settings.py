@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from .target import Options
-from .text import quoted
+from .text import printable, quoted
 
 #: Image formats --mig-scaling-plot writes.
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
@@ -108,8 +108,11 @@ def resolve_output_paths(config: pytest.Config) -> None:
     """Every output option made a file path now (:func:`pytest_mig.files.output_file`): ``DIR/`` is a
     folder to write into, an existing folder without the ``/`` is a usage error.  The options are
     rewritten in place, so everything after reads the file it will write (``--mig-export`` is checked as
-    it is parsed, :func:`pytest_mig.exports.parse_export`)."""
-    from .files import FileProblem, output_file
+    it is parsed, :func:`pytest_mig.exports.parse_export`).  Then every file the run will write is
+    checked against what the site keeps (:func:`pytest_mig.files.check_output`: never a history, a
+    reference or another run's results file) and against the run's other outputs
+    (:func:`pytest_mig.files.distinct_outputs`)."""
+    from .files import FileProblem, check_output, distinct_outputs, output_file
 
     try:
         for dest, option in (("mig_report", "--mig-report"), ("mig_scaling_plot", "--mig-scaling-plot")):
@@ -120,8 +123,46 @@ def resolve_output_paths(config: pytest.Config) -> None:
         if results and results != "none":
             stamp = default_results_path(Path(".")).name
             config.option.mig_results = str(output_file(str(results), stamp, "--mig-results"))
+        outputs = output_paths(config)
+        folders = kept_folders(config)
+        for option, path in outputs:
+            check_output(path, option, folders, results=option == "--mig-results")
+        distinct_outputs(outputs)
     except FileProblem as exc:
         raise pytest.UsageError(f"{exc}.") from None
+
+
+def output_paths(config: pytest.Config) -> list[tuple[str, Path]]:
+    """Each file the run writes besides its history, with the option that names it (a github export:
+    its two files)."""
+    from .exports import GITHUB_NAMES
+
+    out = []
+    results = config.getoption("mig_results")
+    if results and results != "none":
+        out.append(("--mig-results", Path(results)))
+    for dest, option in (("mig_report", "--mig-report"), ("mig_scaling_plot", "--mig-scaling-plot")):
+        if config.getoption(dest):
+            out.append((option, Path(config.getoption(dest))))
+    for kind, path in config.getoption("mig_export") or []:
+        if kind == "github":
+            out.extend((f"--mig-export {kind}=", Path(path) / name) for name in GITHUB_NAMES.values())
+        else:
+            out.append((f"--mig-export {kind}=", Path(path)))
+    return out
+
+
+def kept_folders(config: pytest.Config) -> list[tuple[Path, str]]:
+    """The folders whose JSON files no output replaces: the baseline folder, the shipped references
+    and the run's own reference folder (:func:`pytest_mig.files.kept_file`)."""
+    from .reference import SHIPPED
+
+    folders = [(baseline_dir(config), f"the baseline folder {printable(baseline_dir(config))}"),
+               (SHIPPED, "the shipped references")]
+    store = reference_store(config)
+    if store is not None and Path(store.root) != SHIPPED:
+        folders.append((Path(store.root), f"the reference folder {printable(store.root)} (--mig-reference)"))
+    return folders
 
 
 def check_output_paths(config: pytest.Config) -> None:
@@ -158,7 +199,14 @@ def check_baseline_save(config: pytest.Config, targets: Any) -> None:
 
 
 def check_writable(option: str, path: Path, folder: Path) -> None:
-    """The folder must be one this user can write, or one that can be made in such a folder."""
+    """The folder must be one this user can write, or one that can be made in such a folder; a
+    character device or a pipe written through (``/dev/null``) must itself be writable."""
+    from .files import writes_through
+
+    if writes_through(path):
+        if not os.access(path, os.W_OK):
+            raise pytest.UsageError(f"{option} {path}: not writable by this user.")
+        return
     folder = folder if str(folder) else Path(".")
     probe = folder
     while not probe.exists() and probe != probe.parent:
