@@ -23,7 +23,9 @@ each entry becomes a history of one run, and the next save writes schema 2.
 Files are read strictly: a hand-broken file is a :class:`BaselineError` naming the file and the
 problem (a value that is not a positive number, a tolerance outside [0, 100%)), and a save never
 replaces a file it could not read.  Saves hold a lock on the store's folder (``flock`` on the
-folder itself: no lock file is left behind for ``git status`` or for a teammate's umask), and write
+folder itself: no lock file is left behind for ``git status`` or for a teammate's umask) and, for
+each history, on the folder that really holds it (a link's target: baseline folders of several
+nightlies linking to one shared history take the same lock), re-read and merge it under that lock, and write
 through a temporary file and a rename, so a save that dies half-way leaves the old file as it was;
 the next save removes such a dead save's temporary file.  Only ``json`` is used to read them: no
 pickle, no eval.
@@ -583,22 +585,46 @@ class BaselineStore:
             self.root.mkdir(parents=True, exist_ok=True)
             with folder_lock(self.root, LOCK_TIMEOUT_S):
                 for (slug, profile), recs in sorted(groups.items()):
-                    results.append(self._save_group(slug, profile, recs, skipped.get((slug, profile), []), once))
-        except TimeoutError:
+                    with self._history_lock(self.path_for(slug, profile)) as real:
+                        results.append(self._save_group(slug, profile, recs, skipped.get((slug, profile), []),
+                                                        once, real))
+        except TimeoutError as exc:
             raise BaselineError(
-                f"{self.root}: another run held the baseline folder's lock for {LOCK_TIMEOUT_S:.0f} s; "
+                f"{exc}: another run held the baseline folder's lock for {LOCK_TIMEOUT_S:.0f} s; "
                 f"nothing was saved, try again when it has finished"
             ) from None
         except OSError as exc:  # the folder cannot be created or opened: a user's setting, not a crash
             raise BaselineError(f"{self.root}: baselines cannot be written there ({exc.strerror or exc})") from None
         return results
 
+    @contextlib.contextmanager
+    def _history_lock(self, path: Path) -> Iterator[Path]:
+        """The lock on the file a save to ``path`` really writes (a link's target, :func:`write_target`),
+        held on the folder that really holds it, whatever baseline folder the writer came through: two
+        sites' folders whose histories link to one shared file take the same lock.  The file itself is
+        replaced by a rename at each save, so it cannot carry the lock.  Yields the file to write; the
+        link is resolved again under the lock and must still name it."""
+        for _ in range(3):
+            try:
+                real = write_target(path)
+            except FileProblem as exc:
+                raise BaselineError(f"{exc}; nothing was saved") from None
+            real.parent.mkdir(parents=True, exist_ok=True)
+            if _same_folder(real.parent, self.root):  # the store's own lock, held already
+                yield real
+                return
+            with folder_lock(real.parent, LOCK_TIMEOUT_S):
+                if write_target(path) == real:
+                    yield real
+                    return
+        raise BaselineError(f"{path}: the link changed its target three times while this run saved; nothing was "
+                            f"saved, try again when whatever moves it has finished")
+
     def _save_group(self, slug: str, profile: str, recs: list[ResultRecord], skipped: list[str],
-                    once: bool = False) -> SaveResult:
+                    once: bool, real: Path) -> SaveResult:
+        """Read, merge and write one history, under :meth:`_history_lock` (``real``: the file written)."""
         path = self.path_for(slug, profile)
         existing = self.check_save(slug, profile)
-        real = write_target(path)
-        real.parent.mkdir(parents=True, exist_ok=True)
         _remove_dead_temporaries(real)
         new_meta = meta_from_record(recs[-1], path)
         if existing is not None and existing.meta.emulated != new_meta.emulated:
@@ -632,7 +658,7 @@ class BaselineStore:
         base = Baseline(new_meta, dict(sorted(entries.items())), utc_now(), keep)
         text = base.to_json()  # serialise fully before touching the file
         try:  # read back as the next run will read it, before it replaces the old file
-            atomic_write_text(path, text, check=check_baseline_text(path))
+            atomic_write_text(real, text, check=check_baseline_text(path))
         except FileProblem as exc:
             raise BaselineError(f"not saved: {exc}") from None
         except OSError as exc:  # disk full, read-only folder: the rename never happened, the old file stands
@@ -640,6 +666,13 @@ class BaselineStore:
                                 f"it is as it was before this save") from None
         fewest = min(len(entries[(r.test, r.metric.name, r.mode)].runs) for r in recs)
         return SaveResult(path, len(touched), len(entries) - len(touched), list(skipped), restarted, fewest, repeats)
+
+
+def _same_folder(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _remove_dead_temporaries(path: Path) -> None:
