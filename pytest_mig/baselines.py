@@ -533,10 +533,11 @@ class BaselineStore:
             raise BaselineError(f"{path}: the folder {folder} is not writable by this user, so this run could "
                                 f"not be added to the history; nothing is saved")
         lost = 0 if existing is None or self.keep is None or self.shrink else \
-            sum(max(0, min(len(e.runs) + 1, existing.keep) - self.keep) for e in existing.entries.values())
-        if lost:  # runs the file's own keep would have kept: the history shrinks only with consent
+            sum(max(0, len(_kept(e.runs + [e.runs[-1]], existing.keep)) - self.keep) for e in existing.entries.values())
+        if lost:  # runs a save without a keep would have kept: the history shrinks only with consent
+            most = max([existing.keep, *(len(e.runs) for e in existing.entries.values())])
             raise BaselineError(
-                f"{path} keeps {existing.keep} runs per figure and a keep of {self.keep} would drop {lost} older "
+                f"{path} keeps {most} runs per figure and a keep of {self.keep} would drop {lost} older "
                 f"run(s) of its {len(existing.entries)} figure(s); nothing is saved: confirm with "
                 f"--mig-baseline-shrink (pytest-mig calibrate --shrink), or leave the keep as it is")
         return existing
@@ -653,7 +654,8 @@ class BaselineStore:
                 continue
             runs.append(run)
             entries[key] = BaselineEntry(rec.test, m.name, m.unit, m.direction, m.kind,
-                                         old.tolerance if old is not None else None, runs[-keep:], rec.mode)
+                                         old.tolerance if old is not None else None,
+                                         runs[-keep:] if self.keep else _kept(runs, keep), rec.mode)
             touched.add(key)
         base = Baseline(new_meta, dict(sorted(entries.items())), utc_now(), keep)
         text = base.to_json()  # serialise fully before touching the file
@@ -666,6 +668,14 @@ class BaselineStore:
                                 f"it is as it was before this save") from None
         fewest = min(len(entries[(r.test, r.metric.name, r.mode)].runs) for r in recs)
         return SaveResult(path, len(touched), len(entries) - len(touched), list(skipped), restarted, fewest, repeats)
+
+
+def _kept(runs: list[Run], keep: int) -> list[Run]:
+    """The runs a history keeps after a save that named no keep (``runs``: with the new run last): the
+    last ``keep``, or, in a history that held more before this run (hand-merged from two sites), as
+    many as it held, the oldest giving way to the new run.  Only an explicit keep with consent
+    (``--mig-baseline-shrink``) makes a history shorter."""
+    return runs[-max(keep, len(runs) - 1):]
 
 
 def _same_folder(a: Path, b: Path) -> bool:

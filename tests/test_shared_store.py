@@ -11,7 +11,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pytest_mig.baselines import BaselineStore
+import pytest
+
+from pytest_mig.baselines import BaselineError, BaselineStore
 from pytest_mig.measure import Metric
 from pytest_mig.results import ResultRecord
 
@@ -68,3 +70,54 @@ def test_a_history_shared_by_two_folders_keeps_every_figure_saved_at_once(tmp_pa
         link = folder / SLUG / f"{PROFILE}.json"
         assert link.is_symlink() and os.readlink(link) == str(shared)
     assert sorted(p.name for p in shared.parent.iterdir()) == ["h200-3g.json"]  # no temporary file left
+
+
+# 2. a history longer than the keep ----------------------------------------------------------------------
+
+
+def _hand_merged(root: Path, runs: int) -> Path:
+    """A history of ``runs`` runs of one figure, as two sites' files merged by hand make it (keep 10)."""
+    store = BaselineStore(root)
+    for i in range(10):
+        store.save([_record("bench.py::test_rate", 100.0 + i)])
+    path = store.path_for(SLUG, PROFILE)
+    doc = json.loads(path.read_text())
+    held = doc["modes"]["normal"]["bench.py::test_rate"]["rate"]["runs"]
+    merged = [dict(held[0], at=f"2025-12-{d:02d}T00:00:00+00:00", value=90.0 + d) for d in range(1, runs - 9)]
+    doc["modes"]["normal"]["bench.py::test_rate"]["rate"]["runs"] = merged + held
+    path.write_text(json.dumps(doc))
+    assert doc["keep"] == 10 and len(merged + held) == runs
+    return path
+
+
+def _values(path: Path) -> list[float]:
+    return [r["value"] for r in json.loads(path.read_text())["modes"]["normal"]["bench.py::test_rate"]["rate"]["runs"]]
+
+
+def test_a_hand_merged_history_longer_than_the_keep_keeps_its_length_with_the_default_keep(tmp_path: Path) -> None:
+    """15 runs in a file that keeps 10, saved with no --mig-baseline-keep: still 15 runs, the new one
+    last and only the oldest gone; the file's own keep is as it was."""
+    path = _hand_merged(tmp_path / "baselines", 15)
+    before = _values(path)
+    result = BaselineStore(tmp_path / "baselines").save([_record("bench.py::test_rate", 120.0)])
+    assert _values(path) == before[1:] + [120.0] and result[0].runs == 15
+    assert json.loads(path.read_text())["keep"] == 10
+    BaselineStore(tmp_path / "baselines").save([_record("bench.py::test_other", 50.0)])  # another figure's save
+    assert len(_values(path)) == 15
+
+
+def test_an_explicit_keep_below_a_hand_merged_history_needs_consent(tmp_path: Path) -> None:
+    """--mig-baseline-keep 10 on a 15-run history would drop 5 runs: refused before the run without
+    --mig-baseline-shrink, saying so; with it, the history is cut to 10."""
+    path = _hand_merged(tmp_path / "baselines", 15)
+    before = path.read_bytes()
+    store = BaselineStore(tmp_path / "baselines", keep=10)
+    with pytest.raises(BaselineError, match=r"3g\.71gb\.json keeps 15 runs per figure and a keep of 10 would drop "
+                                            r"5 older run\(s\) of its 1 figure\(s\); nothing is saved: confirm with "
+                                            r"--mig-baseline-shrink"):
+        store.check_save(SLUG, PROFILE)
+    with pytest.raises(BaselineError):
+        store.save([_record("bench.py::test_rate", 120.0)])
+    assert path.read_bytes() == before
+    BaselineStore(tmp_path / "baselines", keep=10, shrink=True).save([_record("bench.py::test_rate", 120.0)])
+    assert len(_values(path)) == 10
