@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from .files import FileProblem, atomic_write_text, parse_json, read_json, validate, write_target
+from .files import FileProblem, atomic_write_text, check_links, parse_json, read_json, validate, write_target
 from .measure import METRIC_KINDS, Metric, partner_keys
 from .profiles import CPU, FULL, model_slug
 from .results import MODES, ResultRecord, utc_now
@@ -477,8 +477,12 @@ def folder_lock(root: Path, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
 def _lock_file(root: Path, timeout: float) -> Iterator[None]:
     from filelock import FileLock, Timeout
 
+    lock = root / LOCK_FILE_NAME
+    if os.path.lexists(lock) and (lock.is_symlink() or not lock.is_file()):  # never opened, truncated or followed
+        raise OSError(errno.EEXIST, f"{lock} is a link or not a regular file, where pytest-mig keeps its lock file; "
+                                    f"remove it")
     try:
-        with FileLock(str(root / LOCK_FILE_NAME), timeout=timeout, mode=0o666):
+        with FileLock(str(lock), timeout=timeout, mode=0o666):
             yield
     except Timeout:
         raise TimeoutError(str(root)) from None
@@ -512,7 +516,7 @@ class BaselineStore:
     def load(self, gpu_slug: str, baseline_profile: str) -> Baseline | None:
         """The baseline for this GPU model and profile; None when there is none yet."""
         path = self.path_for(gpu_slug, baseline_profile)
-        if not path.exists():
+        if not history_exists(path):
             return None
         return load_baseline_file(path)
 
@@ -522,10 +526,11 @@ class BaselineStore:
         below the file's own needs ``shrink``.  BaselineError with one sentence; the file as it is."""
         path = self.path_for(gpu_slug, baseline_profile)
         try:
+            check_links(path)
             real = write_target(path)
         except FileProblem as exc:
             raise BaselineError(str(exc)) from None
-        existing = load_baseline_file(path) if path.exists() else None
+        existing = load_baseline_file(path) if history_exists(path) else None
         folder = real.parent
         while not folder.exists() and folder != folder.parent:
             folder = folder.parent
@@ -668,6 +673,18 @@ class BaselineStore:
                                 f"it is as it was before this save") from None
         fewest = min(len(entries[(r.test, r.metric.name, r.mode)].runs) for r in recs)
         return SaveResult(path, len(touched), len(entries) - len(touched), list(skipped), restarted, fewest, repeats)
+
+
+def history_exists(path: Path) -> bool:
+    """Whether a history or reference file is there to read (:func:`load_baseline_file` says whether it
+    reads); False for none, or a link to a file not written yet (a shared history's first night).
+    BaselineError where the file or a folder on the way is a link that loops or leads to no folder:
+    such a history is neither read nor silently taken for none."""
+    try:
+        check_links(path)
+    except FileProblem as exc:
+        raise BaselineError(str(exc)) from None
+    return path.exists()
 
 
 def _kept(runs: list[Run], keep: int) -> list[Run]:

@@ -8,14 +8,21 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import stat
+import threading
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
+from test_verdict_flow import baseline_path, h200  # noqa: F401  (the fixture: a whole H200, fake NVML)
 
 from pytest_mig.baselines import BaselineError, BaselineStore
 from pytest_mig.measure import Metric
+from pytest_mig.night import BUILT_SYSTEMS, CACHE_FOLDER
 from pytest_mig.results import ResultRecord
+
+Run = Callable[..., pytest.RunResult]
 
 SLUG, PROFILE = "nvidia-h200", "3g.71gb"
 TARGET = {"kind": "mig", "profile": PROFILE, "baseline_profile": PROFILE, "gpu_name": "NVIDIA H200",
@@ -121,3 +128,158 @@ def test_an_explicit_keep_below_a_hand_merged_history_needs_consent(tmp_path: Pa
     assert path.read_bytes() == before
     BaselineStore(tmp_path / "baselines", keep=10, shrink=True).save([_record("bench.py::test_rate", 120.0)])
     assert len(_values(path)) == 10
+
+
+# 4. files that are not what they seem: one sentence at start-up, nothing run -------------------------------
+
+
+def _refused(result: pytest.RunResult, *lines: str) -> None:
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.outlines
+    result.stderr.fnmatch_lines(list(lines))
+    assert "Traceback" not in result.stderr.str() and "INTERNALERROR" not in result.stdout.str()
+    assert "passed" not in result.stdout.str() and "failed" not in result.stdout.str()  # nothing ran
+
+
+class _Writer(threading.Thread):
+    """Opens a named pipe for writing, once a reader has it open, and closes it: a reader that would
+    wait for a writer forever (the FIFO read in place of a history) is released after ``after`` s,
+    so that such a reader fails its test instead of hanging it."""
+
+    def __init__(self, fifo: Path, after: float = 15.0) -> None:
+        super().__init__(daemon=True)
+        self.fifo, self.after, self.done = fifo, after, threading.Event()
+
+    def run(self) -> None:
+        if self.done.wait(self.after):
+            return
+        while not self.done.is_set():
+            try:
+                os.close(os.open(self.fifo, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:
+                time.sleep(0.05)
+
+
+@pytest.mark.parametrize("save", [False, True], ids=["judging", "saving"])
+def test_a_history_that_is_a_named_pipe_is_one_sentence_at_start_up(
+        h200: Run, pytester: pytest.Pytester, save: bool) -> None:
+    path = baseline_path(pytester)
+    path.parent.mkdir(parents=True)
+    os.mkfifo(path)
+    writer = _Writer(path)
+    writer.start()
+    try:
+        result = h200(*(["--mig-save-baseline"] if save else []))
+    finally:
+        writer.done.set()
+    _refused(result, f"ERROR: {path}: a named pipe (FIFO), not a file; nothing was read from it*")
+    assert stat.S_ISFIFO(os.lstat(path).st_mode)  # the site's pipe is left as it is
+
+
+@pytest.mark.parametrize("save", [False, True], ids=["judging", "saving"])
+def test_a_history_or_its_folder_that_is_a_link_loop_is_one_sentence_at_start_up(
+        h200: Run, pytester: pytest.Pytester, save: bool) -> None:
+    path = baseline_path(pytester)
+    path.parent.mkdir(parents=True)
+    path.symlink_to(path)
+    _refused(h200(*(["--mig-save-baseline"] if save else [])),
+             f"ERROR: {path}: a link that leads back to itself (a link loop)*")
+    assert os.readlink(path) == str(path)
+    path.unlink()
+    path.parent.rmdir()
+    path.parent.symlink_to(path.parent)  # the GPU model's folder links to itself
+    _refused(h200(*(["--mig-save-baseline"] if save else [])),
+             f"ERROR: {path.parent}: a link that leads back to itself (a link loop)*")
+
+
+def test_a_history_folder_that_is_a_dangling_link_is_refused_and_a_history_file_link_is_written_through(
+        h200: Run, pytester: pytest.Pytester, tmp_path: Path) -> None:
+    """A GPU model's folder linking to a folder that does not exist is refused before the run; a history
+    file linking to a file not written yet, in a folder that exists, is a history not made yet: judged
+    as none, and the first save writes it through the link."""
+    path = baseline_path(pytester)
+    path.parent.parent.mkdir()
+    path.parent.symlink_to(tmp_path / "unmounted" / "nvidia-h200")
+    for options in ([], ["--mig-save-baseline"]):
+        _refused(h200(*options), f"ERROR: {path.parent}: a link to the folder {tmp_path}/unmounted/nvidia-h200, "
+                                 f"which does not exist; make that folder or remove the link*")
+    path.parent.unlink()
+    path.parent.mkdir()
+    shared = tmp_path / "shared-disk" / "full.json"
+    shared.parent.mkdir()
+    path.symlink_to(shared)
+    h200().assert_outcomes(passed=1)
+    h200("--mig-save-baseline").assert_outcomes(passed=1)
+    assert path.is_symlink() and json.loads(shared.read_text())["profile"] == "full"
+
+
+def test_a_history_cut_short_is_one_sentence_at_start_up_when_only_judging(
+        h200: Run, pytester: pytest.Pytester, mig_env: pytest.MonkeyPatch) -> None:
+    for rate in (100.0, 101.0):
+        mig_env.setenv("RATE", str(rate))
+        h200("--mig-save-baseline", "--mig-results", "none").assert_outcomes(passed=1)
+    path = baseline_path(pytester)
+    text = path.read_bytes()
+    path.write_bytes(text[: len(text) // 2])  # a copy cut short by a full disk
+    _refused(h200(), f"ERROR: {path}: not valid JSON (*); nothing was run.")
+    assert path.read_bytes() == text[: len(text) // 2]
+
+
+def test_a_corrupt_reference_is_one_sentence_at_start_up(h200: Run, pytester: pytest.Pytester, tmp_path: Path) -> None:
+    ref = tmp_path / "site-ref" / "nvidia-h200" / "full.json"
+    ref.parent.mkdir(parents=True)
+    ref.write_text('{"schema": "pytest-mig/baseline/2", "gpu_model": "NVIDIA H200", "modes": {')
+    _refused(h200("--mig-reference", str(tmp_path / "site-ref")), f"ERROR: {ref}: not valid JSON (*); nothing was run.")
+
+
+def _stack_folder(pytester: pytest.Pytester) -> Path:
+    (folder,) = [p for p in (pytester.path / CACHE_FOLDER).iterdir() if p.name != BUILT_SYSTEMS]
+    return folder
+
+
+@pytest.mark.parametrize("spoil, what", [
+    (lambda p: p.write_text("a site's notes\n"), "a file"),
+    (lambda p: p.symlink_to(p.parent / "gone"), "a link to */gone, which does not exist"),
+    (lambda p: p.symlink_to(p), "a link that leads back to itself (a link loop)"),
+], ids=["file", "dangling-link", "link-loop"])
+def test_a_compile_cache_entry_that_is_not_a_folder_is_one_sentence_and_left_as_it_is(
+        h200: Run, pytester: pytest.Pytester, mig_env: pytest.MonkeyPatch, spoil: Callable[[Path], None],
+        what: str) -> None:
+    for name in ("OPENMM_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "PYTEST_MIG_STACK_CACHE",
+                 "PYTEST_MIG_BUILT_SYSTEMS", "PYTEST_MIG_REFERENCE_DIR"):  # as a new process finds them; undone after
+        mig_env.setenv(name, "")
+        mig_env.delenv(name)
+    h200().assert_outcomes(passed=1)
+    entry = _stack_folder(pytester) / "openmm"
+    entry.rmdir()
+    mig_env.delenv("OPENMM_CACHE_DIR")  # the first run set it, as the next night's process would not find it
+    spoil(entry)
+    before = os.readlink(entry) if entry.is_symlink() else entry.read_text()
+    _refused(h200(), f"ERROR: {entry}: {what}, where pytest-mig keeps its compile cache (a folder); move it away or "
+                     f"remove it (a cache is made again) and run again.")
+    assert (os.readlink(entry) if entry.is_symlink() else entry.read_text()) == before
+
+
+def test_a_lock_file_that_is_a_link_is_never_followed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a folder cannot be locked itself (a network file system) a lock file is used: one that is a
+    link to a site's file is refused, naming it, and the file it points at is left byte for byte."""
+    import fcntl
+
+    flock = fcntl.flock
+
+    def no_folder_locks(fd: int, op: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(37, "No locks available")  # ENOLCK, as NFS without lockd answers
+        flock(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", no_folder_locks)
+    root = tmp_path / "baselines"
+    store = BaselineStore(root)
+    store.save([_record("bench.py::test_rate")])  # the lock file fallback works
+    precious = tmp_path / "notes.txt"
+    precious.write_text("a site's notes\n")
+    (root / ".pytest-mig.lock").unlink()
+    (root / ".pytest-mig.lock").symlink_to(precious)
+    with pytest.raises(BaselineError, match=r"\.pytest-mig\.lock is a link or not a regular file, where pytest-mig "
+                                            r"keeps its lock file; remove it"):
+        store.save([_record("bench.py::test_rate", 101.0)])
+    assert precious.read_text() == "a site's notes\n" and len(_values(store.path_for(SLUG, PROFILE))) == 1
