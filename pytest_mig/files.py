@@ -119,10 +119,13 @@ def read_text(path: Path) -> str:
         if exc.errno == errno.EISDIR:
             raise FileProblem(f"{path}: a folder, not a file") from None
         raise FileProblem(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        if stat.S_ISDIR(mode):
+            raise FileProblem(f"{path}: a folder, not a file")
+        raise FileProblem(f"{path}: {_kind(mode)}, not a file; nothing was read from it")
     with os.fdopen(fd, "rb") as fh:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise FileProblem(f"{path}: {_kind(mode)}, not a file; nothing was read from it")
         try:
             data = fh.read()
         except OSError as exc:

@@ -1,7 +1,7 @@
 """A site's store where it is shared, long or not what it seems: a history written at once through two
-baseline folders that link to one file, a hand-merged history longer than the keep, two calibrations in
-one work folder, and histories, references and caches that are FIFOs, link loops, dangling links or
-cut short.  Each is tried on real files and real processes."""
+baseline folders that link to one file, a hand-merged history longer than the keep, and histories,
+references, caches and lock files that are FIFOs, link loops, dangling links or cut short.  Each is
+tried on real files and real processes (two calibrations in one work folder: test_calibrate_detection.py)."""
 
 from __future__ import annotations
 
@@ -283,3 +283,15 @@ def test_a_lock_file_that_is_a_link_is_never_followed(tmp_path: Path, monkeypatc
                                             r"keeps its lock file; remove it"):
         store.save([_record("bench.py::test_rate", 101.0)])
     assert precious.read_text() == "a site's notes\n" and len(_values(store.path_for(SLUG, PROFILE))) == 1
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a character device needs root")
+def test_a_device_or_folder_in_a_history_s_place_is_named_never_read(tmp_path: Path) -> None:
+    from pytest_mig.files import FileProblem, read_json
+
+    device = tmp_path / "full.json"
+    os.mknod(device, stat.S_IFCHR | 0o600, os.makedev(1, 5))  # /dev/zero's numbers: a read would never end
+    with pytest.raises(FileProblem, match=r"full\.json: a character device, not a file; nothing was read from it"):
+        read_json(device)
+    with pytest.raises(FileProblem, match=r": a folder, not a file$"):
+        read_json(tmp_path)
