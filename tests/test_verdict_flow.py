@@ -317,8 +317,8 @@ def test_a_corrupt_baseline_is_one_sentence_and_never_overwritten(h200: Callable
     corrupt = path.read_bytes()
     judged = h200()  # only judging: refused before anything is measured too, not every test failed after the run
     assert judged.ret == pytest.ExitCode.USAGE_ERROR
-    judged.stderr.fnmatch_lines([f"ERROR: {path}: not valid JSON (*); fix or delete it "
-                                 f"(pytest-mig never overwrites a file it cannot read); nothing was run."])
+    judged.stderr.fnmatch_lines([(f"ERROR: {path}: not valid JSON (*); fix or delete it "
+                                  f"(pytest-mig never overwrites a file it cannot read); nothing was run.")])
     assert "Traceback" not in judged.stderr.str() and "baseline unusable" not in judged.stdout.str()
     saving = h200("--mig-save-baseline")  # refused before anything is measured, not after the run
     assert saving.ret == pytest.ExitCode.USAGE_ERROR
