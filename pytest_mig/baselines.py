@@ -23,7 +23,9 @@ each entry becomes a history of one run, and the next save writes schema 2.
 Files are read strictly: a hand-broken file is a :class:`BaselineError` naming the file and the
 problem (a value that is not a positive number, a tolerance outside [0, 100%)), and a save never
 replaces a file it could not read.  Saves hold a lock on the store's folder (``flock`` on the
-folder itself: no lock file is left behind for ``git status`` or for a teammate's umask), and write
+folder itself: no lock file is left behind for ``git status`` or for a teammate's umask) and, for
+each history, on the folder that really holds it (a link's target: baseline folders of several
+nightlies linking to one shared history take the same lock), re-read and merge it under that lock, and write
 through a temporary file and a rename, so a save that dies half-way leaves the old file as it was;
 the next save removes such a dead save's temporary file.  Only ``json`` is used to read them: no
 pickle, no eval.
@@ -46,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from .files import FileProblem, atomic_write_text, parse_json, read_json, validate, write_target
+from .files import FileProblem, atomic_write_text, check_links, parse_json, read_json, validate, write_target
 from .measure import METRIC_KINDS, Metric, partner_keys
 from .profiles import CPU, FULL, model_slug
 from .results import MODES, ResultRecord, utc_now
@@ -475,8 +477,12 @@ def folder_lock(root: Path, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
 def _lock_file(root: Path, timeout: float) -> Iterator[None]:
     from filelock import FileLock, Timeout
 
+    lock = root / LOCK_FILE_NAME
+    if os.path.lexists(lock) and (lock.is_symlink() or not lock.is_file()):  # never opened, truncated or followed
+        raise OSError(errno.EEXIST, f"{lock} is a link or not a regular file, where pytest-mig keeps its lock file; "
+                                    f"remove it")
     try:
-        with FileLock(str(root / LOCK_FILE_NAME), timeout=timeout, mode=0o666):
+        with FileLock(str(lock), timeout=timeout, mode=0o666):
             yield
     except Timeout:
         raise TimeoutError(str(root)) from None
@@ -510,7 +516,7 @@ class BaselineStore:
     def load(self, gpu_slug: str, baseline_profile: str) -> Baseline | None:
         """The baseline for this GPU model and profile; None when there is none yet."""
         path = self.path_for(gpu_slug, baseline_profile)
-        if not path.exists():
+        if not history_exists(path):
             return None
         return load_baseline_file(path)
 
@@ -520,10 +526,11 @@ class BaselineStore:
         below the file's own needs ``shrink``.  BaselineError with one sentence; the file as it is."""
         path = self.path_for(gpu_slug, baseline_profile)
         try:
+            check_links(path)
             real = write_target(path)
         except FileProblem as exc:
             raise BaselineError(str(exc)) from None
-        existing = load_baseline_file(path) if path.exists() else None
+        existing = load_baseline_file(path) if history_exists(path) else None
         folder = real.parent
         while not folder.exists() and folder != folder.parent:
             folder = folder.parent
@@ -531,10 +538,11 @@ class BaselineStore:
             raise BaselineError(f"{path}: the folder {folder} is not writable by this user, so this run could "
                                 f"not be added to the history; nothing is saved")
         lost = 0 if existing is None or self.keep is None or self.shrink else \
-            sum(max(0, min(len(e.runs) + 1, existing.keep) - self.keep) for e in existing.entries.values())
-        if lost:  # runs the file's own keep would have kept: the history shrinks only with consent
+            sum(max(0, len(_kept(e.runs + [e.runs[-1]], existing.keep)) - self.keep) for e in existing.entries.values())
+        if lost:  # runs a save without a keep would have kept: the history shrinks only with consent
+            most = max([existing.keep, *(len(e.runs) for e in existing.entries.values())])
             raise BaselineError(
-                f"{path} keeps {existing.keep} runs per figure and a keep of {self.keep} would drop {lost} older "
+                f"{path} keeps {most} runs per figure and a keep of {self.keep} would drop {lost} older "
                 f"run(s) of its {len(existing.entries)} figure(s); nothing is saved: confirm with "
                 f"--mig-baseline-shrink (pytest-mig calibrate --shrink), or leave the keep as it is")
         return existing
@@ -583,22 +591,46 @@ class BaselineStore:
             self.root.mkdir(parents=True, exist_ok=True)
             with folder_lock(self.root, LOCK_TIMEOUT_S):
                 for (slug, profile), recs in sorted(groups.items()):
-                    results.append(self._save_group(slug, profile, recs, skipped.get((slug, profile), []), once))
-        except TimeoutError:
+                    with self._history_lock(self.path_for(slug, profile)) as real:
+                        results.append(self._save_group(slug, profile, recs, skipped.get((slug, profile), []),
+                                                        once, real))
+        except TimeoutError as exc:
             raise BaselineError(
-                f"{self.root}: another run held the baseline folder's lock for {LOCK_TIMEOUT_S:.0f} s; "
+                f"{exc}: another run held the baseline folder's lock for {LOCK_TIMEOUT_S:.0f} s; "
                 f"nothing was saved, try again when it has finished"
             ) from None
         except OSError as exc:  # the folder cannot be created or opened: a user's setting, not a crash
             raise BaselineError(f"{self.root}: baselines cannot be written there ({exc.strerror or exc})") from None
         return results
 
+    @contextlib.contextmanager
+    def _history_lock(self, path: Path) -> Iterator[Path]:
+        """The lock on the file a save to ``path`` really writes (a link's target, :func:`write_target`),
+        held on the folder that really holds it, whatever baseline folder the writer came through: two
+        sites' folders whose histories link to one shared file take the same lock.  The file itself is
+        replaced by a rename at each save, so it cannot carry the lock.  Yields the file to write; the
+        link is resolved again under the lock and must still name it."""
+        for _ in range(3):
+            try:
+                real = write_target(path)
+            except FileProblem as exc:
+                raise BaselineError(f"{exc}; nothing was saved") from None
+            real.parent.mkdir(parents=True, exist_ok=True)
+            if _same_folder(real.parent, self.root):  # the store's own lock, held already
+                yield real
+                return
+            with folder_lock(real.parent, LOCK_TIMEOUT_S):
+                if write_target(path) == real:
+                    yield real
+                    return
+        raise BaselineError(f"{path}: the link changed its target three times while this run saved; nothing was "
+                            f"saved, try again when whatever moves it has finished")
+
     def _save_group(self, slug: str, profile: str, recs: list[ResultRecord], skipped: list[str],
-                    once: bool = False) -> SaveResult:
+                    once: bool, real: Path) -> SaveResult:
+        """Read, merge and write one history, under :meth:`_history_lock` (``real``: the file written)."""
         path = self.path_for(slug, profile)
         existing = self.check_save(slug, profile)
-        real = write_target(path)
-        real.parent.mkdir(parents=True, exist_ok=True)
         _remove_dead_temporaries(real)
         new_meta = meta_from_record(recs[-1], path)
         if existing is not None and existing.meta.emulated != new_meta.emulated:
@@ -627,12 +659,13 @@ class BaselineStore:
                 continue
             runs.append(run)
             entries[key] = BaselineEntry(rec.test, m.name, m.unit, m.direction, m.kind,
-                                         old.tolerance if old is not None else None, runs[-keep:], rec.mode)
+                                         old.tolerance if old is not None else None,
+                                         runs[-keep:] if self.keep else _kept(runs, keep), rec.mode)
             touched.add(key)
         base = Baseline(new_meta, dict(sorted(entries.items())), utc_now(), keep)
         text = base.to_json()  # serialise fully before touching the file
         try:  # read back as the next run will read it, before it replaces the old file
-            atomic_write_text(path, text, check=check_baseline_text(path))
+            atomic_write_text(real, text, check=check_baseline_text(path))
         except FileProblem as exc:
             raise BaselineError(f"not saved: {exc}") from None
         except OSError as exc:  # disk full, read-only folder: the rename never happened, the old file stands
@@ -640,6 +673,33 @@ class BaselineStore:
                                 f"it is as it was before this save") from None
         fewest = min(len(entries[(r.test, r.metric.name, r.mode)].runs) for r in recs)
         return SaveResult(path, len(touched), len(entries) - len(touched), list(skipped), restarted, fewest, repeats)
+
+
+def history_exists(path: Path) -> bool:
+    """Whether a history or reference file is there to read (:func:`load_baseline_file` says whether it
+    reads); False for none, or a link to a file not written yet (a shared history's first night).
+    BaselineError where the file or a folder on the way is a link that loops or leads to no folder:
+    such a history is neither read nor silently taken for none."""
+    try:
+        check_links(path)
+    except FileProblem as exc:
+        raise BaselineError(str(exc)) from None
+    return path.exists()
+
+
+def _kept(runs: list[Run], keep: int) -> list[Run]:
+    """The runs a history keeps after a save that named no keep (``runs``: with the new run last): the
+    last ``keep``, or, in a history that held more before this run (hand-merged from two sites), as
+    many as it held, the oldest giving way to the new run.  Only an explicit keep with consent
+    (``--mig-baseline-shrink``) makes a history shorter."""
+    return runs[-max(keep, len(runs) - 1):]
+
+
+def _same_folder(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _remove_dead_temporaries(path: Path) -> None:

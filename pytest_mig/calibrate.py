@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Callable, Collection, Iterable, Sequence, TextIO
 
 from .baselines import DEFAULT_TOLERANCE, Baseline, BaselineError, BaselineStore, load_baseline_file, meta_from_record
+from .files import FileProblem
 from .noise import PRIOR, PRIOR_RUNS, band
 from .reference import Reference, ReferenceStore
 from .results import ResultsFileError, read_results
+from .text import printable
 
 #: Options calibrate sets itself; given in the pytest arguments they would fight it.
 OWN_OPTIONS = ("--mig-save-baseline", "--mig-save-if-passed", "--mig-results", "--mig-baseline-dir", "--mig-slowdown-sms",
@@ -68,12 +70,37 @@ def check_pytest_args(pytest_args: Sequence[str]) -> None:
                              "leave it out of the pytest arguments")
 
 
+def calibration_folder(work_dir: Path) -> Path:
+    """A new folder for one calibration's files, ``<work_dir>/<UTC time>`` (``-2``, ``-3`` ... after
+    it where another calibration made that one in the same second): made here, exclusively, so that a
+    second calibration never writes over the first one's results files and logs."""
+    import datetime as _dt
+
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    try:
+        work_dir.mkdir(parents=True, exist_ok=True)
+        for n in range(1, 1000):
+            folder = work_dir / (stamp if n == 1 else f"{stamp}-{n}")
+            try:
+                folder.mkdir()
+            except FileExistsError:
+                continue
+            return folder
+    except OSError as exc:
+        raise FileProblem(f"--work-dir {printable(str(work_dir))}: no folder for this calibration's files can be "
+                          f"made there ({exc.strerror or exc}); nothing was run") from None
+    raise FileProblem(f"--work-dir {printable(str(work_dir))}: a thousand calibrations started there in one second; "
+                      f"nothing was run")
+
+
 def calibrate(pytest_args: Sequence[str], runs: int, baseline_dir: Path, work_dir: Path, *,
               keep: int | None = None, shrink: bool = False, out: TextIO = sys.stdout,
               runner: Callable[[list[str]], int] | None = None) -> list[SuiteRun]:
-    """Run the suite ``runs`` times, each saved into the baseline history; progress goes to ``out``."""
+    """Run the suite ``runs`` times, each saved into the baseline history; progress goes to ``out``.
+    Each run's results file and log go to a new folder of ``work_dir`` (:func:`calibration_folder`)."""
     check_pytest_args(pytest_args)
-    work_dir.mkdir(parents=True, exist_ok=True)
+    work_dir = calibration_folder(work_dir)
+    print(f"calibrate: each run's results file and log go to {printable(str(work_dir))}", file=out, flush=True)
     extra = ["--mig-save-baseline", "--mig-baseline-dir", str(baseline_dir)]
     if keep is not None:
         extra += ["--mig-baseline-keep", str(keep)]

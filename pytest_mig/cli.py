@@ -160,7 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--shrink", action="store_true",
                      help="consent to a --keep below the runs a history holds: its oldest runs are dropped")
     cal.add_argument("--work-dir", type=Path, default=Path(".mig-results") / "calibrate",
-                     help="where each run's results file goes (default .mig-results/calibrate)")
+                     help="each calibration's runs' results files and logs go to a new folder <time> in it, "
+                          "never over an earlier calibration's (default .mig-results/calibrate)")
     cal.add_argument("pytest_args", nargs=argparse.REMAINDER, help="-- then the pytest arguments")
 
     det = sub.add_parser("detection", help="measure false alarms and detection on this GPU (docs/detection.md)",

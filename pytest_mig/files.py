@@ -34,6 +34,7 @@ Nothing is ever loaded with pickle or eval.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -105,20 +106,75 @@ def parse_json(text: str, where: str, *, allow_nan: bool = False) -> Any:
     return doc
 
 
-def read_json(path: Path, *, allow_nan: bool = False) -> Any:
-    """Read and parse one file strictly (:func:`parse_json`)."""
+def _kind(mode: int) -> str:
+    """What a file that is not a regular file is, in words."""
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def read_text(path: Path) -> str:
+    """A regular file's text.  Opened without blocking and checked before a byte is read, so that a
+    named pipe, a device or a socket in a file's place is a FileProblem naming it, never a start-up
+    that waits for a writer forever; a link that loops or leads nowhere is one too."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
+        if path.is_symlink():
+            raise FileProblem(f"{path}: a link to {os.readlink(path)}, which does not exist") from None
         raise FileProblem(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise FileProblem(f"{path}: a folder, not a file") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise FileProblem(f"{path}: a link that leads back to itself (a link loop), not a file") from None
+        if exc.errno == errno.EISDIR:
+            raise FileProblem(f"{path}: a folder, not a file") from None
+        raise FileProblem(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        if stat.S_ISDIR(mode):
+            raise FileProblem(f"{path}: a folder, not a file")
+        raise FileProblem(f"{path}: {_kind(mode)}, not a file; nothing was read from it")
+    with os.fdopen(fd, "rb") as fh:
+        try:
+            data = fh.read()
+        except OSError as exc:
+            raise FileProblem(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError:
         raise FileProblem(f"{path}: cannot be read (not UTF-8 text, so not a pytest-mig file)") from None
-    except OSError as exc:
-        raise FileProblem(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    return parse_json(text, str(path), allow_nan=allow_nan)
+
+
+def read_json(path: Path, *, allow_nan: bool = False) -> Any:
+    """Read (:func:`read_text`) and parse one file strictly (:func:`parse_json`)."""
+    return parse_json(read_text(path), str(path), allow_nan=allow_nan)
+
+
+def check_links(path: Path) -> None:
+    """FileProblem where a folder on the way to ``path`` is a link that loops or leads nowhere, or
+    ``path`` itself is a link that loops: found before a run, not when its history is written after
+    it.  A dangling link in ``path``'s own place is :func:`write_target`'s to judge (a shared history
+    not written yet)."""
+    path = Path(path)
+    for p in [*reversed(path.parents), path]:
+        try:
+            os.stat(p)
+        except FileNotFoundError:
+            if p != path and p.is_symlink():
+                raise FileProblem(f"{p}: a link to the folder {os.readlink(p)}, which does not exist; make that "
+                                  f"folder or remove the link") from None
+            if not p.is_symlink():
+                return  # nothing from here on exists yet: it is made when written
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise FileProblem(f"{p}: a link that leads back to itself (a link loop); point it at a real "
+                                  f"{'file' if p == path else 'folder'} or remove it") from None
+            return  # not readable: the writability checks name it
 
 
 def validate(doc: Any, schema: Mapping[str, Any], where: str) -> None:
@@ -168,15 +224,16 @@ def _odd_node(path: Path) -> str | None:
 
 def write_target(path: Path) -> Path:
     """The file a write to ``path`` lands in: a symbolic link's target (followed to the end), so that a
-    link to a shared history keeps receiving runs.  FileProblem for a folder, a dangling link whose
-    target's folder does not exist, or a block device, socket or other node that is not a file (a
-    character device or a pipe is written through by :func:`atomic_write_text`, not here)."""
+    link to a shared history keeps receiving runs.  FileProblem for a folder, a link loop, a dangling
+    link whose target's folder does not exist, or a block device, socket or other node that is not a
+    file (a character device or a pipe is written through by :func:`atomic_write_text`, not here)."""
     path = Path(path)
     odd = _odd_node(path)
     if odd:
         raise FileProblem(f"{printable(path)}: {odd}, not a file; nothing was written (pytest-mig writes regular "
                           f"files, or through a character device or a pipe such as /dev/null)")
     if path.is_symlink():
+        check_links(path)  # a link loop: no file to write, and the link must never be replaced
         target = Path(os.path.realpath(path))
         if target.is_dir():
             raise FileProblem(f"{path}: a link to the folder {target}, not to a file; name a file")
@@ -357,5 +414,5 @@ def _sync_folder(folder: Path) -> None:
 
 
 __all__ = ["KIND_READ_LIMIT", "MAX_DEPTH", "STREAMS", "STREAM_FOLDERS", "FileProblem", "atomic_write_text",
-           "check_output", "depth", "distinct_outputs", "kept_file", "output_file", "parse_json", "read_json",
-           "validate", "write_target", "writes_through"]
+           "check_links", "check_output", "depth", "distinct_outputs", "kept_file", "output_file", "parse_json",
+           "read_json", "read_text", "validate", "write_target", "writes_through"]

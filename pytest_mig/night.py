@@ -26,10 +26,12 @@ things here keep that time honest:
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
 import os
+import stat
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -65,6 +67,7 @@ def compile_caches(baselines: Path, fingerprint: Mapping[str, Any], environ: Any
     else:
         environ.pop(REFERENCE_DIR_ENV, None)
     folder = Path(baselines).parent / CACHE_FOLDER / stack_key(fingerprint)
+    check_cache(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError:
@@ -82,6 +85,35 @@ def compile_caches(baselines: Path, fingerprint: Mapping[str, Any], environ: Any
     # the first night after a driver update does not build them again.
     environ["PYTEST_MIG_BUILT_SYSTEMS"] = str(folder.parent / BUILT_SYSTEMS)
     return folder
+
+
+def check_cache(folder: Path) -> None:
+    """The cache's own entries (the cache folder, this stack's folder and its ``inductor``, ``triton`` and
+    ``openmm`` folders, ``batches.json``, the built systems' folder) are what they must be where they
+    exist: FileProblem naming one that is a file where a folder belongs, a folder, pipe or device where
+    a file belongs, or a link that loops or leads nowhere.  A cache is made again, but what is in its
+    place may be a site's own file: it is never removed, the run is refused with its name."""
+    from .files import FileProblem
+
+    entries = [(folder.parent, True), (folder, True), (folder / "inductor", True), (folder / "triton", True),
+               (folder / "openmm", True), (folder / "batches.json", False), (folder.parent / BUILT_SYSTEMS, True)]
+    for path, is_folder in entries:
+        if not os.path.lexists(path):
+            continue
+        try:
+            mode = os.stat(path).st_mode
+        except OSError as exc:
+            what = ("a link that leads back to itself (a link loop)" if exc.errno == errno.ELOOP else
+                    f"a link to {os.readlink(path)}, which does not exist" if os.path.islink(path) else
+                    f"cannot be read ({exc.strerror or exc})")
+        else:
+            if (stat.S_ISDIR(mode) if is_folder else stat.S_ISREG(mode)):
+                continue
+            what = ("a file" if stat.S_ISREG(mode) else "a folder" if stat.S_ISDIR(mode) else
+                    "a named pipe, socket or device")
+        raise FileProblem(f"{path}: {what}, where pytest-mig keeps its compile cache "
+                          f"({'a folder' if is_folder else 'a file'}); move it away or remove it (a cache is made "
+                          f"again) and run again")
 
 
 def gates_nothing(test: str, mode: str, local: Any, reference: Any) -> bool:
@@ -233,5 +265,5 @@ def _matches(record: Any, where: tuple[str | None, str | None, str]) -> bool:
             and (profile is None or (t.get("baseline_profile") or t.get("profile")) == profile))
 
 
-__all__ = ["CACHE_FOLDER", "PROGRESS_EVERY_S", "Progress", "RECENT_FILES", "REFERENCE_DIR_ENV", "compile_caches", "duration_text",
+__all__ = ["CACHE_FOLDER", "PROGRESS_EVERY_S", "Progress", "RECENT_FILES", "REFERENCE_DIR_ENV", "check_cache", "compile_caches", "duration_text",
            "gates_nothing", "last_runs", "stack_key", "ungated"]

@@ -21,6 +21,7 @@ from . import exports, mps, nvml, preload
 from . import target as _target
 from .bench import MigBench, drop_failed_test
 from .checkpoint import Checkpoint, stop_on_sigterm
+from .files import FileProblem
 from .measure import Metric, Telemetry
 from .profiles import ProfileError, parse_profile
 from .results import ResultRecord, ResultsFileError
@@ -29,6 +30,7 @@ from .settings import (
     baseline_dir,
     baseline_keep,
     check_baseline_save,
+    check_histories,
     check_output_paths,
     confirm_count,
     count_arg,
@@ -271,6 +273,7 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(f"--mig-report {exc}") from None
     check_output_paths(config)
     check_baseline_save(config, plan.targets)
+    check_histories(config, plan.targets, state.references)
     # pytest-benchmark times rounds with our CUDA-event clock unless the user chose a timer.
     if getattr(config.option, "benchmark_timer", None) in (None, "time.perf_counter"):
         config.option.benchmark_timer = "pytest_mig.measure.gpu_clock"
@@ -292,8 +295,11 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         return
     from .night import compile_caches
 
-    state.compile_cache = compile_caches(baseline_dir(session.config), state.fingerprint,  # before anything compiles
-                                         references=state.references.root if state.references is not None else None)
+    try:
+        state.compile_cache = compile_caches(baseline_dir(session.config), state.fingerprint,  # before anything compiles
+                                             references=state.references.root if state.references is not None else None)
+    except FileProblem as exc:
+        raise pytest.UsageError(f"{exc}.") from None
     from .health import Reader, Watch
 
     reader = Reader(first.gpu_index, first.uuid) if first.gpu_index is not None else None

@@ -41,6 +41,7 @@ from .baselines import (
     check_baseline_text,
     fingerprint_value,
     folder_lock,
+    history_exists,
     load_baseline_file,
     measured_value,
     meta_from_record,
@@ -172,7 +173,7 @@ class ReferenceStore:
         key = (gpu_slug, baseline_profile)
         if key not in self._loaded:
             path = self._baselines.path_for(gpu_slug, baseline_profile)
-            self._loaded[key] = _read(path) if path.exists() else None
+            self._loaded[key] = _read(path) if history_exists(path) else None
         return self._loaded[key]
 
     def for_record(self, record: ResultRecord) -> Reference | None:

@@ -198,6 +198,22 @@ def check_baseline_save(config: pytest.Config, targets: Any) -> None:
             raise pytest.UsageError(str(exc)) from None
 
 
+def check_histories(config: pytest.Config, targets: Any, references: Any) -> None:
+    """Each Target's history and reference, read and checked now (a file cut short, hand-broken, a
+    named pipe, a link that loops or leads to no folder): one sentence before any test runs, not every
+    test failed after an hour of benchmarks.  A history not made yet is none, as it was."""
+    from .baselines import BaselineError, BaselineStore
+
+    store = BaselineStore(baseline_dir(config))
+    for t in targets:
+        try:
+            store.load(t.gpu_slug, t.baseline_profile)
+            if references is not None:
+                references.load(t.gpu_slug, t.baseline_profile)
+        except BaselineError as exc:
+            raise pytest.UsageError(f"{exc}; nothing was run.") from None
+
+
 def check_writable(option: str, path: Path, folder: Path) -> None:
     """The folder must be one this user can write, or one that can be made in such a folder; a
     character device or a pipe written through (``/dev/null``) must itself be writable."""

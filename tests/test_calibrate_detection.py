@@ -48,9 +48,41 @@ def test_calibrate_runs_the_suite_n_times_into_the_history_and_prints_the_thresh
     assert "CV" in out and "threshold" in out and "detects" in out and "gates" in out
     assert "test_rate" in out and "±10.0%" in out  # three runs: the conservative band, and it says why
     assert "1 figure(s) have fewer than 5 runs: their band is a conservative 10% until they do." in out
-    assert sorted(p.name for p in (project / ".mig-results" / "calibrate").iterdir()) == [
+    (folder,) = (project / ".mig-results" / "calibrate").iterdir()  # this calibration's own folder
+    assert f"calibrate: each run's results file and log go to {folder.relative_to(project)}" in out
+    assert sorted(p.name for p in folder.iterdir()) == [
         "calibrate-01.json", "calibrate-01.log", "calibrate-02.json", "calibrate-02.log", "calibrate-03.json",
         "calibrate-03.log"]
+
+
+def test_a_second_calibration_never_writes_over_the_first_one_s_files(
+        project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two calibrations with the default work folder, in the same second: each writes into a folder of its
+    own, and the first one's results files and logs are as it left them."""
+    args = ["calibrate", "-n", "1", "--", "test_bench.py", "-p", "no:cacheprovider", "-q"]
+    assert cli.main(args) == 0
+    (first,) = (project / ".mig-results" / "calibrate").iterdir()
+    before = {p.name: p.read_bytes() for p in first.iterdir()}
+    os.environ["RATE"] = "90"
+    try:
+        assert cli.main(args) == 0
+    finally:
+        del os.environ["RATE"]
+    folders = sorted((project / ".mig-results" / "calibrate").iterdir())
+    assert len(folders) == 2 and first in folders
+    assert {p.name: p.read_bytes() for p in first.iterdir()} == before
+    (second,) = set(folders) - {first}
+    assert json.loads((second / "calibrate-01.json").read_text())["records"][0]["metric"]["value"] == 90.0
+    capsys.readouterr()
+
+
+def test_a_work_folder_that_cannot_be_made_is_one_sentence(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (project / "taken").write_text("a file, not a folder\n")
+    assert cli.main(["calibrate", "-n", "1", "--work-dir", "taken", "--", "test_bench.py"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pytest-mig: error: --work-dir taken: no folder for this calibration's files can be made "
+                          "there (") and len(err.splitlines()) == 1
+    assert (project / "taken").read_text() == "a file, not a folder\n" and not (project / "baselines").exists()
 
 
 def test_calibrate_refuses_options_it_sets_itself_and_needs_pytest_arguments(
