@@ -6,8 +6,9 @@ through this module, so that one set of rules holds everywhere:
 
 - **Read strictly** (:func:`read_json`, :func:`parse_json`): a key given twice in one object, a
   nesting deeper than :data:`MAX_DEPTH`, ``NaN`` or ``Infinity`` where the file type has no use for
-  them, bytes that are not UTF-8: each is a :class:`FileProblem`, one sentence naming the file and
-  what is wrong.  Python's ``json`` would keep the last of two ``"modes"`` keys and so read a
+  them, bytes that are not UTF-8, a number no figure can be (an integer of more than
+  :data:`MAX_INT_DIGITS` digits, a decimal that overflows a float such as ``1e999``): each is a
+  :class:`FileProblem`, one sentence naming the file, the field and what is wrong.  Python's ``json`` would keep the last of two ``"modes"`` keys and so read a
   six-run history as empty; this reader refuses it, and nothing is written over it.
 - **Validated against one schema per file type** (:func:`validate`, schemas in
   :mod:`pytest_mig.schemas`), with jsonschema, before any field is used.
@@ -26,14 +27,23 @@ Nothing is ever loaded with pickle or eval.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from .text import printable, shown
+
 #: Deepest nesting any pytest-mig file has (a baseline: modes > tests > metrics > runs > fingerprint);
 #: far deeper input is refused before any reader recurses into it.
 MAX_DEPTH = 32
+#: Most digits an integer in a pytest-mig file has (a byte count, a nanosecond time: under 20); a
+#: longer one is refused before Python converts it (past 4300 digits ``int()`` itself refuses it).
+MAX_INT_DIGITS = 30
+#: Largest magnitude a number in a pytest-mig file has; the schemas bound their fields by it, so
+#: that no figure's square or ratio overflows a float.
+MAX_NUMBER = 1e300
 
 
 class FileProblem(ValueError):
@@ -58,6 +68,43 @@ def _no_constant(where: str) -> Callable[[str], Any]:
     return hook
 
 
+class _Unreadable:
+    """A number the parser met that no field can hold, kept as text until its place is known."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+
+def _bounded_int(text: str) -> Any:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        return _Unreadable(f"an integer of {digits} digits")
+    return int(text)
+
+
+def _bounded_float(text: str) -> Any:
+    value = float(text)
+    if not math.isfinite(value):
+        shown = text if len(text) <= 24 else text[:20] + "..."
+        return _Unreadable(f"{shown}, too large for a float")
+    return value
+
+
+def _first_unreadable(doc: Any) -> tuple[str, str] | None:
+    """Where in ``doc`` the first :class:`_Unreadable` number sits (its path, keys and indices
+    joined by /) and why, found without recursion; None when there is none."""
+    stack: list[tuple[Any, tuple[str, ...]]] = [(doc, ())]
+    while stack:
+        node, at = stack.pop()
+        if isinstance(node, _Unreadable):
+            return "/".join(at), node.why
+        if isinstance(node, dict):
+            stack.extend((v, at + (str(k),)) for k, v in reversed(list(node.items())))
+        elif isinstance(node, list):
+            stack.extend((v, at + (str(i),)) for i, v in reversed(list(enumerate(node))))
+    return None
+
+
 def depth(doc: Any) -> int:
     """How deeply lists and objects nest in ``doc`` (a scalar: 0), found without recursion."""
     deepest, stack = 0, [(doc, 1)]
@@ -74,9 +121,12 @@ def depth(doc: Any) -> int:
 
 
 def parse_json(text: str, where: str, *, allow_nan: bool = False) -> Any:
-    """JSON text as a reader may trust it: no duplicate keys, no deeper than MAX_DEPTH, and no NaN or
-    Infinity unless ``allow_nan`` (results files carry a failed workload's NaN).  FileProblem otherwise."""
-    kwargs: dict[str, Any] = {"object_pairs_hook": _no_duplicates(where)}
+    """JSON text as a reader may trust it: no duplicate keys, no deeper than MAX_DEPTH, no integer of
+    more than MAX_INT_DIGITS digits, no decimal that overflows a float, and no NaN or Infinity unless
+    ``allow_nan`` (results files carry a failed workload's NaN).  FileProblem otherwise, naming the
+    field of a number it refuses."""
+    kwargs: dict[str, Any] = {"object_pairs_hook": _no_duplicates(where), "parse_int": _bounded_int,
+                              "parse_float": _bounded_float}
     if not allow_nan:
         kwargs["parse_constant"] = _no_constant(where)
     try:
@@ -87,6 +137,11 @@ def parse_json(text: str, where: str, *, allow_nan: bool = False) -> Any:
         raise FileProblem(f"{where}: nested too deeply to be a pytest-mig file") from None
     if depth(doc) > MAX_DEPTH:
         raise FileProblem(f"{where}: nested more than {MAX_DEPTH} levels deep, which no pytest-mig file is")
+    bad = _first_unreadable(doc)
+    if bad is not None:
+        at, why = bad
+        raise FileProblem(f"{where}: {'at ' + printable(at) + ': ' if at else ''}{why}, not a number any pytest-mig "
+                          f"file holds (fix or remove this file)")
     return doc
 
 
@@ -119,7 +174,38 @@ def validate(doc: Any, schema: Mapping[str, Any], where: str) -> None:
     shown = json.dumps(error.instance, default=str)
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
     what = f"{error.message}" if len(error.message) <= 120 else f"{shown} is not what this field holds"
-    raise FileProblem(f"{where}: {'at ' + at + ': ' if at else ''}{what}")
+    raise FileProblem(f"{where}: {'at ' + printable(at) + ': ' if at else ''}{printable(what)}")
+
+
+#: Longest file name, and longest whole path, in bytes, that Linux file systems take (NAME_MAX, PATH_MAX).
+NAME_MAX = 255
+PATH_MAX = 4096
+
+
+def path_problem(text: str) -> str | None:
+    """Why no file system takes ``text`` as a path, in words, or None: a NUL byte, a character no
+    file name is written in (a lone surrogate), a name longer than :data:`NAME_MAX` bytes or a whole
+    path of :data:`PATH_MAX` bytes or more.  Asked before any call that would raise ENAMETOOLONG."""
+    if "\x00" in text:
+        return "it holds a NUL byte, which no path can"
+    try:
+        raw = os.fsencode(text)
+    except UnicodeEncodeError:
+        return "it holds a character no file name can be written in"
+    if len(raw) >= PATH_MAX:
+        return f"it is {len(raw)} bytes long, longer than any path can be ({PATH_MAX - 1})"
+    longest = max(len(name) for name in raw.split(b"/"))
+    if longest > NAME_MAX:
+        return f"a name in it is {longest} bytes long, longer than a file name can be ({NAME_MAX})"
+    return None
+
+
+def check_path(option: str, text: str) -> None:
+    """FileProblem, naming ``option`` and the value (cut for display), for a path no file system
+    takes (:func:`path_problem`)."""
+    why = path_problem(str(text))
+    if why is not None:
+        raise FileProblem(f"{option} {shown(text)}: {why}")
 
 
 def write_target(path: Path) -> Path:
@@ -211,5 +297,6 @@ def _sync_folder(folder: Path) -> None:
         os.close(fd)
 
 
-__all__ = ["MAX_DEPTH", "FileProblem", "atomic_write_text", "depth", "output_file", "parse_json", "read_json",
-           "validate", "write_target"]
+__all__ = ["MAX_DEPTH", "MAX_INT_DIGITS", "MAX_NUMBER", "NAME_MAX", "PATH_MAX", "FileProblem", "atomic_write_text",
+           "check_path", "depth", "output_file", "parse_json", "path_problem", "read_json", "validate",
+           "write_target"]
