@@ -48,7 +48,7 @@ from .report import (
     write_report,
 )
 from .results import ResultRecord, ResultsFileError, read_results
-from .settings import tolerance_arg
+from .settings import MOST, tolerance_arg
 from .verdict import (
     Verdict,
     compare,
@@ -58,7 +58,7 @@ from .verdict import (
     format_number,
     reference_prior,
 )
-from .text import quoted, shown
+from .text import SHOWN, quoted, shown
 
 PROG = "pytest-mig"
 
@@ -74,9 +74,9 @@ def _factor_arg(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{quoted(text)} is not a number") from None
+        raise argparse.ArgumentTypeError(f"{quoted(text, SHOWN)} is not a number") from None
     if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{quoted(text)} is not a finite number (e.g. 1.5: 50% worse)")
+        raise argparse.ArgumentTypeError(f"{quoted(text, SHOWN)} is not a finite number (e.g. 1.5: 50% worse)")
     if value <= 1:
         raise argparse.ArgumentTypeError("the outlier factor must be above 1 (e.g. 1.5: 50% worse)")
     return value
@@ -199,9 +199,11 @@ def _runs_arg(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{quoted(text)} is not a whole number") from None
+        raise argparse.ArgumentTypeError(f"{quoted(text, SHOWN)} is not a whole number") from None
     if value < 1:
         raise argparse.ArgumentTypeError("give 1 or more")
+    if value > MOST:
+        raise argparse.ArgumentTypeError(f"{shown(value)} is too large: give {MOST:,} or fewer")
     return value
 
 
