@@ -125,6 +125,7 @@ def parse_json(text: str, where: str, *, allow_nan: bool = False) -> Any:
     more than MAX_INT_DIGITS digits, no decimal that overflows a float, and no NaN or Infinity unless
     ``allow_nan`` (results files carry a failed workload's NaN).  FileProblem otherwise, naming the
     field of a number it refuses."""
+    where = printable(where)
     kwargs: dict[str, Any] = {"object_pairs_hook": _no_duplicates(where), "parse_int": _bounded_int,
                               "parse_float": _bounded_float}
     if not allow_nan:
@@ -148,16 +149,19 @@ def parse_json(text: str, where: str, *, allow_nan: bool = False) -> Any:
 def read_json(path: Path, *, allow_nan: bool = False) -> Any:
     """Read and parse one file strictly (:func:`parse_json`)."""
     path = Path(path)
+    shown_path = printable(path)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise FileProblem(f"{path}: no such file") from None
+        raise FileProblem(f"{shown_path}: no such file") from None
     except IsADirectoryError:
-        raise FileProblem(f"{path}: a folder, not a file") from None
+        raise FileProblem(f"{shown_path}: a folder, not a file") from None
     except UnicodeDecodeError:
-        raise FileProblem(f"{path}: cannot be read (not UTF-8 text, so not a pytest-mig file)") from None
+        raise FileProblem(f"{shown_path}: cannot be read (not UTF-8 text, so not a pytest-mig file)") from None
     except OSError as exc:
-        raise FileProblem(f"{path}: cannot be read ({exc.strerror or exc})") from None
+        raise FileProblem(f"{shown_path}: cannot be read ({exc.strerror or exc})") from None
+    except ValueError:  # a NUL byte in the name, which no file system takes
+        raise FileProblem(f"{shown_path}: cannot be read (a NUL byte in its name)") from None
     return parse_json(text, str(path), allow_nan=allow_nan)
 
 

@@ -46,7 +46,7 @@ from .settings import (
     tolerance_arg,
 )
 from .target import Options, Plan, SelectionError, Target, pin, plan_run, verify
-from .text import SHOWN, quoted, shown
+from .text import SHOWN, printable, quoted
 from .window import window_arg
 from .workloads import DoesNotFit
 
@@ -258,7 +258,7 @@ def pytest_configure(config: pytest.Config) -> None:
     plot = config.getoption("mig_scaling_plot")
     if plot:
         if Path(plot).suffix.lower() not in PLOT_SUFFIXES:
-            raise pytest.UsageError(f"--mig-scaling-plot {shown(plot)}: cannot tell the image format from "
+            raise pytest.UsageError(f"--mig-scaling-plot {printable(plot)}: cannot tell the image format from "
                                     f"{quoted(Path(plot).suffix or 'no suffix', SHOWN)}; use one of "
                                     f"{', '.join(PLOT_SUFFIXES)}")
         try:

@@ -209,7 +209,7 @@ def store_for(text: str, base: Path) -> ReferenceStore | None:
         raise ValueError(f"{shown(text)}: {why}")
     path = Path(text) if Path(text).is_absolute() else base / text
     if not path.is_dir():
-        raise ValueError(f"{shown(text)}: no such folder")
+        raise ValueError(f"{printable(text)}: no such folder")
     return ReferenceStore(path)
 
 

@@ -80,7 +80,7 @@ def ini_bool(config: pytest.Config, name: str) -> bool:
     text = str(config.getini(name) or "").strip().lower()
     if text in _TRUE or text in _FALSE:
         return text in _TRUE
-    raise pytest.UsageError(f"ini option {name}: {quoted(shown(config.getini(name)))} is not true or false; use true "
+    raise pytest.UsageError(f"ini option {name}: {quoted(config.getini(name), SHOWN)} is not true or false; use true "
                             f"or false.")
 
 
@@ -192,11 +192,11 @@ def check_writable(option: str, path: Path, folder: Path) -> None:
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     if not probe.is_dir():
-        raise pytest.UsageError(f"{option} {shown(path)}: {printable(probe)} is a file, not a folder, so nothing can be "
+        raise pytest.UsageError(f"{option} {printable(path)}: {printable(probe)} is a file, not a folder, so nothing can be "
                                 f"written there.")
     if not os.access(probe, os.W_OK | os.X_OK):
         where = "" if probe == folder else f" (the nearest existing folder of {folder})"
-        raise pytest.UsageError(f"{option} {shown(path)}: the folder {printable(probe)}{printable(where)} is not "
+        raise pytest.UsageError(f"{option} {printable(path)}: the folder {printable(probe)}{printable(where)} is not "
                                 f"writable by this user.")
 
 

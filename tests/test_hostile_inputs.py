@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import types
+from pathlib import Path
 
 import fake_pynvml
 import pytest
@@ -333,3 +334,14 @@ def test_control_characters_in_every_source_are_echoed_escaped(pytester: pytest.
     _no_raw_controls(err)
     assert "\x07" not in err and "Traceback" not in err
     assert typed.encode("unicode_escape").decode()[:20] in err, err
+
+
+@pytest.mark.parametrize("content", ["{", '{"schema": "pytest-mig/results/1", "records": [1' + "0" * 40 + "]}", None])
+def test_a_file_name_with_control_characters_is_echoed_escaped(tmp_path, content: str | None,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "night\x1b[31m\rx.json"
+    if content is not None:
+        bad.write_text(content)
+    assert cli.main(["report", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\r" not in err and "night\\x1b[31m\\rx.json" in err
