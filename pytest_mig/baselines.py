@@ -48,12 +48,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from .files import FileProblem, atomic_write_text, check_links, parse_json, read_json, validate, write_target
+from .files import (MAX_NUMBER, FileProblem, atomic_write_text, check_links, parse_json, path_problem, read_json,
+                    validate, write_target)
 from .measure import METRIC_KINDS, Metric, partner_keys
 from .profiles import CPU, FULL, model_slug
 from .results import MODES, ResultRecord, utc_now
 from .schemas import BASELINE, BASELINE_V1
-from .text import quoted
+from .text import SHOWN, quoted
 
 BASELINE_SCHEMA = "pytest-mig/baseline/2"
 BASELINE_SCHEMA_V1 = "pytest-mig/baseline/1"
@@ -501,10 +502,12 @@ class BaselineStore:
 
     def path_for(self, gpu_slug: str, baseline_profile: str) -> Path:
         """Where the baseline of one GPU model and profile lives (it may not exist yet)."""
-        for part in (gpu_slug, baseline_profile):
-            if not part or "/" in part or "\\" in part or part.startswith("."):
-                raise BaselineError(f"{quoted(part)} cannot name a baseline file: a GPU slug or profile without "
-                                    "slashes is needed")
+        for part in (gpu_slug, baseline_profile):  # from a file's data: each must be one plain name
+            why = path_problem(f"{part}.json") if part else None  # a NUL byte, a name too long for the disk
+            if not part or "/" in part or "\\" in part or part.startswith(".") or why:
+                raise BaselineError(f"{quoted(part, SHOWN)} cannot name a baseline file: a GPU slug or profile of one "
+                                    f"name (no slashes, no NUL byte, not starting with a dot, at most 250 bytes) "
+                                    f"is needed")
         return self.root / gpu_slug / f"{baseline_profile}.json"
 
     def files(self) -> list[Path]:
@@ -748,6 +751,9 @@ def check_tolerance(value: Any, what: str) -> float:
 def _number(path: Path, where: str, value: Any, *, positive: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise BaselineError(f"{path}: {where} is {json.dumps(value)}, not a number; fix it or delete the entry")
+    if abs(value) > MAX_NUMBER:
+        raise BaselineError(f"{path}: {where} is {json.dumps(value)}, beyond any figure pytest-mig keeps "
+                            f"({MAX_NUMBER:g}); fix it or delete the entry")
     if positive and value <= 0:
         raise BaselineError(f"{path}: {where} is {json.dumps(value)}; a figure must be above 0, fix it or delete the entry")
     return float(value)
@@ -857,6 +863,10 @@ def _header(path: Path, where: str, e: Any) -> tuple[str, str, str, float | None
 def _fingerprint(path: Path, where: str, fp: Any) -> dict[str, Any]:
     if not isinstance(fp, dict):
         raise BaselineError(f"{path}: {where} fingerprint must be an object; {_ADVICE}")
+    for key, value in fp.items():  # a NaN here would be found only when the next save cannot write it
+        if isinstance(value, float) and not (math.isfinite(value) and abs(value) <= MAX_NUMBER):
+            raise BaselineError(f"{path}: {where} fingerprint's {quoted(key)} is {json.dumps(value)}, not a finite "
+                                f"number; {_ADVICE}")
     return dict(fp)
 
 

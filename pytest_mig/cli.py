@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Sequence, TextIO
 
 from .baselines import DEFAULT_KEEP, BaselineError
-from .files import FileProblem, check_output, output_file
+from .files import FileProblem, check_output, output_file, path_problem
 from .profiles import model_slug
 from .reference import SHIPPED, ReferenceStore, UnknownTestError, build, count_range, store_for
 from .report import (
@@ -47,9 +47,9 @@ from .report import (
     write_report,
 )
 from .results import ResultRecord, ResultsFileError, read_results
-from .settings import tolerance_arg
 from .judge.pipeline import Pipeline, RecordHistories
-from .text import printable, quoted
+from .settings import MOST, tolerance_arg
+from .text import SHOWN, printable, quoted, shown
 from .verdict import Verdict
 
 PROG = "pytest-mig"
@@ -66,12 +66,21 @@ def _factor_arg(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{quoted(text)} is not a number") from None
+        raise argparse.ArgumentTypeError(f"{quoted(text, SHOWN)} is not a number") from None
     if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{quoted(text)} is not a finite number (e.g. 1.5: 50% worse)")
+        raise argparse.ArgumentTypeError(f"{quoted(text, SHOWN)} is not a finite number (e.g. 1.5: 50% worse)")
     if value <= 1:
         raise argparse.ArgumentTypeError("the outlier factor must be above 1 (e.g. 1.5: 50% worse)")
     return value
+
+
+def _path_arg(text: str) -> Path:
+    """A path argument; one no file system takes (a name over 255 bytes, a NUL byte) is a usage error
+    here, not an OSError from the first call that touches it."""
+    why = path_problem(text)
+    if why is not None:
+        raise argparse.ArgumentTypeError(f"{shown(text)}: {why}")
+    return Path(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,8 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     rep = sub.add_parser("report", help="merge results files from many runs or nodes into one table",
                          description="Merge pytest-mig results files into one table and flag outlier nodes.")
-    rep.add_argument("files", nargs="+", type=Path, metavar="FILE", help="results JSON files (from --mig-results)")
-    rep.add_argument("--out", type=Path, metavar="PATH", help="also write the table: .md, .csv or .json")
+    rep.add_argument("files", nargs="+", type=_path_arg, metavar="FILE", help="results JSON files (from --mig-results)")
+    rep.add_argument("--out", type=_path_arg, metavar="PATH", help="also write the table: .md, .csv or .json")
     rep.add_argument("--outlier-factor", type=_factor_arg, default=OUTLIER_FACTOR, metavar="X",
                      help=f"flag a node X times worse than the median of the others (default {OUTLIER_FACTOR})")
     rep.add_argument("--fail-on-outlier", action="store_true", help="exit 1 when a node is flagged")
@@ -95,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
                                       "nothing could be compared. With --reference, a figure with no history "
                                       "in the earlier files is judged against the reference for its GPU model "
                                       "and profile, as the plugin judges a first night.")
-    cmp_.add_argument("files", nargs="+", type=Path, metavar="FILE",
+    cmp_.add_argument("files", nargs="+", type=_path_arg, metavar="FILE",
                       help="OLD1 [OLD2 ...] NEW: earlier results files, then the one to judge "
                            "(with --reference, NEW alone will do)")
     cmp_.add_argument("--reference", default=None, metavar="R",
@@ -113,8 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      "baseline is judged against it (--mig-reference DIR). The boards' UUIDs "
                                      "are left out; each figure's run-to-run sigma is pooled over the model's "
                                      "profiles.")
-    ref.add_argument("files", nargs="*", type=Path, metavar="FILE", help="results JSON files (from --mig-results)")
-    ref.add_argument("--out", type=Path, required=True, metavar="DIR", help="the reference folder to add to")
+    ref.add_argument("files", nargs="*", type=_path_arg, metavar="FILE", help="results JSON files (from --mig-results)")
+    ref.add_argument("--out", type=_path_arg, required=True, metavar="DIR", help="the reference folder to add to")
     ref.add_argument("--drop-test", action="append", default=[], metavar="TEST",
                      help="take this test's figures out of the folder and leave them out of the files (a test "
                           "whose definition changed); its id as results files write it; may be repeated")
@@ -124,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "it against the rest, as a first night is judged: an unchanged GPU of the "
                                      "model, so a failure is a false alarm. Then the same run after a loss: "
                                      "how many such losses fail. Exit 1 where a false alarm is found.")
-    chk.add_argument("folder", nargs="?", type=Path, default=None, metavar="DIR",
+    chk.add_argument("folder", nargs="?", type=_path_arg, default=None, metavar="DIR",
                      help="the reference folder (default: the references shipped with pytest-mig)")
     chk.add_argument("--loss", type=tolerance_arg, default=None, metavar="PCT",
                      help="the loss applied to each run, e.g. 15%% (default) or 0.1")
@@ -134,10 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
                                      "figure's values over the runs, the band each run was judged against, its "
                                      "verdict and the fingerprint changes on the time axis, grouped by GPU model, "
                                      "profile and test, with what regressed in the latest run at the top.")
-    his.add_argument("files", nargs="*", type=Path, metavar="FILE", help="results JSON files (from --mig-results)")
-    his.add_argument("--baselines", type=Path, default=None, metavar="DIR",
+    his.add_argument("files", nargs="*", type=_path_arg, metavar="FILE", help="results JSON files (from --mig-results)")
+    his.add_argument("--baselines", type=_path_arg, default=None, metavar="DIR",
                      help="also the runs kept in this baseline folder (e.g. baselines)")
-    his.add_argument("--out", type=Path, required=True, metavar="PAGE", help="the HTML file to write")
+    his.add_argument("--out", type=_path_arg, required=True, metavar="PAGE", help="the HTML file to write")
     his.add_argument("--title", default="pytest-mig trend", help="the page's title")
 
     smp = sub.add_parser("samples", help="how many samples each figure needs, from repeated runs' results files",
@@ -145,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "only the first k samples had been measured, pooled over GPU models, profiles "
                                      "and cases, and the fewest samples whose CV keeps the threshold "
                                      "(docs/benchmarks.md, 'The night's time').")
-    smp.add_argument("files", nargs="+", type=Path, metavar="FILE",
+    smp.add_argument("files", nargs="+", type=_path_arg, metavar="FILE",
                      help="results JSON files of repeated runs (a calibration's, or a reference's)")
 
     cal = sub.add_parser("calibrate", help="run the suite N times into the baseline history and show thresholds",
@@ -155,11 +164,11 @@ def build_parser() -> argparse.ArgumentParser:
                                      "pytest arguments after --, e.g. pytest-mig calibrate -n 10 -- benchmarks "
                                      "--mig-profile 1g.10gb.")
     cal.add_argument("-n", "--runs", type=_runs_arg, default=DEFAULT_KEEP, help=f"runs (default {DEFAULT_KEEP})")
-    cal.add_argument("--baseline-dir", type=Path, default=Path("baselines"), help="default: baselines")
+    cal.add_argument("--baseline-dir", type=_path_arg, default=Path("baselines"), help="default: baselines")
     cal.add_argument("--keep", type=_runs_arg, default=None, help="runs the history keeps per figure")
     cal.add_argument("--shrink", action="store_true",
                      help="consent to a --keep below the runs a history holds: its oldest runs are dropped")
-    cal.add_argument("--work-dir", type=Path, default=Path(".mig-results") / "calibrate",
+    cal.add_argument("--work-dir", type=_path_arg, default=Path(".mig-results") / "calibrate",
                      help="each calibration's runs' results files and logs go to a new folder <time> in it, "
                           "never over an earlier calibration's (default .mig-results/calibrate)")
     cal.add_argument("pytest_args", nargs=argparse.REMAINDER, help="-- then the pytest arguments")
@@ -173,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     det.add_argument("--slow-sms", type=_runs_arg, action="append", default=[], metavar="SMS",
                      help="also run slowed to this many SMs (repeatable)")
     det.add_argument("--slow-runs", type=_runs_arg, default=3, help="runs per --slow-sms (default 3)")
-    det.add_argument("--out", type=Path, default=Path(".mig-results") / "detection", help="working folder")
+    det.add_argument("--out", type=_path_arg, default=Path(".mig-results") / "detection", help="working folder")
     det.add_argument("--analyse-only", action="store_true", help="only replay the results files already in --out")
     det.add_argument("pytest_args", nargs=argparse.REMAINDER, help="-- then the pytest arguments")
     return parser
@@ -183,9 +192,11 @@ def _runs_arg(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{quoted(text)} is not a whole number") from None
+        raise argparse.ArgumentTypeError(f"{quoted(text, SHOWN)} is not a whole number") from None
     if value < 1:
         raise argparse.ArgumentTypeError("give 1 or more")
+    if value > MOST:
+        raise argparse.ArgumentTypeError(f"{shown(value)} is too large: give {MOST:,} or fewer")
     return value
 
 

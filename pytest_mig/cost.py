@@ -31,7 +31,7 @@ from typing import Sequence
 from .measure import Metric
 from .profiles import ProfileError, parse_profile
 from .target import Target
-from .text import quoted
+from .text import SHOWN, quoted
 
 SECONDS_PER_HOUR = 3600.0
 #: No site bills 10^6 SU per CPU hour; a larger coefficient is a typo, and 1e308 would make SU infinite.
@@ -71,21 +71,21 @@ class SUCoefficients:
             key, sep, raw = part.partition("=")
             key, raw = key.strip(), raw.strip()
             if not sep or not key or not raw:
-                raise ValueError(f"SU coefficients {quoted(text)}: {quoted(part)} is not key=value; {form}")
+                raise ValueError(f"SU coefficients {quoted(text, SHOWN)}: {quoted(part, SHOWN)} is not key=value; {form}")
             if key not in known:
-                raise ValueError(f"SU coefficients {quoted(text)}: unknown key {quoted(key)} (known: {', '.join(known)}); {form}")
+                raise ValueError(f"SU coefficients {quoted(text, SHOWN)}: unknown key {quoted(key)} (known: {', '.join(known)}); {form}")
             if key in values:
-                raise ValueError(f"SU coefficients {quoted(text)}: {quoted(key)} is given twice; {form}")
+                raise ValueError(f"SU coefficients {quoted(text, SHOWN)}: {quoted(key)} is given twice; {form}")
             try:
                 values[key] = float(raw)
             except ValueError:
-                raise ValueError(f"SU coefficients {quoted(text)}: {quoted(raw)} for {quoted(key)} is not a number; {form}") from None
+                raise ValueError(f"SU coefficients {quoted(text, SHOWN)}: {quoted(raw, SHOWN)} for {quoted(key)} is not a number; {form}") from None
         if not values:
-            raise ValueError(f"SU coefficients {quoted(text)}: nothing given; {form}")
+            raise ValueError(f"SU coefficients {quoted(text, SHOWN)}: nothing given; {form}")
         try:
             return cls(**values)
         except ValueError as exc:
-            raise ValueError(f"SU coefficients {quoted(text)}: {exc}") from None
+            raise ValueError(f"SU coefficients {quoted(text, SHOWN)}: {exc}") from None
 
     def to_string(self) -> str:
         return ",".join(f"{f.name}={getattr(self, f.name):g}" for f in fields(self))

@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from .baselines import FINGERPRINT_FIELDS, fingerprint_value
-from .files import atomic_write_text, output_file
+from .files import atomic_write_text, output_file, path_problem
 from .results import ResultRecord
-from .text import quoted
+from .text import SHOWN, printable, quoted
 
 KINDS = ("github", "prometheus")
 #: The file ``--mig-export prometheus=DIR/`` writes into DIR.
@@ -55,13 +55,16 @@ def parse_export(text: str) -> tuple[str, Path]:
     kind, sep, path = text.partition("=")
     kind = kind.strip().lower()
     if not sep or not path.strip():
-        raise ValueError(f"--mig-export {quoted(text)}: give KIND=PATH, KIND one of {', '.join(KINDS)}")
+        raise ValueError(f"--mig-export {quoted(text, SHOWN)}: give KIND=PATH, KIND one of {', '.join(KINDS)}")
     if kind not in KINDS:
-        raise ValueError(f"--mig-export {quoted(text)}: {quoted(kind)} is not an export; use one of {', '.join(KINDS)}")
+        raise ValueError(f"--mig-export {quoted(text, SHOWN)}: {quoted(kind, SHOWN)} is not an export; use one of {', '.join(KINDS)}")
+    why = path_problem(path.strip())
+    if why is not None:
+        raise ValueError(f"--mig-export {quoted(text, SHOWN)}: {why}")
     if kind == "github":  # a folder of two files
         folder = Path(path.strip())
         if folder.exists() and not folder.is_dir():
-            raise ValueError(f"--mig-export {quoted(text)}: {folder} is a file; github= names a folder to write "
+            raise ValueError(f"--mig-export {quoted(text, SHOWN)}: {printable(folder)} is a file; github= names a folder to write "
                              f"bigger-is-better.json and smaller-is-better.json into")
         return kind, folder
     return kind, output_file(path.strip(), PROMETHEUS_NAME, "--mig-export prometheus=")

@@ -6,8 +6,9 @@ through this module, so that one set of rules holds everywhere:
 
 - **Read strictly** (:func:`read_json`, :func:`parse_json`): a key given twice in one object, a
   nesting deeper than :data:`MAX_DEPTH`, ``NaN`` or ``Infinity`` where the file type has no use for
-  them, bytes that are not UTF-8: each is a :class:`FileProblem`, one sentence naming the file and
-  what is wrong.  Python's ``json`` would keep the last of two ``"modes"`` keys and so read a
+  them, bytes that are not UTF-8, a number no figure can be (an integer of more than
+  :data:`MAX_INT_DIGITS` digits, a decimal that overflows a float such as ``1e999``): each is a
+  :class:`FileProblem`, one sentence naming the file, the field and what is wrong.  Python's ``json`` would keep the last of two ``"modes"`` keys and so read a
   six-run history as empty; this reader refuses it, and nothing is written over it.
 - **Validated against one schema per file type** (:func:`validate`, schemas in
   :mod:`pytest_mig.schemas`), with jsonschema, before any field is used.
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import stat
 import tempfile
@@ -44,12 +46,20 @@ from typing import Any, Callable, Mapping, Sequence
 
 from .text import printable
 
+from .text import printable, shown
+
 #: Deepest nesting any pytest-mig file has (a baseline: modes > tests > metrics > runs > fingerprint);
 #: far deeper input is refused before any reader recurses into it.
 MAX_DEPTH = 32
 #: A file larger than this is not read to learn what it is: no history, reference or results file
 #: comes near it.
 KIND_READ_LIMIT = 256 * 2**20
+#: Most digits an integer in a pytest-mig file has (a byte count, a nanosecond time: under 20); a
+#: longer one is refused before Python converts it (past 4300 digits ``int()`` itself refuses it).
+MAX_INT_DIGITS = 30
+#: Largest magnitude a number in a pytest-mig file has; the schemas bound their fields by it, so
+#: that no figure's square or ratio overflows a float.
+MAX_NUMBER = 1e300
 
 
 class FileProblem(ValueError):
@@ -74,6 +84,43 @@ def _no_constant(where: str) -> Callable[[str], Any]:
     return hook
 
 
+class _Unreadable:
+    """A number the parser met that no field can hold, kept as text until its place is known."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+
+def _bounded_int(text: str) -> Any:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        return _Unreadable(f"an integer of {digits} digits")
+    return int(text)
+
+
+def _bounded_float(text: str) -> Any:
+    value = float(text)
+    if not math.isfinite(value):
+        shown = text if len(text) <= 24 else text[:20] + "..."
+        return _Unreadable(f"{shown}, too large for a float")
+    return value
+
+
+def _first_unreadable(doc: Any) -> tuple[str, str] | None:
+    """Where in ``doc`` the first :class:`_Unreadable` number sits (its path, keys and indices
+    joined by /) and why, found without recursion; None when there is none."""
+    stack: list[tuple[Any, tuple[str, ...]]] = [(doc, ())]
+    while stack:
+        node, at = stack.pop()
+        if isinstance(node, _Unreadable):
+            return "/".join(at), node.why
+        if isinstance(node, dict):
+            stack.extend((v, at + (str(k),)) for k, v in reversed(list(node.items())))
+        elif isinstance(node, list):
+            stack.extend((v, at + (str(i),)) for i, v in reversed(list(enumerate(node))))
+    return None
+
+
 def depth(doc: Any) -> int:
     """How deeply lists and objects nest in ``doc`` (a scalar: 0), found without recursion."""
     deepest, stack = 0, [(doc, 1)]
@@ -90,9 +137,13 @@ def depth(doc: Any) -> int:
 
 
 def parse_json(text: str, where: str, *, allow_nan: bool = False) -> Any:
-    """JSON text as a reader may trust it: no duplicate keys, no deeper than MAX_DEPTH, and no NaN or
-    Infinity unless ``allow_nan`` (results files carry a failed workload's NaN).  FileProblem otherwise."""
-    kwargs: dict[str, Any] = {"object_pairs_hook": _no_duplicates(where)}
+    """JSON text as a reader may trust it: no duplicate keys, no deeper than MAX_DEPTH, no integer of
+    more than MAX_INT_DIGITS digits, no decimal that overflows a float, and no NaN or Infinity unless
+    ``allow_nan`` (results files carry a failed workload's NaN).  FileProblem otherwise, naming the
+    field of a number it refuses."""
+    where = printable(where)
+    kwargs: dict[str, Any] = {"object_pairs_hook": _no_duplicates(where), "parse_int": _bounded_int,
+                              "parse_float": _bounded_float}
     if not allow_nan:
         kwargs["parse_constant"] = _no_constant(where)
     try:
@@ -103,6 +154,11 @@ def parse_json(text: str, where: str, *, allow_nan: bool = False) -> Any:
         raise FileProblem(f"{where}: nested too deeply to be a pytest-mig file") from None
     if depth(doc) > MAX_DEPTH:
         raise FileProblem(f"{where}: nested more than {MAX_DEPTH} levels deep, which no pytest-mig file is")
+    bad = _first_unreadable(doc)
+    if bad is not None:
+        at, why = bad
+        raise FileProblem(f"{where}: {'at ' + printable(at) + ': ' if at else ''}{why}, not a number any pytest-mig "
+                          f"file holds (fix or remove this file)")
     return doc
 
 
@@ -121,33 +177,36 @@ def read_text(path: Path) -> str:
     named pipe, a device or a socket in a file's place is a FileProblem naming it, never a start-up
     that waits for a writer forever; a link that loops or leads nowhere is one too."""
     path = Path(path)
+    shown_path = printable(path)
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
         if path.is_symlink():
-            raise FileProblem(f"{path}: a link to {os.readlink(path)}, which does not exist") from None
-        raise FileProblem(f"{path}: no such file") from None
+            raise FileProblem(f"{shown_path}: a link to {printable(os.readlink(path))}, which does not exist") from None
+        raise FileProblem(f"{shown_path}: no such file") from None
+    except ValueError:  # a NUL byte in the name, which no file system takes
+        raise FileProblem(f"{shown_path}: cannot be read (a NUL byte in its name)") from None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise FileProblem(f"{path}: a link that leads back to itself (a link loop), not a file") from None
+            raise FileProblem(f"{shown_path}: a link that leads back to itself (a link loop), not a file") from None
         if exc.errno == errno.EISDIR:
-            raise FileProblem(f"{path}: a folder, not a file") from None
-        raise FileProblem(f"{path}: cannot be read ({exc.strerror or exc})") from None
+            raise FileProblem(f"{shown_path}: a folder, not a file") from None
+        raise FileProblem(f"{shown_path}: cannot be read ({exc.strerror or exc})") from None
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
         if stat.S_ISDIR(mode):
-            raise FileProblem(f"{path}: a folder, not a file")
-        raise FileProblem(f"{path}: {_kind(mode)}, not a file; nothing was read from it")
+            raise FileProblem(f"{shown_path}: a folder, not a file")
+        raise FileProblem(f"{shown_path}: {_kind(mode)}, not a file; nothing was read from it")
     with os.fdopen(fd, "rb") as fh:
         try:
             data = fh.read()
         except OSError as exc:
-            raise FileProblem(f"{path}: cannot be read ({exc.strerror or exc})") from None
+            raise FileProblem(f"{shown_path}: cannot be read ({exc.strerror or exc})") from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
-        raise FileProblem(f"{path}: cannot be read (not UTF-8 text, so not a pytest-mig file)") from None
+        raise FileProblem(f"{shown_path}: cannot be read (not UTF-8 text, so not a pytest-mig file)") from None
 
 
 def read_json(path: Path, *, allow_nan: bool = False) -> Any:
@@ -166,13 +225,13 @@ def check_links(path: Path) -> None:
             os.stat(p)
         except FileNotFoundError:
             if p != path and p.is_symlink():
-                raise FileProblem(f"{p}: a link to the folder {os.readlink(p)}, which does not exist; make that "
+                raise FileProblem(f"{printable(p)}: a link to the folder {printable(os.readlink(p))}, which does not exist; make that "
                                   f"folder or remove the link") from None
             if not p.is_symlink():
                 return  # nothing from here on exists yet: it is made when written
         except OSError as exc:
             if exc.errno == errno.ELOOP:
-                raise FileProblem(f"{p}: a link that leads back to itself (a link loop); point it at a real "
+                raise FileProblem(f"{printable(p)}: a link that leads back to itself (a link loop); point it at a real "
                                   f"{'file' if p == path else 'folder'} or remove it") from None
             return  # not readable: the writability checks name it
 
@@ -190,7 +249,38 @@ def validate(doc: Any, schema: Mapping[str, Any], where: str) -> None:
     shown = json.dumps(error.instance, default=str)
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
     what = f"{error.message}" if len(error.message) <= 120 else f"{shown} is not what this field holds"
-    raise FileProblem(f"{where}: {'at ' + at + ': ' if at else ''}{what}")
+    raise FileProblem(f"{where}: {'at ' + printable(at) + ': ' if at else ''}{printable(what)}")
+
+
+#: Longest file name, and longest whole path, in bytes, that Linux file systems take (NAME_MAX, PATH_MAX).
+NAME_MAX = 255
+PATH_MAX = 4096
+
+
+def path_problem(text: str) -> str | None:
+    """Why no file system takes ``text`` as a path, in words, or None: a NUL byte, a character no
+    file name is written in (a lone surrogate), a name longer than :data:`NAME_MAX` bytes or a whole
+    path of :data:`PATH_MAX` bytes or more.  Asked before any call that would raise ENAMETOOLONG."""
+    if "\x00" in text:
+        return "it holds a NUL byte, which no path can"
+    try:
+        raw = os.fsencode(text)
+    except UnicodeEncodeError:
+        return "it holds a character no file name can be written in"
+    if len(raw) >= PATH_MAX:
+        return f"it is {len(raw)} bytes long, longer than any path can be ({PATH_MAX - 1})"
+    longest = max(len(name) for name in raw.split(b"/"))
+    if longest > NAME_MAX:
+        return f"a name in it is {longest} bytes long, longer than a file name can be ({NAME_MAX})"
+    return None
+
+
+def check_path(option: str, text: str) -> None:
+    """FileProblem, naming ``option`` and the value (cut for display), for a path no file system
+    takes (:func:`path_problem`)."""
+    why = path_problem(str(text))
+    if why is not None:
+        raise FileProblem(f"{option} {shown(text)}: {why}")
 
 
 #: Paths that name one of the process's open files (its output, wherever a shell sent it).
@@ -236,13 +326,13 @@ def write_target(path: Path) -> Path:
         check_links(path)  # a link loop: no file to write, and the link must never be replaced
         target = Path(os.path.realpath(path))
         if target.is_dir():
-            raise FileProblem(f"{path}: a link to the folder {target}, not to a file; name a file")
+            raise FileProblem(f"{printable(path)}: a link to the folder {printable(target)}, not to a file; name a file")
         if not target.parent.is_dir():
-            raise FileProblem(f"{path}: a link to {target}, whose folder {target.parent} does not exist; "
+            raise FileProblem(f"{printable(path)}: a link to {printable(target)}, whose folder {printable(target.parent)} does not exist; "
                               f"nothing was written (make that folder, or remove the link)")
         return target
     if path.is_dir():
-        raise FileProblem(f"{path}: a folder, not a file; name a file (or end the path with / where a folder "
+        raise FileProblem(f"{printable(path)}: a folder, not a file; name a file (or end the path with / where a folder "
                           f"to write into is meant)")
     return path
 
@@ -342,11 +432,11 @@ def output_file(text: str, default_name: str, option: str) -> Path:
     if text.endswith(("/", os.sep)):
         folder = Path(text)
         if folder.exists() and not folder.is_dir():
-            raise FileProblem(f"{option} {text}: {folder.resolve()} is a file, not a folder to write into")
+            raise FileProblem(f"{option} {printable(text)}: {folder.resolve()} is a file, not a folder to write into")
         return folder / default_name
     path = Path(text)
     if path.is_dir() and not path.is_symlink():
-        raise FileProblem(f"{option} {text}: a folder; name a file, or end it with / to write {default_name} into it")
+        raise FileProblem(f"{option} {printable(text)}: a folder; name a file, or end it with / to write {default_name} into it")
     if writes_through(path):  # /dev/null, /dev/stdout, a FIFO: written through
         return path
     try:
@@ -413,6 +503,7 @@ def _sync_folder(folder: Path) -> None:
         os.close(fd)
 
 
-__all__ = ["KIND_READ_LIMIT", "MAX_DEPTH", "STREAMS", "STREAM_FOLDERS", "FileProblem", "atomic_write_text",
-           "check_links", "check_output", "depth", "distinct_outputs", "kept_file", "output_file", "parse_json",
-           "read_json", "read_text", "validate", "write_target", "writes_through"]
+__all__ = ["KIND_READ_LIMIT", "MAX_DEPTH", "MAX_INT_DIGITS", "MAX_NUMBER", "NAME_MAX", "PATH_MAX", "STREAMS",
+           "STREAM_FOLDERS", "FileProblem", "atomic_write_text", "check_links", "check_output", "check_path", "depth",
+           "distinct_outputs", "kept_file", "output_file", "parse_json", "path_problem", "read_json", "read_text",
+           "validate", "write_target", "writes_through"]

@@ -219,7 +219,8 @@ RECENT_TIMES = 3
 
 
 def last_runs(folder: Path | None, current: Path | None = None,
-              where: tuple[str | None, str | None, str] | None = None) -> tuple[dict[str, float], dict[str, float]]:
+              where: tuple[str | None, str | None, str] | None = None,
+              passed_over: list[str] | None = None) -> tuple[dict[str, float], dict[str, float]]:
     """Per node id, from the newest :data:`RECENT_FILES` results files in ``folder``: the seconds it
     took (its meta's ``durations``; the median of the last :data:`RECENT_TIMES` times it ran), and
     when it last ran (the file's time).
@@ -227,8 +228,9 @@ def last_runs(folder: Path | None, current: Path | None = None,
     ``where`` (GPU model slug, profile, mode; None for any) keeps only the files with a record of
     that Target and mode: a folder shared by a whole GPU's nights and a slice's, or by quick and
     normal ones, gives each its own times.  A test a window left out of a night did not run in it
-    (:mod:`pytest_mig.window`).  Files that cannot be read are passed over: they decide nothing."""
-    from .results import ResultsFileError, read_results_file
+    (:mod:`pytest_mig.window`).  Files that cannot be read are passed over: they decide nothing; the
+    sentence of each results file among them (not of other JSON files) is added to ``passed_over``."""
+    from .results import NOT_RESULTS, ResultsFileError, read_results_file
 
     times: dict[str, list[float]] = {}
     when: dict[str, float] = {}
@@ -244,7 +246,9 @@ def last_runs(folder: Path | None, current: Path | None = None,
             break
         try:
             records, meta = read_results_file(path)
-        except ResultsFileError:
+        except ResultsFileError as exc:
+            if passed_over is not None and NOT_RESULTS not in str(exc):
+                passed_over.append(str(exc))
             continue
         if where is not None and not any(_matches(r, where) for r in records):
             continue

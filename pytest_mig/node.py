@@ -38,6 +38,7 @@ from .nvml import Inventory, cuda_visible
 from .profiles import ALL, FULL
 from .results import ResultRecord, ResultsFileError, read_results_file, write_results
 from .target import SelectionError
+from .text import shown
 
 #: Options a worker must not get from the command line: the node runner writes these itself.
 OWN_OPTIONS = ("--mig-device", "--mig-results", "--mig-report", "--mig-scaling-plot", "--mig-export")
@@ -88,7 +89,7 @@ def devices(inv: Inventory, profile: str | None, emulate: bool, cvd: str | None)
     if not out:
         what = f"no {profile} instance" if profile and profile != FULL else "no device"
         raise SelectionError(f"--mig-device all found {what} on this node"
-                             + (f" among CUDA_VISIBLE_DEVICES={cvd}" if cvd is not None else "") + ".")
+                             + (f" among CUDA_VISIBLE_DEVICES={shown(cvd)}" if cvd is not None else "") + ".")
     return out
 
 

@@ -32,6 +32,7 @@ from .settings import (
     check_baseline_save,
     check_histories,
     check_output_paths,
+    check_path_options,
     confirm_count,
     count_arg,
     default_results_path,
@@ -47,6 +48,7 @@ from .settings import (
     tolerance_arg,
 )
 from .target import Options, Plan, SelectionError, Target, pin, plan_run, verify
+from .text import SHOWN, printable, quoted
 from .window import window_arg
 from .workloads import DoesNotFit
 
@@ -208,6 +210,7 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
 
     from . import node
 
+    check_path_options(config)
     opts = options(config)
     resolve_output_paths(config)
     try:
@@ -226,6 +229,7 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS:
         config.addinivalue_line("markers", line)
+    check_path_options(config)  # a path no file system takes: one sentence, before anything touches it
     opts = options(config)
     try:
         plan = plan_run(opts, nvml.discover(), os.environ)
@@ -256,8 +260,9 @@ def pytest_configure(config: pytest.Config) -> None:
     plot = config.getoption("mig_scaling_plot")
     if plot:
         if Path(plot).suffix.lower() not in PLOT_SUFFIXES:
-            raise pytest.UsageError(f"--mig-scaling-plot {plot}: cannot tell the image format from "
-                                    f"'{Path(plot).suffix or 'no suffix'}'; use one of {', '.join(PLOT_SUFFIXES)}")
+            raise pytest.UsageError(f"--mig-scaling-plot {printable(plot)}: cannot tell the image format from "
+                                    f"{quoted(Path(plot).suffix or 'no suffix', SHOWN)}; use one of "
+                                    f"{', '.join(PLOT_SUFFIXES)}")
         try:
             import matplotlib  # noqa: F401
         except ImportError:
@@ -478,7 +483,10 @@ def _last_runs(config: pytest.Config, state: RunState) -> tuple[dict[str, float]
 
         current = state.checkpoint.path if state.checkpoint is not None else None
         folder = os.environ.get(NIGHTS_ENV) or (current.parent if current is not None else None)
-        state.last_runs = last_runs(Path(folder) if folder else None, current, _where(config, state))
+        passed_over: list[str] = []
+        state.last_runs = last_runs(Path(folder) if folder else None, current, _where(config, state), passed_over)
+        state.messages.extend(f"earlier results passed over (their times are not used): {why}"
+                              for why in passed_over)
     return state.last_runs
 
 

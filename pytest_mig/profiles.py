@@ -13,14 +13,14 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Iterable, Literal
 
-from .text import quoted
+from .text import SHOWN, quoted
 
 FULL = "full"
 ALL = "all"
 CPU = "cpu"
 
 _PROFILE_RE = re.compile(
-    r"^(?:(?P<ci>[1-8])c\.)?(?P<gi>[1-8])g\.(?P<mem>\d+)gb(?P<me>\+me)?$", re.IGNORECASE
+    r"(?:(?P<ci>[1-8])c\.)?(?P<gi>[1-8])g\.(?P<mem>[0-9]{1,5})gb(?P<me>\+me)?\Z", re.IGNORECASE
 )
 
 
@@ -56,13 +56,13 @@ def parse_profile(text: str) -> ProfileName:
     m = _PROFILE_RE.match(text.strip())
     if not m:
         raise ProfileError(
-            f"{quoted(text)} is not a MIG profile name: expected <slices>g.<memory>gb such as 1g.10gb, "
+            f"{quoted(text, SHOWN)} is not a MIG profile name: expected <slices>g.<memory>gb such as 1g.10gb, "
             f"1g.10gb+me or 1c.3g.40gb, or 'full' or 'all'"
         )
     gi = int(m["gi"])
     ci = int(m["ci"]) if m["ci"] else gi
     if ci > gi:
-        raise ProfileError(f"{quoted(text)}: a compute instance cannot have more slices ({ci}) than its GPU instance ({gi})")
+        raise ProfileError(f"{quoted(text, SHOWN)}: a compute instance cannot have more slices ({ci}) than its GPU instance ({gi})")
     return ProfileName(gpu_slices=gi, memory_gb=int(m["mem"]), compute_slices=ci, media=bool(m["me"]))
 
 

@@ -46,10 +46,11 @@ from .baselines import (
     measured_value,
     meta_from_record,
 )
-from .files import FileProblem, validate
+from .files import MAX_NUMBER, FileProblem, path_problem, validate
 from .noise import REFERENCE_FLOOR, REFERENCE_MAX, Band, reference_band
 from .results import ResultRecord, ResultsFileError, atomic_write_text, read_results, utc_now
 from .schemas import REFERENCE
+from .text import printable, shown
 
 #: The references shipped with the package.
 SHIPPED = Path(__file__).parent / "references"
@@ -204,9 +205,12 @@ def store_for(text: str, base: Path) -> ReferenceStore | None:
         return ReferenceStore(SHIPPED)
     if text.lower() == NONE:
         return None
+    why = path_problem(text)
+    if why is not None:
+        raise ValueError(f"{shown(text)}: {why}")
     path = Path(text) if Path(text).is_absolute() else base / text
     if not path.is_dir():
-        raise ValueError(f"{text}: no such folder")
+        raise ValueError(f"{printable(text)}: no such folder")
     return ReferenceStore(path)
 
 
@@ -293,7 +297,8 @@ def judged_against(targets: Iterable[Any], store: BaselineStore, references: Ref
 
 def pooled_sigma(groups: Iterable[Sequence[float]]) -> float | None:
     """Run-to-run sigma pooled over groups (profiles), each relative to its own median: the square
-    root of the summed squared relative deviations over (runs - groups).  None with no repeat."""
+    root of the summed squared relative deviations over (runs - groups).  None with no repeat, and
+    None where the deviations are too large for a float (runs 1e160 times their median): no band."""
     total, dof = 0.0, 0
     for values in groups:
         xs = [float(v) for v in values if math.isfinite(v)]
@@ -302,9 +307,10 @@ def pooled_sigma(groups: Iterable[Sequence[float]]) -> float | None:
         med = statistics.median(xs)
         if not med:
             continue
-        total += sum(((x - med) / med) ** 2 for x in xs)
+        total += math.fsum((x / med - 1.0) * (x / med - 1.0) for x in xs)  # inf, never OverflowError
         dof += len(xs) - 1
-    return math.sqrt(total / dof) if dof else None
+    sigma = math.sqrt(total / dof) if dof else None
+    return sigma if sigma is not None and sigma <= MAX_NUMBER else None
 
 
 def _as_reference(record: ResultRecord) -> ResultRecord:
@@ -346,9 +352,10 @@ def build(paths: Sequence[Path], out: Path, *, drop: Sequence[str] = ()) -> Buil
             if r.test in dropped:
                 dropped[r.test] += 1
                 continue
-            if r.metric.compare and math.isinf(r.metric.value):  # no GPU measures an infinite rate: a spoilt file
-                raise ResultsFileError(f"{path}: {r.test} {r.metric.name} is {r.metric.value}, which no measurement "
-                                       f"gives; nothing was written (leave this file out or fix it)")
+            if r.metric.compare and abs(r.metric.value) > MAX_NUMBER:  # no GPU measures 1e300: a spoilt file
+                raise ResultsFileError(f"{printable(path)}: {printable(r.test)} {printable(r.metric.name)} is "
+                                       f"{r.metric.value:g}, which no measurement gives; nothing was written (leave "
+                                       f"this file out or fix it)")
             records.append(_as_reference(r))
     store = BaselineStore(out, keep=REFERENCE_KEEP)
     if dropped:  # before anything is written: a mistyped id changes nothing

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 import pandas as pd
 
 from .results import ResultRecord, atomic_write_text
+from .text import SHOWN, printable, quoted
 from .verdict import OUTCOMES, format_number
 
 if TYPE_CHECKING:
@@ -155,7 +156,8 @@ def report_format(path: Path | str) -> str:
     path = Path(path)
     fmt = REPORT_FORMATS.get(path.suffix.lower())
     if fmt is None:
-        raise ReportError(f"{path}: cannot tell the report format from '{path.suffix or 'no suffix'}'; "
+        raise ReportError(f"{printable(path)}: cannot tell the report format from "
+                          f"{quoted(path.suffix or 'no suffix', SHOWN)}; "
                           f"use one of {', '.join(REPORT_FORMATS)}")
     return fmt
 

@@ -18,6 +18,8 @@ from .measure import Metric
 from .schemas import RESULTS
 
 RESULTS_SCHEMA = "pytest-mig/results/1"
+#: What :func:`read_results_file` says of a JSON file that is not a results file at all.
+NOT_RESULTS = "not a pytest-mig results file"
 
 #: How a figure was measured: a normal run, or ``--mig-quick`` (smaller sizes, fewer repeats).  The
 #: workloads' sizes differ between the two, so figures of different modes are never compared.
@@ -113,7 +115,7 @@ def read_results_file(path: Path) -> tuple[list[ResultRecord], dict[str, Any]]:
 
 def _parse(doc: Any, path: Path) -> tuple[list[ResultRecord], dict[str, Any]]:
     if not isinstance(doc, dict) or doc.get("schema") != RESULTS_SCHEMA or not isinstance(doc.get("records"), list):
-        raise ResultsFileError(f"{path}: not a pytest-mig results file (schema {RESULTS_SCHEMA} expected)")
+        raise ResultsFileError(f"{path}: {NOT_RESULTS} (schema {RESULTS_SCHEMA} expected)")
     try:
         validate(doc, RESULTS, str(path))
     except FileProblem as exc:

@@ -5,15 +5,29 @@ They say what every field holds, so that a reader checks a file once (:func:`pyt
 before it uses any field, and a malformed file is one sentence naming where it is wrong rather than a
 traceback in whatever code first touched the field.  What a schema cannot say (a baseline's folder
 matching its GPU model, a fingerprint id that the file's table holds) the readers check after it.
+
+Numbers are bounded: a figure, a noise, a duration or a sigma within :data:`~pytest_mig.files.MAX_NUMBER`
+(1e300, so that no square or ratio of two overflows a float), a count or a run total a bounded integer.
+A results file's measured values are not bounded (a run writes what it measured, NaN and infinity
+included, and the verdict layer names them); the strict reader still refuses a number no float holds.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from .files import MAX_NUMBER
 from .measure import METRIC_KINDS
 
 _NUMBER = {"type": "number"}
+#: A number a history or reference keeps: within MAX_NUMBER either side of 0.
+_BOUNDED = {"type": "number", "minimum": -MAX_NUMBER, "maximum": MAX_NUMBER}
+_OPT_BOUNDED = {"type": ["number", "null"], "minimum": -MAX_NUMBER, "maximum": MAX_NUMBER}
+#: A figure a history keeps: above 0 and within MAX_NUMBER.
+_FIGURE = {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_NUMBER}
+#: Most runs, a keep or a count any file holds.
+MAX_COUNT = 10**6
+_COUNT = {"type": "integer", "minimum": 0, "maximum": MAX_COUNT}
 _OPT_NUMBER = {"type": ["number", "null"]}
 _OPT_STRING = {"type": ["string", "null"]}
 _DIRECTION = {"enum": ["higher", "lower"]}
@@ -63,9 +77,10 @@ RESULTS: dict[str, Any] = {
         "schema": {"const": "pytest-mig/results/1"},
         "meta": {"type": ["object", "null"], "properties": {
             "complete": {"type": "boolean"}, "stopped": {"type": "string"},
-            "durations": {"type": "object", "additionalProperties": {"type": "number", "minimum": 0}},
+            "durations": {"type": "object", "additionalProperties": {"type": "number", "minimum": 0,
+                                                                       "maximum": MAX_NUMBER}},
             "window": {"type": "object", "properties": {
-                "seconds": {"type": ["number", "null"], "exclusiveMinimum": 0},
+                "seconds": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": MAX_NUMBER},
                 "left": {"type": "array", "items": {"type": "string"}}}},
             "left_out": {"type": "array", "items": {"type": "string"}},
         }},
@@ -82,9 +97,9 @@ RUN: dict[str, Any] = {
     "type": "object",
     "required": ["value"],
     "properties": {
-        "value": {"type": "number", "exclusiveMinimum": 0}, "at": _OPT_STRING, "fp": _OPT_STRING,
-        "noise": _OPT_NUMBER, "throttled": {"type": ["array", "null"], "items": {"type": "string"}},
-        "clock_mhz": {"type": ["number", "null"], "exclusiveMinimum": 0},
+        "value": _FIGURE, "at": _OPT_STRING, "fp": _OPT_STRING,
+        "noise": _OPT_BOUNDED, "throttled": {"type": ["array", "null"], "items": {"type": "string"}},
+        "clock_mhz": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": MAX_NUMBER},
     },
 }
 
@@ -95,7 +110,7 @@ ENTRY: dict[str, Any] = {
 }
 
 _SIGMA = {"type": "object", "additionalProperties": {"type": "object", "additionalProperties": {
-    "type": "object", "additionalProperties": {"type": "number", "minimum": 0}}}}
+    "type": "object", "additionalProperties": {"type": "number", "minimum": 0, "maximum": MAX_NUMBER}}}}
 
 _COMMON = {
     "gpu_model": {"type": "string"}, "gpu_slug": {"type": "string"}, "profile": {"type": "string"},
@@ -108,7 +123,7 @@ BASELINE: dict[str, Any] = {
     "properties": {
         **_COMMON,
         "schema": {"const": "pytest-mig/baseline/2"},
-        "keep": {"type": "integer", "minimum": 1},
+        "keep": {"type": "integer", "minimum": 1, "maximum": MAX_COUNT},
         "fingerprints": {"type": ["object", "null"], "additionalProperties": {"type": "object"}},
         "modes": {"type": "object", "propertyNames": _MODE, "additionalProperties": {
             "type": "object", "additionalProperties": {"type": "object", "additionalProperties": ENTRY}}},
@@ -119,8 +134,7 @@ BASELINE: dict[str, Any] = {
 #: The block a reference adds to a baseline file: each figure's pooled sigma, and runs per mode.
 REFERENCE: dict[str, Any] = {
     "type": "object",
-    "properties": {"sigma": _SIGMA, "runs": {"type": "object", "additionalProperties": {"type": "integer",
-                                                                                         "minimum": 0}}},
+    "properties": {"sigma": _SIGMA, "runs": {"type": "object", "additionalProperties": _COUNT}},
 }
 
 BASELINE_V1: dict[str, Any] = {
@@ -132,11 +146,11 @@ BASELINE_V1: dict[str, Any] = {
         "fingerprint": {"type": ["object", "null"]},
         "tests": {"type": "object", "additionalProperties": {"type": "object", "additionalProperties": {
             "type": "object", "required": ["unit", "direction", "value"],
-            "properties": {**_HEADER, "value": {"type": "number", "exclusiveMinimum": 0}, "mode": _MODE,
-                           "samples": _NUMBERS, "fingerprint": {"type": ["object", "null"]},
+            "properties": {**_HEADER, "value": _FIGURE, "mode": _MODE,
+                           "samples": {"type": "array", "items": _BOUNDED}, "fingerprint": {"type": ["object", "null"]},
                            "recorded_at": _OPT_STRING,
                            "throttled": {"type": ["array", "null"], "items": {"type": "string"}}}}}},
     },
 }
 
-__all__ = ["BASELINE", "BASELINE_V1", "METRIC", "RECORD", "REFERENCE", "RESULTS", "VERDICT"]
+__all__ = ["BASELINE", "BASELINE_V1", "MAX_COUNT", "METRIC", "RECORD", "REFERENCE", "RESULTS", "VERDICT"]

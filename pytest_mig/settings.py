@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from .target import Options
-from .text import printable, quoted
+from .text import SHOWN, printable, quoted, shown
 
 #: Image formats --mig-scaling-plot writes.
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
@@ -34,15 +34,22 @@ def tolerance_arg(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+#: The largest count an option takes (runs kept, re-measurements, SMs): a file holds no larger one.
+MOST = 10**6
+
+
 def whole_number(text: str, least: int) -> int:
+    """``text`` as a whole number from ``least`` to :data:`MOST`; argparse.ArgumentTypeError otherwise."""
     import argparse
 
     try:
         value = int(str(text).strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{quoted(text)} is not a whole number") from None
+        raise argparse.ArgumentTypeError(f"{quoted(text, SHOWN)} is not a whole number") from None
     if value < least:
         raise argparse.ArgumentTypeError(f"{value} is too small: use {least} or more")
+    if value > MOST:
+        raise argparse.ArgumentTypeError(f"{shown(value)} is too large: use {MOST:,} or fewer")
     return value
 
 
@@ -73,7 +80,8 @@ def ini_bool(config: pytest.Config, name: str) -> bool:
     text = str(config.getini(name) or "").strip().lower()
     if text in _TRUE or text in _FALSE:
         return text in _TRUE
-    raise pytest.UsageError(f"ini option {name}: '{config.getini(name)}' is not true or false; use true or false.")
+    raise pytest.UsageError(f"ini option {name}: {quoted(config.getini(name), SHOWN)} is not true or false; use true "
+                            f"or false.")
 
 
 def given(value: str | None, where: str, what: str) -> str | None:
@@ -98,6 +106,26 @@ def options(config: pytest.Config) -> Options:
         require = ini_bool(config, "mig_require_gpu")
     return Options(profile=profile, device=device, emulate=bool(config.getoption("mig_emulate")),
                    require_gpu=bool(require))
+
+
+def check_path_options(config: pytest.Config) -> None:
+    """Every path an option or ini value names is one a file system can take (no name longer than
+    255 bytes, no NUL byte: :func:`pytest_mig.files.path_problem`), said now in one sentence rather
+    than as an OSError from the first call that touches it (``--mig-export`` is checked as it is
+    parsed)."""
+    from .files import FileProblem, check_path
+
+    paths = [("--mig-baseline-dir", config.getoption("mig_baseline_dir") or config.getini("mig_baseline_dir")),
+             ("--mig-reference", config.getoption("mig_reference") or config.getini("mig_reference")),
+             ("--mig-report", config.getoption("mig_report")), ("--mig-results", config.getoption("mig_results")),
+             ("--mig-scaling-plot", config.getoption("mig_scaling_plot"))]
+    paths += [("--mig-scaling-results", f) for f in config.getoption("mig_scaling_results") or []]
+    try:
+        for option, value in paths:
+            if value:
+                check_path(option, str(value))
+    except FileProblem as exc:
+        raise pytest.UsageError(f"{exc}.") from None
 
 
 #: What an output option writes into a folder named with a trailing ``/``.
@@ -228,10 +256,12 @@ def check_writable(option: str, path: Path, folder: Path) -> None:
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     if not probe.is_dir():
-        raise pytest.UsageError(f"{option} {path}: {probe} is a file, not a folder, so nothing can be written there.")
+        raise pytest.UsageError(f"{option} {printable(path)}: {printable(probe)} is a file, not a folder, so nothing can be "
+                                f"written there.")
     if not os.access(probe, os.W_OK | os.X_OK):
         where = "" if probe == folder else f" (the nearest existing folder of {folder})"
-        raise pytest.UsageError(f"{option} {path}: the folder {probe}{where} is not writable by this user.")
+        raise pytest.UsageError(f"{option} {printable(path)}: the folder {printable(probe)}{printable(where)} is not "
+                                f"writable by this user.")
 
 
 def baseline_dir(config: pytest.Config) -> Path:
@@ -327,7 +357,7 @@ def su_allocation(config: pytest.Config, env: Any = os.environ) -> tuple[float, 
                 raise ValueError
             values[key.strip()] = float(raw)
         except ValueError:
-            raise pytest.UsageError(f"--mig-su-allocation {quoted(text)}: {quoted(part)} is not understood; {form}") from None
+            raise pytest.UsageError(f"--mig-su-allocation {quoted(text, SHOWN)}: {quoted(part, SHOWN)} is not understood; {form}") from None
     return values["cpus"], values["ram_gb"]
 
 

@@ -16,6 +16,7 @@ from typing import Any, Literal, Mapping
 
 from .nvml import Gpu, Inventory, MigInstance, cuda_visible
 from .profiles import ALL, CPU, FULL, GpuModel, ProfileError, ProfileSpec, ladder, lookup_model, model_slug, parse_profile
+from .text import SHOWN, printable, quoted, shown
 
 TargetKind = Literal["mig", "full", "emulated", "cpu"]
 
@@ -341,10 +342,10 @@ def _plan_run(opts: Options, inv: Inventory, env: Mapping[str, str]) -> Plan:
 
     cvd = env.get("CUDA_VISIBLE_DEVICES")
     if cvd is not None and cvd.strip().lower() in _HIDDEN:
-        return _cpu_plan(f"CUDA_VISIBLE_DEVICES={cvd!r} hides every GPU", opts)
+        return _cpu_plan(f"CUDA_VISIBLE_DEVICES={quoted(cvd, SHOWN)} hides every GPU", opts)
     visible = cuda_visible(cvd) or []
     if cvd is not None and not visible:
-        raise SelectionError(f"CUDA_VISIBLE_DEVICES={cvd!r} shows CUDA no device: CUDA reads indices and exact "
+        raise SelectionError(f"CUDA_VISIBLE_DEVICES={quoted(cvd, SHOWN)} shows CUDA no device: CUDA reads indices and exact "
                              f"GPU-/MIG- UUIDs separated by commas, with no spaces around a UUID, stops at the first "
                              f"entry it cannot read and hides everything when an index is named twice.")
     if inv.error:
@@ -358,27 +359,27 @@ def _plan_run(opts: Options, inv: Inventory, env: Mapping[str, str]) -> Plan:
     if visible:
         named = _resolve_visible(visible[0], inv)
         if named is None:
-            raise SelectionError(f"CUDA_VISIBLE_DEVICES={cvd} names no GPU or MIG instance on this machine "
+            raise SelectionError(f"CUDA_VISIBLE_DEVICES={shown(cvd)} names no GPU or MIG instance on this machine "
                                  f"(NVML sees: {'; '.join(_gpu_words(g) + ': ' + (_instances_words(g) if g.mig_enabled else 'MIG off') for g in inv.gpus)}).")
         chosen_by = "scheduler (CUDA_VISIBLE_DEVICES)"
     if opts.device:
         by_option = _resolve_visible(opts.device.strip(), inv)
         if by_option is None:
             known = [i.uuid for i in inv.instances] + [f"{g.index} ({g.uuid})" for g in inv.gpus]
-            raise SelectionError(f"--mig-device {opts.device} is not a GPU or MIG instance on this machine; "
+            raise SelectionError(f"--mig-device {shown(opts.device)} is not a GPU or MIG instance on this machine; "
                                  f"known: {', '.join(known)}.")
         narrows = named is not None and named[1] is None and by_option[1] is not None and by_option[0] == named[0]
         if named is not None and by_option != named and not narrows:
-            raise SelectionError(f"--mig-device {opts.device} is not the device this job was given "
-                                 f"(CUDA_VISIBLE_DEVICES={cvd}).")
+            raise SelectionError(f"--mig-device {shown(opts.device)} is not the device this job was given "
+                                 f"(CUDA_VISIBLE_DEVICES={shown(cvd)}).")
         named, chosen_by = by_option, "--mig-device"
         if narrows:  # the job has the whole GPU; pin the instance of it the user named
             visible = []
     pin = None if visible else (named[1].uuid if named and named[1] else (named[0].uuid if named else None))
     header = [f"NVML could not read {problem}; that GPU is left out" for problem in inv.problems]
     if len(visible) > 1 and named is not None:
-        header.append(f"CUDA_VISIBLE_DEVICES={cvd} shows {len(visible)} devices; a benchmark measures only the "
-                      f"first, {visible[0]}")
+        header.append(f"CUDA_VISIBLE_DEVICES={shown(cvd)} shows {len(visible)} devices; a benchmark measures only "
+                      f"the first, {printable(visible[0])}")
     if named is not None and named[1] is not None and named[1].busy_pids:
         header.append(f"{named[1].uuid} is in use by pid {', '.join(map(str, named[1].busy_pids))}: "
                       "its figures may be disturbed")

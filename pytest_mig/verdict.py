@@ -62,7 +62,7 @@ from .noise import (
 )
 from .reference import Reference, ReferenceStore, fingerprint_beside
 from .results import ResultRecord
-from .text import quoted
+from .text import SHOWN, quoted
 
 Outcome = Literal["pass", "regressed", "improved", "noisy", "transient", "no-baseline", "incomparable", "info"]
 OUTCOMES: tuple[str, ...] = ("pass", "regressed", "improved", "noisy", "transient", "no-baseline", "incomparable",
@@ -140,14 +140,14 @@ def parse_tolerance(text: str | float) -> float:
         try:
             value = float(s[:-1]) / 100 if s.endswith("%") else float(s)
         except ValueError:
-            raise ValueError(f"tolerance {quoted(text)} is not a number: write a percentage such as 5% or a fraction such as 0.05") from None
+            raise ValueError(f"tolerance {quoted(text, SHOWN)} is not a number: write a percentage such as 5% or a fraction such as 0.05") from None
         if not math.isfinite(value):
-            raise ValueError(f"tolerance {quoted(text)} is out of range: it must be a finite number, at least 0 and "
+            raise ValueError(f"tolerance {quoted(text, SHOWN)} is out of range: it must be a finite number, at least 0 and "
                              f"below 100%")
         if not s.endswith("%") and value > 1:
-            raise ValueError(f"tolerance {quoted(text)} is ambiguous: write {s}% or {value / 100:g}")
+            raise ValueError(f"tolerance {quoted(text, SHOWN)} is ambiguous: write {s}% or {value / 100:g}")
     if not math.isfinite(value) or not 0 <= value < 1:
-        raise ValueError(f"tolerance {quoted(text)} is out of range: it must be at least 0 and below 100%")
+        raise ValueError(f"tolerance {quoted(text, SHOWN)} is out of range: it must be at least 0 and below 100%")
     return value
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from .night import duration_text as _short
-from .text import quoted
+from .text import SHOWN, quoted
 
 #: The folder of earlier nights' results files, where it is not this run's own results folder: node
 #: mode's workers write theirs to a scratch folder and read the node's merged files from here.
@@ -44,10 +44,10 @@ def parse_window(text: str) -> float:
     """Seconds from ``300``, ``300s``, ``5m`` or ``1.5h``; ValueError with one sentence otherwise."""
     m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(s|m|min|h)?\s*", str(text))
     if not m:
-        raise ValueError(f"{quoted(text)} is not a length of time (seconds, or with s, m or h: 300, 5m, 1.5h)")
+        raise ValueError(f"{quoted(text, SHOWN)} is not a length of time (seconds, or with s, m or h: 300, 5m, 1.5h)")
     seconds = float(m.group(1)) * _UNITS[m.group(2) or ""]
     if not math.isfinite(seconds) or seconds < 1:
-        raise ValueError(f"{quoted(text)} is shorter than a second: a window holds at least one test")
+        raise ValueError(f"{quoted(text, SHOWN)} is shorter than a second: a window holds at least one test")
     return seconds
 
 

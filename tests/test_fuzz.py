@@ -28,7 +28,7 @@ from pytest_mig import cli  # noqa: E402
 from pytest_mig.baselines import BaselineError, BaselineStore, load_baseline_file  # noqa: E402
 from pytest_mig.cost import SUCoefficients  # noqa: E402
 from pytest_mig.exports import parse_export  # noqa: E402
-from pytest_mig.files import MAX_DEPTH, FileProblem, parse_json  # noqa: E402
+from pytest_mig.files import MAX_DEPTH, FileProblem, check_path, parse_json, path_problem  # noqa: E402
 from pytest_mig.history import collect  # noqa: E402
 from pytest_mig.measure import Metric  # noqa: E402
 from pytest_mig.profiles import ProfileError, parse_profile  # noqa: E402
@@ -45,8 +45,16 @@ KEYS = st.sampled_from(["schema", "records", "meta", "test", "metric", "name", "
                         "confirmations", "target", "fingerprint", "mode", "modes", "runs", "at", "fp", "noise",
                         "throttled", "keep", "gpu_model", "gpu_slug", "profile", "emulated", "reference", "sigma",
                         "fingerprints", "tolerance", "normal", "quick"]) | st.text(max_size=8)
-SCALARS = (st.none() | st.booleans() | st.integers(min_value=-10**20, max_value=10**20)
-           | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=12))
+#: Numbers of any size: huge integers (past a float, and past 30 digits), the extremes of a float,
+#: -0.0 and subnormals.
+NUMBERS = (st.integers(min_value=-10**20, max_value=10**20) | st.integers(min_value=-10**400, max_value=10**400)
+           | st.floats(allow_nan=True, allow_infinity=True)
+           | st.sampled_from([-0.0, 1e-320, 5e-324, -5e-324, 1e-300, 1e300, 1.0000001e300, 1.7976931348623157e308,
+                              -1.7976931348623157e308, 10**29, 10**30, -(10**30)]))
+#: Strings of any character (NUL, lone surrogates, escape sequences) and any length.
+TEXTS = (st.text(max_size=12) | st.text(st.characters(codec=None), max_size=40)
+         | st.sampled_from(["\x00", "\ud800", "\x1b[31m", "\r\n", "..", "../..", "a/b", "x" * 300, "é" * 5000]))
+SCALARS = st.none() | st.booleans() | NUMBERS | TEXTS
 JSON = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(KEYS, inner, max_size=4),
                     max_leaves=20)
 TARGET = {"kind": "full", "profile": "full", "baseline_profile": "full", "gpu_name": "NVIDIA H200",
@@ -95,7 +103,7 @@ def mutants(doc: Any) -> st.SearchStrategy[Any]:
 
 
 def _dump(doc: Any) -> str:
-    return json.dumps(doc, allow_nan=True)
+    return json.dumps(doc, allow_nan=True, ensure_ascii=True)  # a lone surrogate is written as \\ud800
 
 
 def _results_doc(tmp: Path) -> dict[str, Any]:
@@ -200,9 +208,14 @@ def test_reference_files_read_or_say_why(seeds: dict[str, Any], tmp_path_factory
         ref.band_for(e)
 
 
+#: Number literals no float holds, or past Python's int-to-string limit (4300 digits).
+LITERALS = st.sampled_from(["1" * 31, "-" + "9" * 400, "1" * 5000, "1e999", "-1e999", "1" + "0" * 400 + ".5",
+                            "1e-999", "-0", "-0.0", "4.9e-324", "2.5e-324", "1" * 30]).map(lambda n: f'{{"a": [{n}]}}')
+
+
 @FUZZ
-@given(text=st.text(max_size=40) | st.sampled_from(["[" * 100_000, '{"a": ' * 5000, "NaN", "-Infinity",
-                                                     '{"a": 1, "a": 2}', "\ud800"]))
+@given(text=st.text(max_size=40) | LITERALS | st.sampled_from(["[" * 100_000, '{"a": ' * 5000, "NaN", "-Infinity",
+                                                                '{"a": 1, "a": 2}', "\ud800"]))
 def test_any_text_parses_or_is_one_sentence(text: str) -> None:
     try:
         doc = parse_json(text, "f.json")
@@ -210,6 +223,8 @@ def test_any_text_parses_or_is_one_sentence(text: str) -> None:
         assert str(exc).startswith("f.json: ") and "\n" not in str(exc)
         return
     assert doc is None or isinstance(doc, (dict, list, str, int, float, bool))
+    for number in doc.get("a", []) if isinstance(doc, dict) else []:  # what the reader let through: a float
+        assert math.isfinite(float(number)) and len(str(abs(int(number)))) <= 30
 
 
 def test_nesting_deeper_than_any_file_is_refused_before_a_reader_recurses(tmp_path: Path) -> None:
@@ -236,17 +251,23 @@ PARSERS: list[tuple[Callable[[str], Any], tuple[type[BaseException], ...]]] = [
 
 
 @FUZZ
-@given(text=st.text(max_size=30) | st.sampled_from(["inf", "nan", "-inf", "1e308", "1.5e308", "5%%", "=1",
-                                                    "prometheus=", "github=", "cpu=1e308", "0x10", "1_0"]))
+@given(text=st.text(max_size=30) | st.text(st.characters(codec=None), max_size=300)
+       | st.sampled_from(["inf", "nan", "-inf", "1e308", "1.5e308", "5%%", "=1", "prometheus=", "github=",
+                          "cpu=1e308", "0x10", "1_0", "9" * 5000, "1" * 400, "-" + "9" * 31, "1e-320", "-0.0",
+                          "github=" + "a" * 300, "prometheus=a/\x00", "1g." + "9" * 100_000 + "gb", "\ud800" * 10,
+                          "x" * 100_000, "5e-324", "1" + "0" * 400 + "%"]))
 def test_every_option_parser_returns_or_says_why(text: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     for parse, errors in PARSERS:
         try:
             value = parse(text)
         except errors as exc:  # its own error type, which argparse and pytest turn into a usage error
             assert str(exc) and str(exc).isprintable(), f"{parse.__name__}: {str(exc)!r}"  # nothing drives a terminal
+            assert len(str(exc)) < 600, f"{parse.__name__} echoed {len(str(exc))} characters"  # the value is cut
             continue
         if isinstance(value, float):
             assert math.isfinite(value), f"{parse.__name__}({text!r}) gave {value}"
+        if isinstance(value, int):
+            assert abs(value) <= 10**6, f"{parse.__name__}({text!r}) gave a count of {len(str(value))} digits"
 
 
 @pytest.mark.parametrize("text", ["inf", "nan", "1e308", "-1", "100%", "1.5"])
@@ -270,3 +291,36 @@ def test_a_shipped_reference_survives_a_copy_round_trip(tmp_path: Path) -> None:
     """The fuzz's seed is a real shipped file, and it reads as shipped."""
     shutil.copytree(SHIPPED / "nvidia-h200", tmp_path / "nvidia-h200")
     assert ReferenceStore(tmp_path).load("nvidia-h200", "full") is not None
+
+
+@FUZZ
+@given(text=TEXTS | st.text(st.characters(codec=None), min_size=60, max_size=300))
+def test_every_path_option_takes_the_path_or_says_why(text: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Any string as a path: the checks every path option and CLI path goes through say why in one
+    short printable sentence, and a path they let through can be asked about without an OSError."""
+    why = path_problem(text)
+    try:
+        check_path("--mig-results", text)
+    except FileProblem as exc:
+        assert why is not None and str(exc).isprintable() and len(str(exc)) < 1200  # 80 characters, escaped
+        return
+    assert why is None
+    Path(text).exists()  # no ENAMETOOLONG, no embedded NUL
+    try:
+        cli._path_arg(text)
+    except argparse.ArgumentTypeError:
+        raise AssertionError(f"{text!r}: passed check_path, refused by the CLI") from None
+
+
+@FUZZ
+@given(slug=TEXTS, profile=TEXTS)
+def test_a_slug_and_profile_from_file_data_make_a_path_inside_the_store_or_are_refused(slug: str, profile: str,
+                                                                                     tmp_path: Path) -> None:
+    store = BaselineStore(tmp_path / "baselines")
+    try:
+        path = store.path_for(slug, profile)
+    except BaselineError as exc:
+        assert str(exc).isprintable() and len(str(exc)) < 400
+        return
+    assert path.parent.parent == store.root and path.parent.name == slug
+    path.exists()  # no OSError

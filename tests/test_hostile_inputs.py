@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import types
+from pathlib import Path
 
 import fake_pynvml
 import pytest
@@ -120,3 +121,227 @@ def test_the_judge_takes_the_prior_from_the_shipped_reference() -> None:
                        target, {}, mode=entry.mode)
     assert reference_prior(refs, rec) == pytest.approx(ref.band_for(entry).sigma)
     assert reference_prior(None, rec) is None
+
+
+# --------------------------------------------------------------------------- numbers no schema bounded
+
+def _results_text(tmp_path, value: float = 700.0, duration: float = 61.9, **target: str) -> str:
+    from pytest_mig.results import write_results
+
+    rec = ResultRecord("bench.py::test_gemm[bf16]", Metric("bf16_tflops", value, "TFLOPS", "higher", [], "tensor"),
+                       {**TARGET, "baseline_profile": "full", **target}, {"driver": "580.159.04"},
+                       "2026-11-20T00:00:00+00:00")
+    path = tmp_path / "seed.json"
+    write_results(path, [rec], {"complete": True, "durations": {"bench.py::test_gemm[bf16]": duration}})
+    text = path.read_text()
+    path.unlink()
+    return text
+
+
+HUGE = {"400 digits": "1" + "0" * 400, "5000 digits": "1" + "0" * 5000, "1e999": "1e999",
+        "-1e999": "-1e999", "long decimal": "1" + "0" * 400 + ".5"}
+
+
+@pytest.mark.parametrize("number", list(HUGE.values()), ids=list(HUGE))
+@pytest.mark.parametrize("field", ["value", "duration"])
+def test_a_number_no_float_holds_is_one_sentence_naming_its_field_in_every_command(
+        tmp_path, number: str, field: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from pytest_mig.results import ResultsFileError, read_results_file
+
+    text = _results_text(tmp_path)
+    good = tmp_path / "good.json"
+    good.write_text(text)
+    bad = tmp_path / "bad.json"
+    bad.write_text(text.replace("700.0", number) if field == "value" else text.replace("61.9", number))
+    at = "records/0/metric/value" if field == "value" else "meta/durations/bench.py::test_gemm[bf16]"
+    with pytest.raises(ResultsFileError, match=f"at {at.replace('[', '.').replace(']', '.')}: ") as exc:
+        read_results_file(bad)
+    assert str(exc.value).startswith(str(bad)) and "not a number any pytest-mig file holds" in str(exc.value)
+    for args in (["report", str(good), str(bad)], ["compare", str(good), str(bad)], ["samples", str(good), str(bad)],
+                 ["history", str(good), str(bad), "--out", str(tmp_path / "t.html")],
+                 ["reference", str(bad), "--out", str(tmp_path / "ref")]):
+        assert cli.main(args) == 2, args
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"at {at}" in err, (args, err)
+    assert not (tmp_path / "ref").exists() and not (tmp_path / "t.html").exists()
+
+
+def test_an_earlier_results_file_with_a_huge_duration_is_passed_over_with_a_line(pytester: pytest.Pytester) -> None:
+    """The night reads earlier results files for its tests' times; one it cannot read is passed over."""
+    pytester.makepyfile("def test_x():\n    pass\n")
+    folder = pytester.path / "nights"
+    folder.mkdir()
+    (folder / "earlier.json").write_text(_results_text(pytester.path).replace("61.9", "9" * 5000))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--mig-results", f"{folder}/",
+                                           "--mig-window", "1h")
+    assert result.ret == 0, result.stderr.str()
+    out = result.stdout.str()
+    assert "earlier results passed over (their times are not used): " in out and "an integer of 5000 digits" in out
+    assert "Traceback" not in out + result.stderr.str()
+
+
+def test_reference_on_tiny_values_writes_a_figure_with_no_band_and_refuses_1e301_before_writing(
+        tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    files = []
+    for i, value in enumerate(["1e-200", "1e-40", "1e-200"]):
+        path = tmp_path / f"r{i}.json"
+        path.write_text(_results_text(tmp_path).replace("700.0", value).replace("2026-11-20", f"2026-11-2{i}"))
+        files.append(str(path))
+    assert cli.main(["reference", *files, "--out", str(tmp_path / "ref")]) == 0  # OverflowError before
+    from pytest_mig.reference import ReferenceStore
+
+    ref = ReferenceStore(tmp_path / "ref").load("nvidia-h200", "full")
+    assert ref is not None and ref.sigma == {}  # deviations of 1e160 times the median: no sigma, no band
+    capsys.readouterr()
+    big = tmp_path / "big.json"
+    big.write_text(_results_text(tmp_path).replace("700.0", "1e301"))
+    assert cli.main(["reference", files[0], str(big), "--out", str(tmp_path / "ref2")]) == 2
+    assert "1e+301, which no measurement gives; nothing was written" in capsys.readouterr().err
+    assert not (tmp_path / "ref2").exists()
+
+
+def _history(tmp_path, fingerprint_field: str) -> Path:
+    from pytest_mig.baselines import BaselineStore
+    from pytest_mig.results import read_results
+
+    src = tmp_path / "src.json"
+    src.write_text(_results_text(tmp_path))
+    store = BaselineStore(tmp_path / "baselines")
+    store.save(read_results(src))
+    path = store.path_for("nvidia-h200", "full")
+    path.write_text(path.read_text().replace('"driver": "580.159.04"', f'"driver": {fingerprint_field}'))
+    return path
+
+
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "1e999", "1" + "0" * 40])
+def test_a_fingerprint_no_json_can_write_back_is_refused_when_read(tmp_path, number: str) -> None:
+    """Read with allow_nan (a figure's NaN is named by the store), a NaN fingerprint field was kept, and
+    found only when the run's save could not write it; now the history is refused when read, so that
+    --mig-save-baseline says it at start-up (check_save)."""
+    from pytest_mig.baselines import BaselineError, BaselineStore, load_baseline_file
+
+    path = _history(tmp_path, number)
+    with pytest.raises(BaselineError, match=r"driver|integer of 41 digits|too large for a float") as exc:
+        load_baseline_file(path)
+    assert str(exc.value).startswith(str(path))
+    with pytest.raises(BaselineError):
+        BaselineStore(tmp_path / "baselines").check_save("nvidia-h200", "full")
+
+
+@pytest.mark.parametrize("number", ["1e301", "-1e301"])
+def test_a_history_run_noise_beyond_1e300_is_refused(tmp_path, number: str) -> None:
+    from pytest_mig.baselines import BaselineError, load_baseline_file
+
+    path = _history(tmp_path, '"580.159.04"')
+    text = path.read_text()
+    assert '"value": 700.0' in text
+    path.write_text(text.replace('"value": 700.0', f'"noise": {number}, "value": 700.0'))
+    with pytest.raises(BaselineError, match="noise"):
+        load_baseline_file(path)
+
+
+@pytest.mark.parametrize("slug", ["nvidia\x00h200", "..", "../../etc", "a" * 300, "x/y"])
+def test_a_gpu_slug_from_a_results_file_never_reaches_the_file_system(tmp_path, slug: str,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "r.json"
+    path.write_text(_results_text(tmp_path, gpu_slug=slug))
+    assert cli.main(["reference", str(path), "--out", str(tmp_path / "ref")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot name a baseline file" in err and "\x00" not in err and err.count("\n") == 1
+    assert not any((tmp_path / "ref").rglob("*.json")) if (tmp_path / "ref").exists() else True
+
+
+def test_a_batches_file_naming_a_huge_batch_is_passed_over(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_mig.workloads import batch_search
+
+    monkeypatch.setenv(batch_search.ENV, str(tmp_path))
+    (tmp_path / batch_search.FILE).write_text('{"case": {"eager": 48, "compiled": 1' + "0" * 400 + "}}")
+    assert batch_search.recall("case") == {}  # OverflowError, or a batch of 10**400, before
+    (tmp_path / batch_search.FILE).write_text('{"case": {"eager": 48, "compiled": 100000000000000000000}}')
+    assert batch_search.recall("case") == {"eager": 48}
+
+
+# --------------------------------------------------------------------------- long and odd strings
+
+LONG = "a" * 300  # one name longer than NAME_MAX (255)
+
+
+@pytest.mark.parametrize("option, value", [
+    ("--mig-baseline-dir", LONG), ("--mig-results", LONG), ("--mig-report", LONG + ".md"),
+    ("--mig-export", f"github={LONG}"), ("--mig-export", f"prometheus={LONG}.prom"), ("--mig-reference", LONG),
+    ("--mig-scaling-plot", LONG + ".png"), ("--mig-scaling-results", LONG), ("--mig-results", "x/" * 2100 + "r.json"),
+])
+def test_a_path_no_file_system_takes_is_one_sentence_at_start_up(pytester: pytest.Pytester, option: str,
+                                                                  value: str) -> None:
+    pytester.makepyfile("def test_x():\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", option, value)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = result.stderr.str()
+    assert "Traceback" not in err and "INTERNALERROR" not in err + result.stdout.str()
+    assert "longer than a file name can be (255)" in err or "longer than any path can be" in err, err
+    assert "a" * 81 not in err and "..." in err  # the value is cut for display
+
+
+@pytest.mark.parametrize("args", [["report", "r.json", "--out", LONG + ".md"], ["history", "--out", LONG + ".html"],
+                                  ["reference", "--out", LONG], ["samples", LONG], ["compare", "a", LONG],
+                                  ["compare", "r.json", "--reference", LONG]])
+def test_a_path_no_file_system_takes_is_a_cli_usage_error(args: list[str], tmp_path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "r.json").write_text(_results_text(tmp_path))
+    try:
+        rc = cli.main(args)
+    except SystemExit as exc:  # argparse's usage error
+        rc = exc.code
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "longer than a file name can be (255)" in err and "a" * 81 not in err
+
+
+def test_a_profile_of_100000_characters_is_one_short_sentence(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_x():\n    pass\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--mig-profile", "1g." + "9" * 100_000 + "gb")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = result.stderr.str()
+    assert "is not a MIG profile name" in err and len(err) < 2000 and "Traceback" not in err
+
+
+CONTROL = "\x1b[31mred\rback\nERROR: forged"
+
+
+def _no_raw_controls(text: str) -> None:
+    assert "\x1b" not in text and "\rback" not in text and "\nERROR: forged" not in text, repr(text)
+
+
+@pytest.mark.parametrize("source", ["ini mig_require_gpu", "ini mig_tolerance", "ini mig_reference",
+                                    "--mig-reference", "--mig-device", "CUDA_VISIBLE_DEVICES"])
+def test_control_characters_in_every_source_are_echoed_escaped(pytester: pytest.Pytester, mig_env: pytest.MonkeyPatch,
+                                                               source: str) -> None:
+    fake_pynvml.install_subprocess(mig_env, "h200-mig-off")  # a machine with a GPU: the device options are read
+    pytester.makepyfile("def test_x():\n    pass\n")
+    args = ["-p", "no:cacheprovider"]
+    typed = CONTROL
+    if source.startswith("ini "):  # an ini line ends at \r or \n: the escape sequence and a bell
+        typed = "\x1b[31mred\x07back"
+        pytester.path.joinpath("pytest.ini").write_text(f"[pytest]\n{source.split()[1]} = {typed}\n", encoding="utf-8")
+    elif source == "CUDA_VISIBLE_DEVICES":
+        mig_env.setenv("CUDA_VISIBLE_DEVICES", "GPU-" + CONTROL)
+    else:
+        args += [source, CONTROL]
+    result = pytester.runpytest_subprocess(*args)
+    err = result.stderr.str() + result.stdout.str()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, err
+    _no_raw_controls(err)
+    assert "\x07" not in err and "Traceback" not in err
+    assert typed.encode("unicode_escape").decode()[:20] in err, err
+
+
+@pytest.mark.parametrize("content", ["{", '{"schema": "pytest-mig/results/1", "records": [1' + "0" * 40 + "]}", None])
+def test_a_file_name_with_control_characters_is_echoed_escaped(tmp_path, content: str | None,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "night\x1b[31m\rx.json"
+    if content is not None:
+        bad.write_text(content)
+    assert cli.main(["report", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\r" not in err and "night\\x1b[31m\\rx.json" in err

@@ -254,13 +254,18 @@ def recall(case: str) -> dict[str, int]:
     return _batches(doc, case)
 
 
+#: Largest batch a ``batches.json`` may name; a larger one is an edited file, passed over.
+MAX_BATCH = 1 << 20
+
+
 def _batches(doc: Any, case: str) -> dict[str, int]:
-    """The eager and compiled batches ``doc`` (a ``batches.json``) holds for ``case``: positive integers only."""
+    """The eager and compiled batches ``doc`` (a ``batches.json``) holds for ``case``: integers from 1
+    to :data:`MAX_BATCH` only."""
     entry = doc.get(case) if isinstance(doc, dict) else None
     if not isinstance(entry, dict):
         return {}
     return {k: v for k, v in entry.items() if k in ("eager", "compiled") and isinstance(v, int)
-            and not isinstance(v, bool) and v > 0}
+            and not isinstance(v, bool) and 0 < v <= MAX_BATCH}
 
 
 def remember(case: str, versions: dict[str, str] | None = None, **batches: int | None) -> None:
@@ -326,5 +331,5 @@ def seed(case: str, versions: dict[str, str]) -> tuple[int, str] | None:
     return None
 
 
-__all__ = ["BatchGrowth", "BatchSearch", "COMPILED_MARGIN", "ENV", "FILE", "OOM_ERROR", "SEEDS", "SEEDS_ENV", "confirm_batch",
+__all__ = ["BatchGrowth", "BatchSearch", "COMPILED_MARGIN", "ENV", "FILE", "MAX_BATCH", "OOM_ERROR", "SEEDS", "SEEDS_ENV", "confirm_batch",
            "confirm_growth", "grow_batch", "is_oom", "key", "max_batch_search", "recall", "remember", "seed"]
