@@ -667,3 +667,70 @@ def test_the_record_counts_the_graphs_torch_compile_made():
     assert tr._compiled_graphs() - before == 1
     f(torch.ones(5))  # static shapes: another size, another graph
     assert tr._compiled_graphs() - before == 2
+
+
+# --- the captured step of the fixed batches --------------------------------------------------------
+
+
+@pytest.mark.parametrize("device, mode, batch, compiled, expected", [
+    ("cuda", "full", "fixed", False, True),
+    ("cuda:0", "lora", "fixed", False, True),
+    ("cuda", "qlora", "fixed", False, True),
+    ("cuda", "full", "maxbatch", False, False),  # the largest batch: eager, GPU-bound already
+    ("cuda", "lora", "maxbatch", False, False),
+    ("cuda", "full", "fixed", True, False),  # compiled: Inductor's own
+    ("cpu", "full", "fixed", False, False),
+])
+def test_fixed_batch_steps_on_a_gpu_replay_a_cuda_graph(device, mode, batch, compiled, expected):
+    assert tr.uses_graph(device, mode, batch, compiled) is expected
+
+
+def test_the_run_times_the_graphed_step_where_uses_graph_says_so(cpu, timer, monkeypatch):
+    """run_training hands the timer the graphed step (one call per step, DATA_POOL batches) and records it."""
+    pools: list[list[torch.Tensor]] = []
+
+    def graphed(self, pool):  # the CPU cannot capture: a stand-in that steps eagerly over the same pool
+        pools.append(pool)
+        counter = [0]
+
+        def step():
+            self.losses.append(self.step(pool[counter[0] % len(pool)]))
+            counter[0] += 1
+
+        return step
+
+    monkeypatch.setattr(tr, "uses_graph", lambda device, mode, batch, compiled: batch == "fixed")
+    monkeypatch.setattr(tr._Trainer, "graphed_step_fn", graphed)
+    metrics = tr.run_training(cpu, timer, config="gpt2-small", mode="full", batch="fixed", quick=True)
+    tokens = next(m for m in metrics if m.name == "tokens_per_s")
+    assert tokens.info["cuda_graph"] is True
+    cfg = tr.CONFIGS["gpt2-small"].tiny()
+    assert len(pools) == 1 and len(pools[0]) == tr.DATA_POOL
+    assert all(t.shape == (cfg.fixed_batch, cfg.seq_len) for t in pools[0])
+    pools.clear()
+    metrics = tr.run_training(cpu, timer, config="qwen1.5b", mode="lora", batch="maxbatch", quick=True)
+    assert next(m for m in metrics if m.name == "tokens_per_s").info["cuda_graph"] is False
+    assert pools == []  # the largest batch steps eagerly
+
+
+def test_a_cpu_run_records_eager_steps(cpu, timer):
+    metrics = tr.run_training(cpu, timer, config="gpt2-small", mode="lora", batch="fixed", quick=True)
+    assert next(m for m in metrics if m.name == "tokens_per_s").info["cuda_graph"] is False
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_the_step_passes_autocast_cache_through(cache, monkeypatch):
+    """A captured step runs autocast without its weight cache; an eager one keeps the cache."""
+    seen: list[bool] = []
+    real = torch.autocast
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs.get("cache_enabled"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "autocast", recording)
+    trainer = tr._Trainer(tr.CONFIGS["gpt2-small"].tiny(), "full", "cpu")
+    tokens = trainer.task.batch(2)
+    trainer.step(tokens, autocast_cache=cache)
+    trainer.step(tokens)
+    assert seen == [cache, True]

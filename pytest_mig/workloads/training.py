@@ -11,7 +11,9 @@ What is measured (reference/measurement.md, "Training"; the Wulver, SparkTrainer
   Wulver's setup: the base loaded in bitsandbytes NF4 with bf16 compute,
   ``prepare_model_for_kbit_training`` (gradient checkpointing on), then LoRA.
 - Batch policies: ``fixed`` (a small constant batch, the same on every profile so profiles compare
-  at equal work per step; Columbia/IBM found small constant batches are where MIG gains most) and
+  at equal work per step; Columbia/IBM found small constant batches are where MIG gains most; on a
+  GPU its measured steps replay the whole step captured as one CUDA graph, so they time the GPU's
+  work, not the host's Python: :meth:`_Trainer.graphed_step_fn`) and
   ``maxbatch`` (Columbia/IBM's method: the largest batch that fits the slice, found by trying real
   steps and catching out-of-memory errors: :func:`max_batch_search`).  A compiled ``maxbatch``
   case runs at the larger batch its compiled step holds, projected from that step's memory at the
@@ -112,6 +114,10 @@ INITIAL_LOSS_TOLERANCE = 0.2
 ALPHABET = 64
 #: Distinct batches cycled through the timed steps (made before timing: no data loading is timed).
 DATA_POOL = 4
+#: Modes whose fixed-batch steps on a GPU replay a CUDA graph of the whole step (:func:`uses_graph`).
+GRAPH_MODES: tuple[str, ...] = ("full", "lora", "qlora")
+#: Eager steps on a side stream before the step is captured (:meth:`_Trainer.graphed_step_fn`).
+GRAPH_WARMUP_STEPS = 3
 SEED = 20240611
 
 
@@ -326,12 +332,13 @@ def clip_gradients(params: list[torch.nn.Parameter], opt: torch.optim.Optimizer,
 
 
 def optimizer_step(model: Callable[..., Any], opt: torch.optim.Optimizer, tokens: torch.Tensor, *, amp: bool,
-                   clip: Callable[[], None]) -> torch.Tensor:
+                   clip: Callable[[], None], autocast_cache: bool = True) -> torch.Tensor:
     """One training step as every trainer here takes it, the DDP ranks too: the gradients zeroed, the
     forward under bf16 autocast (``amp``), backward, ``clip()`` (:func:`clip_gradients`), the optimizer
-    step.  Returns the loss, detached, with no host sync."""
+    step.  Returns the loss, detached, with no host sync.  ``autocast_cache`` False: autocast casts a
+    weight at each use instead of once per step (what a step captured in a CUDA graph needs)."""
     opt.zero_grad(set_to_none=True)
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp, cache_enabled=autocast_cache):
         loss = model(input_ids=tokens, labels=tokens).loss
     loss.backward()
     clip()
@@ -372,9 +379,11 @@ class _Trainer:
         self.task = CycleTask(cfg.vocab, cfg.seq_len, device)
         self.losses: list[torch.Tensor] = []
         self.first_loss: float | None = None
+        self._graph: torch.cuda.CUDAGraph | None = None  # the captured step of graphed_step_fn
 
-    def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        loss = optimizer_step(self.step_model, self.opt, tokens, amp=self.amp, clip=self.clip_gradients)
+    def step(self, tokens: torch.Tensor, *, autocast_cache: bool = True) -> torch.Tensor:
+        loss = optimizer_step(self.step_model, self.opt, tokens, amp=self.amp, clip=self.clip_gradients,
+                              autocast_cache=autocast_cache)
         if self.first_loss is None:
             self.first_loss = float(loss)
         return loss
@@ -441,8 +450,13 @@ class _Trainer:
         self.opt.zero_grad(set_to_none=True)
         _release(self.device)
 
-    def timed_step_fn(self, batch: int) -> Callable[[], None]:
+    def timed_step_fn(self, batch: int, *, graph: bool = False) -> Callable[[], None]:
+        """One training step per call over :data:`DATA_POOL` batches made here, its loss kept in
+        ``losses`` with no host sync; ``graph``: the whole step replayed as one CUDA graph
+        (:meth:`graphed_step_fn`)."""
         pool = [self.task.batch(batch) for _ in range(DATA_POOL)]
+        if graph:
+            return self.graphed_step_fn(pool)
         counter = [0]
 
         def step() -> None:
@@ -452,8 +466,49 @@ class _Trainer:
 
         return step
 
+    def graphed_step_fn(self, pool: list[torch.Tensor]) -> Callable[[], None]:
+        """The whole training step (gradients zeroed, forward, backward, clip, fused AdamW) captured
+        once in a CUDA graph; each call copies the next batch of ``pool`` into the graph's input,
+        replays it and keeps a copy of its loss.
+
+        A small batch's eager step is bound by the host: on a whole H100 Qwen2.5-1.5B's LoRA step
+        at batch 2 took 0.15-0.19 s eager and 0.045 s replayed, so the eager tokens/s measured the
+        host's Python and moved by 5-17% between runs (docs/benchmarks.md, "Fixed-batch training:
+        the step as one CUDA graph").  Replayed, the step is the GPU's work alone.  Before the capture,
+        :data:`GRAPH_WARMUP_STEPS` eager steps run on the capture stream (what capture needs: the
+        optimizer's state, cuBLAS's workspaces and autograd's streams are made there); they train.
+        The capture stream is a new one where the current stream is the legacy default stream (which
+        cannot capture), else the current stream itself: under emulation that is the green context's
+        own stream, where a new stream could be the whole GPU's (:mod:`..emulation`).
+        """
+        static = pool[0].clone()
+        current = torch.cuda.current_stream()
+        side = torch.cuda.Stream() if current == torch.cuda.default_stream() else current
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            for i in range(GRAPH_WARMUP_STEPS):
+                static.copy_(pool[i % len(pool)])
+                self.losses.append(self.step(static, autocast_cache=False))
+        current.wait_stream(side)
+        for group in self.opt.param_groups:  # fused AdamW keeps its step count on the GPU already
+            group["capturable"] = True
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
+            loss = self.step(static, autocast_cache=False)
+        counter = [GRAPH_WARMUP_STEPS]
+
+        def step() -> None:
+            static.copy_(pool[counter[0] % len(pool)])
+            counter[0] += 1
+            graph.replay()
+            self.losses.append(loss.clone())  # the graph's loss is overwritten by the next replay
+
+        self._graph = graph  # kept alive (and released in close) with the trainer
+        return step
+
     def close(self) -> None:
         self.opt.zero_grad(set_to_none=True)
+        self._graph = None
         del self.opt, self.model, self.step_model, self.losses, self.params
 
 
@@ -560,6 +615,7 @@ def run_training(
             "tokens_per_step": run.batch * cfg.seq_len, "layers": cfg.n_layers, "d_model": cfg.d_model,
             "vocab": cfg.vocab, "params": cfg.param_count(), "trainable_params": trainer.trainable,
             "precision": "fp32" if target.is_cpu else "bf16 autocast", "compiled": compile_model,
+            "cuda_graph": uses_graph(device, mode, batch, compile_model),
             "initial_loss": round(trainer.first_loss, 4), "loss_first": round(measured[0], 4),
             "loss_last": round(measured[-1], 4), "loss_drop": round(drop, 4), "steps": len(measured),
             "warmup": effort.warmup, "lr": trainer.lr, "engine": _engine_versions(mode),
@@ -621,12 +677,22 @@ def _train(trainer: _Trainer, target: Target, timer: Timer, batch: str, effort: 
         torch.cuda.reset_peak_memory_stats()
     start = len(trainer.losses)
     timed = time.perf_counter()
-    timing = timer(trainer.timed_step_fn(n_batch), warmup=effort.warmup, repeats=effort.repeats)
+    graph = uses_graph(trainer.device, mode, batch, compile_model)
+    timing = timer(trainer.timed_step_fn(n_batch, graph=graph), warmup=effort.warmup, repeats=effort.repeats)
     phases = {"batch": round(timed - started, 2), "timer": round(time.perf_counter() - timed, 2)}
     alloc, reserved, source = _peak_memory(cuda, estimate)
     losses = [float(x) for x in torch.stack(trainer.losses[start:]).tolist()]
     return _Run(n_batch, timing, measured_losses(losses, len(timing.samples), timing.window_calls), alloc, reserved,
                 source, estimate, search, growth, phases)
+
+
+def uses_graph(device: str, mode: str, batch: str, compile_model: bool) -> bool:
+    """Whether the measured steps replay a CUDA graph of the whole step (:meth:`_Trainer.graphed_step_fn`):
+    the eager fixed-batch cases on a GPU (full, LoRA and QLoRA, whose bitsandbytes kernels and
+    gradient checkpointing capture too).  The largest batches keep eager steps (the GPU already
+    waits on nothing there, and a graph's private memory pool beside the eager cache might not fit
+    the batch the search found with eager steps); compiled cases run Inductor's code."""
+    return device.startswith("cuda") and batch == "fixed" and mode in GRAPH_MODES and not compile_model
 
 
 def measured_losses(losses: list[float], repeats: int, energy_calls: int) -> list[float]:
