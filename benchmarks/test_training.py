@@ -37,8 +37,11 @@ class Case:
 
     @property
     def id(self) -> str:
-        if self.compiled:  # at the compiled step's own largest batch (until 2026-11-24: '-maxbatch-compiled', the eager one's)
+        """The test's id; each names its method, so that no history of another method ever judges it."""
+        if self.compiled:  # at the compiled step's own largest batch
             return f"{self.config}-{self.mode}-compiled-{self.batch}"
+        if self.batch == "fixed":  # on a GPU, replays of the step captured as one CUDA graph (workloads.training)
+            return f"{self.config}-{self.mode}-fixed-graph"
         return f"{self.config}-{self.mode}-{self.batch}"
 
 
