@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import html.parser
-import json
 import re
 import shutil
 import subprocess
