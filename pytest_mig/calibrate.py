@@ -29,6 +29,14 @@ OWN_OPTIONS = ("--mig-save-baseline", "--mig-save-if-passed", "--mig-results", "
                "--mig-baseline-keep", "--mig-baseline-shrink")
 
 
+#: pytest's exit status when it refuses its arguments or options (pytest.ExitCode.USAGE_ERROR).
+PYTEST_USAGE_ERROR = 4
+
+
+class PytestRefused(ValueError):
+    """pytest refused the arguments it was given (exit 4): every run would; one sentence, its own."""
+
+
 @dataclass
 class SuiteRun:
     """One run of the suite in its own process."""
@@ -37,6 +45,24 @@ class SuiteRun:
     returncode: int
     seconds: float
     results: Path
+
+    def refusal(self, cmd: Sequence[str]) -> str:
+        """Why pytest would not start, as it said it (its ``...: error: ...`` or ``ERROR: ...`` line in
+        the run's log, escaped), or where to see it."""
+        try:
+            lines = [ln.strip() for ln in self.results.with_suffix(".log").read_text(errors="replace").splitlines()]
+        except OSError:
+            lines = []
+        said = next((ln.split(": error: ", 1)[1] for ln in lines if ": error: " in ln),  # argparse's, after its usage
+                    next((ln.removeprefix("ERROR:") for ln in lines if ln.startswith("ERROR:")), ""))
+        if said.strip():
+            return printable(said.strip())
+        return f"run the command by hand to see why: {printable(' '.join(cmd))}"
+
+    def check(self, cmd: Sequence[str]) -> None:
+        """PytestRefused where pytest refused its arguments."""
+        if self.returncode == PYTEST_USAGE_ERROR:
+            raise PytestRefused(f"pytest refused its arguments (exit 4): {self.refusal(cmd)}")
 
 
 def pytest_command(pytest_args: Sequence[str], *extra: str) -> list[str]:
@@ -114,14 +140,16 @@ def calibrate(pytest_args: Sequence[str], runs: int, baseline_dir: Path, work_di
         # number (its figures already in the history) is removed, as --mig-results never replaces one
         results.unlink(missing_ok=True)
         r = run_suite(pytest_args, results, *extra, index=i, runner=runner)
-        state = "ok" if r.returncode == 0 else f"exit {r.returncode}: its failed tests' figures were not saved"
+        state = ("ok" if r.returncode == 0 else f"exit {r.returncode}: its failed tests' figures were not saved"
+                 if r.returncode == 1 else f"exit {r.returncode}")
         eta = (runs - i) * r.seconds
         print(f"calibrate: run {i}/{runs} done in {r.seconds:.0f} s ({state}); about {eta:.0f} s to go",
               file=out, flush=True)
         done.append(r)
-        if r.returncode not in (0, 1):  # a usage error or an internal error repeats every time: stop now
+        r.check(pytest_command(pytest_args))  # a usage error repeats every time: one sentence, pytest's own
+        if r.returncode not in (0, 1):  # so does an internal error: stop now
             print(f"calibrate: stopped, pytest exited {r.returncode} (run the command by hand to see why): "
-                  f"{' '.join(pytest_command(pytest_args))}", file=out)
+                  f"{printable(' '.join(pytest_command(pytest_args)))}", file=out)
             break
     return done
 

@@ -16,7 +16,10 @@ figure it had measured, because the results file was written at the end.  Now:
   stopping are ignored: Slurm signals every process of the job and a wrapper script may pass the
   signal on as well, so two can come at once; SIGKILL after the grace period stays the hard stop.
   One that comes after the last test, while the session's end writes its files (results, report,
-  baseline), interrupts nothing and stops no run (:meth:`SigtermStop.hold`).
+  baseline), interrupts nothing and stops no run (:meth:`SigtermStop.hold`).  One that comes while
+  the plugin judges a test or writes its results file waits for the end of that step
+  (:meth:`SigtermStop.deferred`), so it never cuts a verdict, a write or an import in half; the
+  modules the session's end needs are imported before the handler is installed.
 
 A stopped run is never added to a history by ``--mig-save-if-passed`` (its exit status is not 0);
 ``--mig-save-baseline`` saves the tests that finished, as it would have at the end.
@@ -26,10 +29,11 @@ from __future__ import annotations
 
 import signal
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from .files import writes_through
 from .results import ResultRecord, ResultsFileError, write_results
@@ -74,12 +78,45 @@ class SigtermStop:
     installed: bool = False
     received: bool = False  # SIGTERM came while tests ran: the run was stopped
     holding: bool = False  # the session's end is writing its files: SIGTERM no longer interrupts
+    deferring: bool = False  # a step that must not be cut in half is under way (:meth:`deferred`)
+    pending: bool = False  # SIGTERM came during such a step: it stops the run at the step's end
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
         if self.received or self.holding:  # later ones (the scheduler's and a wrapper's at once) must not
             return                         # break off the stopping, nor the session's end its writing
         self.received = True
+        if self.deferring:
+            self.pending = True
+            return
         raise KeyboardInterrupt("SIGTERM")
+
+    @contextmanager
+    def deferred(self) -> Iterator[None]:
+        """A step that SIGTERM must not cut in half (judging a test, writing its results file): one
+        that comes during it raises KeyboardInterrupt at its end, in place of whatever it raised."""
+        outer = self.deferring
+        self.deferring = True
+        try:
+            yield
+        finally:
+            self.deferring = outer
+            if not outer and self.pending and not self.holding:
+                self.pending = False
+                raise KeyboardInterrupt("SIGTERM")  # the run stops here, whatever the step raised
+
+    @contextmanager
+    def interruptible(self) -> Iterator[None]:
+        """Work inside a deferred step that SIGTERM stops at once (re-measuring a test while it is judged):
+        one held back before it stops the run as it starts."""
+        outer = self.deferring
+        self.deferring = False
+        try:
+            if self.pending and not self.holding:
+                self.pending = False
+                raise KeyboardInterrupt("SIGTERM")
+            yield
+        finally:
+            self.deferring = outer
 
     def hold(self) -> bool:
         """From the session's end on, SIGTERM interrupts nothing (the results, report and baseline are

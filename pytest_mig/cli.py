@@ -513,21 +513,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "samples":
             return cmd_samples(args.files, out)
         if args.command == "calibrate":
-            from .calibrate import check_pytest_args, cmd_calibrate
+            from .calibrate import PytestRefused, check_pytest_args, cmd_calibrate
 
             pytest_args = _pytest_args(args.pytest_args)
             try:
                 check_pytest_args(pytest_args)
             except ValueError as exc:
                 raise CliError(str(exc)) from None
-            return cmd_calibrate(pytest_args, args.runs, args.baseline_dir.resolve(), args.work_dir, args.keep, out,
-                                 args.shrink)
+            try:
+                return cmd_calibrate(pytest_args, args.runs, args.baseline_dir.resolve(), args.work_dir, args.keep,
+                                     out, args.shrink)
+            except PytestRefused as exc:  # every run would be refused: pytest's own sentence
+                raise CliError(str(exc)) from None
         if args.command == "detection":
+            from .calibrate import PytestRefused
             from .detection import cmd_detection
 
+            if args.analyse_only and not args.out.is_dir():
+                raise CliError(f"--out {printable(args.out)}: no such folder (--analyse-only reads the results "
+                               f"files that earlier runs left there)")
             pytest_args = [] if args.analyse_only else _pytest_args(args.pytest_args)
-            return cmd_detection(pytest_args, args.unchanged, args.slow_sms, args.slow_runs, args.out,
-                                 args.analyse_only, out)
+            try:
+                return cmd_detection(pytest_args, args.unchanged, args.slow_sms, args.slow_runs, args.out,
+                                     args.analyse_only, out)
+            except PytestRefused as exc:
+                raise CliError(str(exc)) from None
     except (ResultsFileError, BaselineError, ReportError, CliError, FileProblem) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Iterable, Sequence, TextIO
 
 from .baselines import measured_value
+from .calibrate import check_pytest_args, pytest_command, run_suite
 from .judge.pipeline import Pipeline, RecordHistories
-from .calibrate import check_pytest_args, run_suite
 from .measure import Metric, partner_keys
 from .noise import MIN_RUNS, band
 from .files import atomic_write_text
@@ -231,7 +231,8 @@ def _read_many(paths: Sequence[Path]) -> list[list[ResultRecord]]:
 
 def cmd_detection(pytest_args: Sequence[str], unchanged: int, slow_sms: Sequence[int], slow_runs: int, out_dir: Path,
                   analyse_only: bool, out: TextIO) -> int:
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if not analyse_only:
+        out_dir.mkdir(parents=True, exist_ok=True)
     baselines = (out_dir / "baselines").resolve()
     if not analyse_only:
         check_pytest_args(pytest_args)
@@ -240,6 +241,7 @@ def cmd_detection(pytest_args: Sequence[str], unchanged: int, slow_sms: Sequence
             if path.exists():  # resumable: a run already made is kept
                 continue
             r = run_suite(pytest_args, path, "--mig-save-baseline", "--mig-baseline-dir", str(baselines), index=i)
+            r.check(pytest_command(pytest_args))  # PytestRefused: every run would be refused the same way
             print(f"detection: unchanged run {i}/{unchanged}: exit {r.returncode}, {r.seconds:.0f} s", file=out, flush=True)
         for sms in slow_sms:
             for j in range(1, slow_runs + 1):
@@ -248,6 +250,7 @@ def cmd_detection(pytest_args: Sequence[str], unchanged: int, slow_sms: Sequence
                     continue
                 r = run_suite(pytest_args, path, "--mig-baseline-dir", str(baselines), "--mig-slowdown-sms", str(sms),
                               index=j)
+                r.check(pytest_command(pytest_args))
                 print(f"detection: run on {sms} SMs {j}/{slow_runs}: exit {r.returncode}, {r.seconds:.0f} s",
                       file=out, flush=True)
     runs = _read_many(sorted(out_dir.glob("unchanged-*.json")))

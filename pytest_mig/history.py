@@ -2,7 +2,10 @@
 
 As asv publishes its pages, but one self-contained file: inline CSS, inline SVG drawn here, and a few
 lines of inline script for the filter; no CDN, no network, so it opens from a CI artifact or a
-shared folder.  Made from a baseline folder (every run saved into a history) and results files
+shared folder.  Every text from a file is escaped for the place it goes (element text, attribute);
+no file text goes into the script or the style, and the page's Content-Security-Policy lets a browser
+run only that script and apply only that style (their SHA-256 hashes): nothing else, no inline
+handler, no remote resource.  Made from a baseline folder (every run saved into a history) and results files
 (every run, with its verdict); a run found in both is drawn once, with its verdict.
 
 Per figure: its values over the runs, the band each run was judged against (the baseline's median
@@ -14,6 +17,8 @@ the summary at the top says what regressed in each group's latest run.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import html
 import math
 from dataclasses import dataclass, field
@@ -141,8 +146,8 @@ h3{font-size:15px;margin:18px 0 6px;font-family:monospace}
 table.summary{border-collapse:collapse;margin:8px 0} table.summary td,table.summary th{border:1px solid #ddd;
 padding:4px 8px;text-align:left;vertical-align:top} .bad{color:#c62828;font-weight:600} .ok{color:#2e7d32}
 .legend span{display:inline-block;margin-right:12px} .dot{display:inline-block;width:10px;height:10px;
-border-radius:50%;margin-right:4px;vertical-align:middle} .hidden{display:none}
-"""
+border-radius:50%;margin-right:4px;vertical-align:middle} .hidden{display:none} .fp{color:#6a1b9a}
+""" + "".join(f".dot.o-{k}{{background:{c}}} .v-{k}{{color:{c}}}\n" for k, c in COLOURS.items())
 
 SCRIPT = """
 (function () {
@@ -161,7 +166,24 @@ SCRIPT = """
 
 
 def _esc(x: Any) -> str:
+    """Text for the page's element text and quoted attribute values: ``<``, ``>``, ``&`` and both quotes escaped."""
     return html.escape(str(x), quote=True)
+
+
+def _outcome_class(outcome: str) -> str:
+    """A verdict outcome as a class name: one of :data:`COLOURS`' keys, or ``other`` for any text a file holds."""
+    return outcome if outcome in COLOURS else "other"
+
+
+def _sha256(text: str) -> str:
+    """A CSP source expression for an inline script or style: ``'sha256-<base64>'`` of its UTF-8 text."""
+    return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'"
+
+
+def csp() -> str:
+    """The page's Content-Security-Policy: its own script and style (by hash), nothing else."""
+    return (f"default-src 'none'; script-src {_sha256(SCRIPT)}; style-src {_sha256(CSS)}; img-src data:; "
+            "base-uri 'none'; form-action 'none'")
 
 
 def _chart(s: Series) -> str:
@@ -208,7 +230,7 @@ def _chart(s: Series) -> str:
     for i, p in enumerate(pts):
         colour = COLOURS.get(p.outcome, "#616161")
         tip = f"{p.at} {p.node}: {format_number(p.value)} {s.unit}, {p.outcome}" + (f"\n{p.message}" if p.message else "")
-        parts.append(f'<circle class="run {p.outcome}" cx="{x(i):.1f}" cy="{y(p.value):.1f}" r="4" fill="{colour}">'
+        parts.append(f'<circle class="run {_outcome_class(p.outcome)}" cx="{x(i):.1f}" cy="{y(p.value):.1f}" r="4" fill="{colour}">'
                      f'<title>{_esc(tip)}</title></circle>')
     first, last = pts[0].at[:10], pts[-1].at[:10]
     parts.append(f'<text x="{PAD_X}" y="{HEIGHT - 3}" font-size="10" fill="#757575">{_esc(first)}</text>')
@@ -224,7 +246,7 @@ def _figure(s: Series) -> str:
     cls = "figure regressed" if last.outcome == "regressed" else "figure"
     return (f'<div class="{cls}" data-figure="{_esc(s.test + "::" + s.metric)}" data-last="{last.value!r}" '
             f'data-verdict="{_esc(last.outcome)}"><div class="name">{_esc(s.metric)} ({_esc(s.unit)}, {better}): '
-            f'last {_esc(format_number(last.value))}, <span style="color:{COLOURS.get(last.outcome, "#616161")}">'
+            f'last {_esc(format_number(last.value))}, <span class="v-{_outcome_class(last.outcome)}">'
             f'{_esc(last.outcome)}</span></div>{_chart(s)}</div>')
 
 
@@ -281,12 +303,12 @@ def render(series: Iterable[Series], title: str = "pytest-mig trend") -> str:
     for s in series:
         if s.points:
             groups.setdefault((s.gpu_model, s.profile, s.mode), []).append(s)
-    legend = "".join(f'<span><i class="dot" style="background:{c}"></i>{_esc(k)}</span>' for k, c in COLOURS.items())
+    legend = "".join(f'<span><i class="dot o-{k}"></i>{_esc(k)}</span>' for k in COLOURS)
     body = [f"<h1>{_esc(title)}</h1>",
             f'<p class="meta">made {_esc(utc_now())} by pytest-mig history; <span id="figure-count"></span>; '
             f'<label><input type="checkbox" id="only-regressed"> only figures whose last run regressed</label></p>',
             f'<p class="legend">{legend}<span>shaded: the band each run was judged against (baseline and '
-            f'threshold)</span><span style="color:#6a1b9a">dashed: the fingerprint changed</span></p>',
+            f'threshold)</span><span class="fp">dashed: the fingerprint changed</span></p>',
             "<h2>Latest runs</h2>", _summary(groups) if groups else "<p>No figures.</p>"]
     for (gpu, profile, mode), items in groups.items():
         body.append(f"<h2>{_esc(gpu)} &middot; {_esc(profile)} &middot; {_esc(mode)}</h2>")
@@ -295,7 +317,8 @@ def render(series: Iterable[Series], title: str = "pytest-mig trend") -> str:
             by_test.setdefault(s.test, []).append(s)
         for test, figs in by_test.items():
             body.append(f'<h3>{_esc(test)}</h3><div class="grid">' + "".join(_figure(s) for s in figs) + "</div>")
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{_esc(title)}</title>'
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+            f'<meta http-equiv="Content-Security-Policy" content="{_esc(csp())}"><title>{_esc(title)}</title>'
             f'<style>{CSS}</style></head><body>{"".join(body)}<script>{SCRIPT}</script></body></html>\n')
 
 
@@ -306,4 +329,4 @@ def write_page(out: Path, baseline_dir: Path | None, results: Sequence[Path], ti
     return len(series)
 
 
-__all__ = ["COLOURS", "Point", "Series", "WATCHED", "collect", "render", "write_page"]
+__all__ = ["COLOURS", "Point", "Series", "WATCHED", "collect", "csp", "render", "write_page"]

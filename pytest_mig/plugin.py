@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
@@ -603,6 +604,11 @@ def mig_bench(request: pytest.FixtureRequest, benchmark: Any, mig_device: Target
     """pytest-benchmark's ``benchmark`` wrapped for GPU work: a CUDA-event timer and metric records."""
     state = _state(request.config)
     if state.sigterm is None:  # from the first benchmark on, not in every pytest session that loads the plugin
+        # what the judging and the session's end import, imported whole first: a SIGTERM that cut an
+        # import in half (pandas' C extensions) would leave a module that fails at the next import
+        from . import baselines, health, report, results, verdict  # noqa: F401
+        from .judge import pipeline  # noqa: F401
+
         state.sigterm = stop_on_sigterm()
     item = request.node
     records = item.stash.setdefault(ITEM_RECORDS, [])
@@ -662,18 +668,20 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         # reported at the test's own location, not at this line of the plugin
         raise pytest.skip.Exception(str(exc), _use_item_location=True) from None
     finally:
-        health = watch.after_test() if watch is not None else None
+        with _deferred(state):
+            health = watch.after_test() if watch is not None else None
     records = item.stash.get(ITEM_RECORDS, [])
     for rec in records:
         rec.health = health
     failures = _judge(item, records)
-    from .health import failing
+    with _deferred(state):  # a SIGTERM from here on stops the run once the verdicts are complete
+        from .health import failing
 
-    failures += failing(health)  # a health sign alone fails the test (an XID, uncorrected ECC errors)
-    if records:  # metrics, units and verdicts as JUnit XML properties for CI dashboards
-        from .report import junit_properties
+        failures += failing(health)  # a health sign alone fails the test (an XID, uncorrected ECC errors)
+        if records:  # metrics, units and verdicts as JUnit XML properties for CI dashboards
+            from .report import junit_properties
 
-        item.user_properties.extend(junit_properties(records))
+            item.user_properties.extend(junit_properties(records))
     if failures and not item.config.getoption("mig_save_baseline"):  # a save run is accepted, not judged
         pytest.fail("\n".join(failures), pytrace=False)
     return result
@@ -696,9 +704,14 @@ def _judge(item: pytest.Item, records: list[ResultRecord]) -> list[str]:
     if tolerance is None:
         tolerance = explicit_tolerance(config)
     times = confirm_count(config)
-    try:
-        verdicts = state.judge.judge(records, tolerance=tolerance,
-                                     remeasure=(lambda: _remeasure(item, times)) if times else None)
+
+    def remeasure() -> dict[str, list[float]]:
+        with _interruptible(state):  # the re-measuring is the test's own work: SIGTERM stops it at once
+            return _remeasure(item, times)
+
+    try:  # a SIGTERM while a verdict is made stops the run at its end
+        with _deferred(state):
+            verdicts = state.judge.judge(records, tolerance=tolerance, remeasure=remeasure if times else None)
     except BaselineError as exc:
         msg = str(exc)
         if msg not in state.baseline_errors:
@@ -735,12 +748,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     """Remember the records of a test that failed: a failed test's figures never enter a baseline."""
     report = yield
     state = item.config.stash.get(STATE, None)
-    if state is not None and report.failed:
-        state.unsaved.update(id(r) for r in item.stash.get(ITEM_RECORDS, []))
-    elif state is not None and report.when == "call" and report.passed:  # a test stopped midway never gets here
-        state.finished.update(id(r) for r in item.stash.get(ITEM_RECORDS, []))
-    if state is not None:
-        _timed(item, state, report)
+    with _deferred(state):
+        if state is not None and report.failed:
+            state.unsaved.update(id(r) for r in item.stash.get(ITEM_RECORDS, []))
+        elif state is not None and report.when == "call" and report.passed:  # a test stopped midway never gets here
+            state.finished.update(id(r) for r in item.stash.get(ITEM_RECORDS, []))
+        if state is not None:
+            _timed(item, state, report)
     return report
 
 
@@ -750,8 +764,31 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     result = yield
     state = item.config.stash.get(STATE, None)
     if state is not None and state.checkpoint is not None and state.records:
-        state.checkpoint.update(state.records, _results_meta(state))
+        with _deferred(state):
+            state.checkpoint.update(state.records, _results_meta(state))
     return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtestloop(session: pytest.Session) -> Iterator[Any]:
+    """Every test has ended: a SIGTERM from here on no longer stops the run (the session's end writes
+    the files), not even in pytest's own steps before :func:`pytest_sessionfinish`."""
+    try:
+        return (yield)
+    finally:
+        state = session.config.stash.get(STATE, None)
+        if state is not None and state.sigterm is not None:
+            state.sigterm.hold()
+
+
+def _deferred(state: RunState | None) -> Any:
+    """A step SIGTERM must not cut in half (checkpoint.SigtermStop.deferred); nothing before the first benchmark."""
+    return state.sigterm.deferred() if state is not None and state.sigterm is not None else nullcontext()
+
+
+def _interruptible(state: RunState | None) -> Any:
+    """Work inside a deferred step that SIGTERM stops at once (checkpoint.SigtermStop.interruptible)."""
+    return state.sigterm.interruptible() if state is not None and state.sigterm is not None else nullcontext()
 
 
 def _results_meta(state: RunState) -> dict[str, Any]:

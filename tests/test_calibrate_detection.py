@@ -95,11 +95,29 @@ def test_calibrate_refuses_options_it_sets_itself_and_needs_pytest_arguments(
     assert not (project / "baselines").exists()
 
 
-def test_calibrate_stops_when_pytest_cannot_run_at_all(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_calibrate_stops_when_pytest_cannot_run_at_all_and_says_pytests_sentence(
+        project: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = cli.main(["calibrate", "-n", "3", "--", "test_bench.py", "--mig-tolerance", "150%"])
-    out = capsys.readouterr().out
-    assert code != 0
-    assert "calibrate: stopped, pytest exited 4" in out and "calibrate: run 2/3" not in out
+    out, err = capsys.readouterr()
+    assert code == 2  # a usage error, as pytest-mig's own are
+    assert "calibrate: run 2/3" not in out and "Traceback" not in out + err
+    assert err == ("pytest-mig: error: pytest refused its arguments (exit 4): argument --mig-tolerance: tolerance "
+                   "'150%' is out of range: it must be at least 0 and below 100%\n")
+    assert len(err.splitlines()) == 1
+
+
+def test_calibrate_with_a_baseline_dir_that_is_a_file_says_why_in_one_escaped_sentence(
+        project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (project / "history").write_text("not a folder")
+    assert cli.main(["calibrate", "-n", "2", "--baseline-dir", "history", "--", "test_bench.py"]) == 2
+    out, err = capsys.readouterr()
+    assert err == (f"pytest-mig: error: pytest refused its arguments (exit 4): --mig-baseline-dir {project / 'history'}: "
+                   f"{project / 'history'} is a file, not a folder, so nothing can be written there.\n")
+    assert "calibrate: run 2/2" not in out and (project / "history").read_text() == "not a folder"
+    assert cli.main(["calibrate", "-n", "2", "--", "test_bench.py", "--no-such-option\x1b[2J"]) == 2
+    err = capsys.readouterr().err  # argparse's own line, with the escape sequence shown, not sent
+    assert err == ("pytest-mig: error: pytest refused its arguments (exit 4): unrecognized arguments: "
+                   "--no-such-option\\x1b[2J\n")
 
 
 def test_the_time_budget_says_what_the_next_night_does_with_a_test_that_gates_nothing() -> None:
@@ -198,6 +216,19 @@ def test_a_false_alarm_in_the_nightly_flow_is_counted_and_its_re_measurements_ca
     assert (fig.flow_false, fig.alarm_runs) == (1, [7])
     assert "runs with a false alarm: **1** (run(s) 7: rate)." in markdown([fig], runs, {})
     assert SIZES == (0.03, 0.05, 0.10)
+
+
+def test_detection_refuses_a_folder_that_is_not_there_and_stops_at_pytests_refusal(
+        project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["detection", "--analyse-only", "--out", "nowhere"]) == 2
+    assert capsys.readouterr().err == ("pytest-mig: error: --out nowhere: no such folder (--analyse-only reads the "
+                                       "results files that earlier runs left there)\n")
+    assert not (project / "nowhere").exists()
+    assert cli.main(["detection", "--out", "exp", "--", "test_bench.py", "--mig-profile", "nonsense"]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith("pytest-mig: error: pytest refused its arguments (exit 4): 'nonsense' is not a MIG profile")
+    assert "unchanged run 1/" not in out and sorted(p.name for p in (project / "exp").iterdir()) == [
+        "unchanged-01.log"]  # one run, not fifteen refused ones
 
 
 def test_detection_needs_enough_unchanged_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

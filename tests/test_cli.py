@@ -247,6 +247,13 @@ def test_compare_needs_two_files(capsys: pytest.CaptureFixture[str], tmp_path: P
                            "one to judge (or one file with --reference shipped)")
 
 
+def test_compare_refuses_a_reference_folder_that_is_not_there(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    night = results(tmp_path / "night.json", rec(100.0))
+    assert cli.main(["compare", "--reference", str(tmp_path / "nowhere"), night]) == 2
+    assert capsys.readouterr().err == (f"pytest-mig: error: --reference {tmp_path / 'nowhere'}: no such folder; give "
+                                       "'shipped' or a folder made by 'pytest-mig reference'\n")
+
+
 @pytest.fixture
 def ref_dir(tmp_path: Path) -> str:
     """A reference folder of five quiet runs of the H200 3g.71gb GEMM at about 100 TFLOPS."""

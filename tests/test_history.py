@@ -4,6 +4,9 @@ and the page loaded in a real headless Chromium (where one is installed)."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import html.parser
 import re
 import shutil
 import subprocess
@@ -104,6 +107,74 @@ def test_the_command_writes_the_page_and_refuses_bad_input_in_one_sentence(
                    f"pytest-mig: error: --baselines {tmp_path / 'nowhere'}: no such folder"]
 
 
+#: What a results file could hold to run script in the page: each breaks out of an attribute, of an
+#: element's text or of a comment, and sets the title (a browser test looks for it).
+PAYLOAD = """"'><script>document.title='pwned'</script><img src=x onerror="document.title='pwned'"><!--"""
+PAYLOADS = [PAYLOAD, "</title><script>document.title='pwned'</script>", "\u2028</script><svg onload=alert(1)>"]
+
+
+def hostile_results(tmp_path: Path) -> list[Path]:
+    """Two nights whose every string field (test id, metric, unit, GPU, profile, node, timestamp,
+    fingerprint, verdict outcome and message, the stop reason, the file's name) holds a payload."""
+    paths = []
+    for night, (driver, payload) in enumerate(zip(("550.54", PAYLOADS[1]), (PAYLOAD, PAYLOADS[2]))):
+        rec = record(100.0 + night, name=payload, unit=payload, gpu=payload, profile=payload,
+                     fingerprint={**FP_OLD, "driver": driver, "vbios": payload, "torch": payload})
+        rec.test, rec.node, rec.timestamp = payload, payload, f"2026-11-1{night}T02:00:00{payload}"
+        rec.verdict = {"outcome": payload, "message": payload, "baseline": 100.0, "threshold": 0.05}
+        path = tmp_path / f"night-{night}{'<script>x</script>' if night else ''}.json"
+        write_results(path, [rec], meta={"complete": False, "stopped": payload})
+        paths.append(path)
+    return paths
+
+
+class Elements(html.parser.HTMLParser):
+    """Every element of a page, its attributes, and the text of its script and style elements."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.text: dict[str, list[str]] = {"script": [], "style": []}
+        self._in: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, dict(attrs)))
+        self._in = tag if tag in self.text else None
+        if self._in:
+            self.text[tag].append("")
+
+    def handle_endtag(self, tag: str) -> None:
+        self._in = None
+
+    def handle_data(self, data: str) -> None:
+        if self._in:
+            self.text[self._in][-1] += data
+
+
+def csp_hash(text: str) -> str:
+    return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'"
+
+
+def test_a_hostile_results_file_cannot_put_script_or_markup_in_the_page(tmp_path: Path) -> None:
+    page = render(collect(None, hostile_results(tmp_path)), PAYLOAD)
+    doc = Elements()
+    doc.feed(page)
+    doc.close()
+    names = [tag for tag, _ in doc.tags]
+    assert names.count("script") == 1 and "img" not in names  # its own script only, no element of a payload's
+    assert not [(tag, a) for tag, attrs in doc.tags for a in attrs if a.lower().startswith("on")]
+    assert not [(tag, a) for tag, attrs in doc.tags for a in attrs if a.lower() in ("style", "src", "href")]
+    assert page.count("<script") == 1 and "<!--" not in page and all(p not in page for p in PAYLOADS)
+    assert "&lt;script&gt;document.title=&#x27;pwned&#x27;&lt;/script&gt;" in page  # shown, as text
+    assert 'class="run other"' in page  # an outcome that is no verdict is no class name either
+    (csp,) = [attrs for tag, attrs in doc.tags if tag == "meta" and attrs.get("http-equiv") == "Content-Security-Policy"]
+    policy = dict(d.strip().split(" ", 1) for d in str(csp["content"]).split(";"))
+    (script,), (style,) = doc.text["script"], doc.text["style"]
+    assert policy["default-src"] == "'none'" and policy["img-src"] == "data:" and policy["base-uri"] == "'none'"
+    assert policy["script-src"] == csp_hash(script) and policy["style-src"] == csp_hash(style)  # its own, no other
+    assert "unsafe" not in csp["content"]
+
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 #: Flags for a headless Chromium on a machine with no network and no display (as root in CI).
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -125,6 +196,19 @@ def test_a_real_headless_browser_loads_the_page_runs_its_script_and_finds_every_
     subprocess.run([*base, "--window-size=1200,900", f"--screenshot={shot}", page.as_uri()], capture_output=True,
                    timeout=120, check=True)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on this machine (apt-get install chromium)")
+def test_a_real_headless_browser_runs_no_script_a_hostile_results_file_holds(tmp_path: Path) -> None:
+    page = tmp_path / "hostile.html"
+    write_page(page, None, hostile_results(tmp_path), title="hostile night")
+    dom = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", page.as_uri()],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    assert 'data-ready="yes"' in dom  # the page's own script ran: the policy's hash is its script's
+    assert "<title>hostile night</title>" in dom and "pwned" not in dom.split("</title>")[0]  # no payload ran
+    parsed = Elements()
+    parsed.feed(dom)
+    assert [tag for tag, _ in parsed.tags].count("script") == 1 and "img" not in [tag for tag, _ in parsed.tags]
 
 
 def test_a_page_from_a_baseline_folder_alone_summarises_each_figures_newest_saved_run(tmp_path: Path) -> None:

@@ -205,3 +205,142 @@ def test_a_stopped_node_run_stops_every_worker_and_merges_what_they_measured(
     doc = json.loads((pytester.path / "node.json").read_text())
     assert [r["metric"]["name"] for r in doc["records"]] == ["rate"] * 7
     assert doc["meta"]["complete"] is False and doc["meta"]["stopped"] == "SIGTERM"
+
+
+# --------------------------------------------------------------------------- SIGTERM at any instant
+
+SWEEP_TEST = '''
+import os
+import time
+from pathlib import Path
+
+from pytest_mig.measure import Metric
+
+
+def test_first(mig_bench):
+    mig_bench.record(Metric("rate", 100.0, "items/s", "higher", [99.0, 100.0, 101.0] * 3, kind="compute"))
+    Path("started").write_text("")  # the handler is installed: the parent times its SIGTERM from here
+
+
+def test_second(mig_bench):
+    time.sleep(0.05)
+    mig_bench.record(Metric("rate2", 100.0, "items/s", "higher", [99.0, 100.0, 101.0] * 3, kind="compute"))
+'''
+SLOW_JUDGE = '''
+import time
+
+import pytest_mig.verdict as verdict
+
+_judge = verdict.Judge.judge
+
+
+def slow(self, *args, **kwargs):  # a judge that takes a while, so that SIGTERMs land inside it
+    time.sleep(0.1)
+    return _judge(self, *args, **kwargs)
+
+
+verdict.Judge.judge = slow
+'''
+#: A parent that imports pytest, torch and the plugin once (what the plugin imports lazily, the
+#: report and pandas, stays lazy) and forks one pytest run per delay, each sent SIGTERM that long
+#: after its first test recorded a figure (a negative delay: at once, before any test).
+SWEEP = '''
+import json, os, signal, sys, time
+from pathlib import Path
+
+import pytest
+import pytest_benchmark.plugin  # noqa: F401
+import pytest_mig.plugin  # noqa: F401
+import torch  # noqa: F401
+
+assert "pandas" not in sys.modules and "pytest_mig.report" not in sys.modules
+t0 = time.monotonic()
+root, delays = Path(sys.argv[1]), [float(d) for d in sys.argv[2].split(",")]
+args = ["test_s.py", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-W",
+        "ignore::pytest_benchmark.logger.PytestBenchmarkWarning", "--mig-results", "night.json"]
+runs = []
+for i, delay in enumerate(delays):
+    folder = root / f"run{i}"
+    folder.mkdir()
+    for name in ("test_s.py", "conftest.py"):
+        (folder / name).write_text((root / name).read_text())
+    pid = os.fork()
+    if pid == 0:
+        os.chdir(folder)
+        out = os.open("out.txt", os.O_WRONLY | os.O_CREAT, 0o644)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        try:
+            code = int(pytest.main(args))
+        except BaseException:  # as python -m pytest would show it
+            import traceback
+            traceback.print_exc()
+            code = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    start = time.monotonic()
+    if delay >= 0:
+        while not (folder / "started").exists() and time.monotonic() - start < 60:
+            time.sleep(0.002)
+    time.sleep(abs(delay))
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    runs.append({"delay": delay, "folder": str(folder), "code": os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]),
+                 "at": time.monotonic() - t0})
+print(json.dumps(runs))
+'''
+
+
+def test_a_sigterm_at_any_instant_stops_the_run_with_exit_2_and_no_traceback(tmp_path: Path) -> None:
+    """From the first figure to the terminal summary, 12 instants (the judging, the checkpoint, the
+    session's end among them): each run exits 2 with its file marked stopped, or, where the SIGTERM
+    came after the last test, finishes whole; none with a traceback.  Before the first benchmark
+    SIGTERM keeps its default action."""
+    from pytest_mig.results import read_results_file
+
+    (tmp_path / "test_s.py").write_text(SWEEP_TEST)
+    (tmp_path / "conftest.py").write_text(SLOW_JUDGE)
+    (tmp_path / "sweep.py").write_text(SWEEP)
+    delays = [-0.05] + [round(0.04 * i, 3) for i in range(12)]
+    env = fake_pynvml.subprocess_env("no-gpu")
+    done = subprocess.run([sys.executable, str(tmp_path / "sweep.py"), str(tmp_path), ",".join(map(str, delays))],
+                          capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    runs = json.loads(done.stdout)
+    codes = []
+    for run in runs:
+        folder = Path(run["folder"])
+        out = (folder / "out.txt").read_text()
+        codes.append(run["code"])
+        assert "Traceback" not in out and "INTERNALERROR" not in out, (run, out)
+        if run["delay"] < 0:  # no benchmark yet: SIGTERM's default action, nothing written
+            assert run["code"] == -signal.SIGTERM and not (folder / "night.json").exists(), run
+            continue
+        records, meta = read_results_file(folder / "night.json")  # valid whatever the instant
+        if run["code"] == pytest.ExitCode.INTERRUPTED:
+            assert meta["complete"] is False and meta["stopped"] == "SIGTERM", (run, meta)
+            assert "stopped (SIGTERM: a time limit or a cancelled job)" in out, (run, out)
+        else:  # after the last test: the run ends whole (0), or after the session's end, SIGTERM's own action
+            assert run["code"] in (0, -signal.SIGTERM), (run, out)
+            assert meta["complete"] is True and "stopped" not in meta and len(records) == 2, (run, meta)
+    assert codes.count(pytest.ExitCode.INTERRUPTED) >= 3, codes  # the sweep did stop runs midway
+
+
+def test_a_sigterm_during_a_deferred_step_stops_the_run_at_its_end() -> None:
+    stop = checkpoint.SigtermStop()
+    steps = []
+    with pytest.raises(KeyboardInterrupt, match="SIGTERM"), stop.deferred():
+        stop._handler(signal.SIGTERM, None)  # the judging is under way: it is not cut in half
+        steps.append("judged")
+        with stop.deferred():  # a step inside it raises nothing either
+            stop._handler(signal.SIGTERM, None)
+        steps.append("inner step ended")
+    assert steps == ["judged", "inner step ended"] and stop.received and not stop.pending
+    late = checkpoint.SigtermStop()
+    with late.deferred():
+        late._handler(signal.SIGTERM, None)
+        late.hold()  # the session's end began: the pending SIGTERM no longer interrupts
+    assert late.hold() is True  # but the run was stopped: its file is marked so
