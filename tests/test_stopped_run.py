@@ -229,9 +229,9 @@ def test_second(mig_bench):
 SLOW_JUDGE = '''
 import time
 
-import pytest_mig.verdict as verdict
+from pytest_mig.judge.pipeline import Pipeline
 
-_judge = verdict.Judge.judge
+_judge = Pipeline.judge
 
 
 def slow(self, *args, **kwargs):  # a judge that takes a while, so that SIGTERMs land inside it
@@ -239,7 +239,7 @@ def slow(self, *args, **kwargs):  # a judge that takes a while, so that SIGTERMs
     return _judge(self, *args, **kwargs)
 
 
-verdict.Judge.judge = slow
+Pipeline.judge = slow
 '''
 #: A parent that imports pytest, torch and the plugin once (what the plugin imports lazily, the
 #: report and pandas, stays lazy) and forks one pytest run per delay, each sent SIGTERM that long
