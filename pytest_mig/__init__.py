@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
-from .measure import Metric
-from .results import ResultRecord
-from .target import Target
+from pytest_mig.measure import Metric
+from pytest_mig.store.results import ResultRecord
+from pytest_mig.device.target import Target
 
 try:
     __version__ = version("pytest-mig")

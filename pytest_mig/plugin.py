@@ -18,15 +18,21 @@ from typing import Any, Iterator
 
 import pytest
 
-from . import exports, mps, nvml, preload
-from . import target as _target
-from .bench import MigBench, drop_failed_test
-from .checkpoint import Checkpoint, stop_on_sigterm
-from .files import FileProblem
-from .measure import Metric, Telemetry
-from .profiles import ProfileError, parse_profile
-from .results import ResultRecord, ResultsFileError
-from .settings import (
+from pytest_mig.report import exports
+
+from pytest_mig.device import mps
+
+from pytest_mig.device import nvml
+
+from pytest_mig.workloads import preload
+from pytest_mig.device import target as _target
+from pytest_mig.bench import MigBench, drop_failed_test
+from pytest_mig.store.checkpoint import Checkpoint, stop_on_sigterm
+from pytest_mig.common.files import FileProblem
+from pytest_mig.measure import Metric, Telemetry
+from pytest_mig.device.profiles import ProfileError, parse_profile
+from pytest_mig.store.results import ResultRecord, ResultsFileError, default_results_path
+from pytest_mig.settings import (
     PLOT_SUFFIXES,
     baseline_dir,
     baseline_keep,
@@ -36,7 +42,6 @@ from .settings import (
     check_path_options,
     confirm_count,
     count_arg,
-    default_results_path,
     explicit_tolerance,
     export_arg,
     marker_tolerance,
@@ -48,10 +53,10 @@ from .settings import (
     su_coefficients,
     tolerance_arg,
 )
-from .target import Options, Plan, SelectionError, Target, pin, plan_run, verify
-from .text import SHOWN, printable, quoted
-from .window import window_arg
-from .workloads import DoesNotFit
+from pytest_mig.device.target import Options, Plan, SelectionError, Target, pin, plan_run, verify
+from pytest_mig.common.text import SHOWN, printable, quoted
+from pytest_mig.night.window import window_arg
+from pytest_mig.workloads import DoesNotFit
 
 HELP_PROFILE = ("MIG profile to pin the run to: 1g.10gb, 1g.10gb+me, 1c.3g.40gb, ..., 'full' (a whole GPU with MIG "
                 "off) or 'all' (every profile of this GPU, with --mig-emulate). Env: PYTEST_MIG_PROFILE.")
@@ -209,7 +214,7 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
         return None
     import sys
 
-    from . import node
+    from pytest_mig.night import node
 
     check_path_options(config)
     opts = options(config)
@@ -271,7 +276,7 @@ def pytest_configure(config: pytest.Config) -> None:
                                     "pip install 'pytest-mig[plot]'") from None
     report = config.getoption("mig_report")
     if report:  # a report path pytest-mig cannot write is said now, not after an hour of benchmarks
-        from .report import ReportError, report_format
+        from pytest_mig.report.tables import ReportError, report_format
 
         try:
             report_format(report)
@@ -299,14 +304,14 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         plan.targets = [replace(t, fingerprint=state.fingerprint, verified="CPU run: nothing to verify")
                         for t in plan.targets]
         return
-    from .night import compile_caches
+    from pytest_mig.night.nights import compile_caches
 
     try:
         state.compile_cache = compile_caches(baseline_dir(session.config), state.fingerprint,  # before anything compiles
                                              references=state.references.root if state.references is not None else None)
     except FileProblem as exc:
         raise pytest.UsageError(f"{exc}.") from None
-    from .health import Reader, Watch
+    from pytest_mig.device.health import Reader, Watch
 
     reader = Reader(first.gpu_index, first.uuid) if first.gpu_index is not None else None
     before_cuda = (reader.processes() or []) if reader is not None else []  # read before this process starts CUDA
@@ -323,7 +328,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         board = nvml.BoardReader(first.gpu_index)
         state.board = board if board.available else None
     if first.emulated or session.config.getoption("mig_slowdown_sms"):
-        from .emulation import Emulator
+        from pytest_mig.device.emulation import Emulator
 
         state.emulator = Emulator(0)
         # Create every profile's green context now, so the header says how many SMs each really got
@@ -339,7 +344,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
                                         f"be created on this GPU: {exc}") from None
         plan.targets = checked or plan.targets
         if plan.sweep and not session.config.getoption("mig_all_tests"):
-            from .emulation import distinct_contexts
+            from pytest_mig.device.emulation import distinct_contexts
 
             plan.targets, plan.left_out = distinct_contexts(plan.targets)
 
@@ -371,8 +376,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         lines.append(f"pytest-mig: green contexts, SMs asked -> obtained: {got}")
     lines.extend(f"pytest-mig: {line}" for line in plan.left_out)
     lines.append(f"pytest-mig: check: {t.verified}")
-    from .baselines import BaselineStore
-    from .reference import judged_against
+    from pytest_mig.store.baselines import BaselineStore
+    from pytest_mig.judge.reference import judged_against
 
     mode = _mode(config)
     store = BaselineStore(baseline_dir(config))
@@ -425,8 +430,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def _deselect_ungated(config: pytest.Config, state: RunState, items: list[pytest.Item]) -> None:
     """Leave out the tests that gate nothing in this mode on their Target (night.ungated)."""
-    from .baselines import BaselineStore
-    from .night import ungated
+    from pytest_mig.store.baselines import BaselineStore
+    from pytest_mig.night.nights import ungated
 
     mode = _mode(config)
     chosen = [(i, _item_target(i, state.plan)) for i in items if not i.get_closest_marker("skip") and _uses_bench(i)]
@@ -443,7 +448,7 @@ def _deselect_ungated(config: pytest.Config, state: RunState, items: list[pytest
 
 def _plan_window(config: pytest.Config, state: RunState, items: list[pytest.Item]) -> None:
     """--mig-window: the stalest tests that fit the window run; the rest are left for the next night (window.py)."""
-    from .window import Guard, plan
+    from pytest_mig.night.window import Guard, plan
 
     seconds, when = _last_runs(config, state)
     benchmarks = [i.nodeid for i in items if not i.get_closest_marker("skip") and _uses_bench(i)]
@@ -479,8 +484,8 @@ def _last_runs(config: pytest.Config, state: RunState) -> tuple[dict[str, float]
     mode (night.last_runs), from this run's results folder, or the node's for a node-mode worker
     (window.NIGHTS_ENV); read once."""
     if state.last_runs is None:
-        from .night import last_runs
-        from .window import NIGHTS_ENV
+        from pytest_mig.night.nights import last_runs
+        from pytest_mig.night.window import NIGHTS_ENV
 
         current = state.checkpoint.path if state.checkpoint is not None else None
         folder = os.environ.get(NIGHTS_ENV) or (current.parent if current is not None else None)
@@ -606,8 +611,10 @@ def mig_bench(request: pytest.FixtureRequest, benchmark: Any, mig_device: Target
     if state.sigterm is None:  # from the first benchmark on, not in every pytest session that loads the plugin
         # what the judging and the session's end import, imported whole first: a SIGTERM that cut an
         # import in half (pandas' C extensions) would leave a module that fails at the next import
-        from . import baselines, health, report, results, verdict  # noqa: F401
-        from .judge import pipeline  # noqa: F401
+        from pytest_mig.device import health  # noqa: F401
+        from pytest_mig.judge import pipeline, verdict  # noqa: F401
+        from pytest_mig.report import tables  # noqa: F401
+        from pytest_mig.store import baselines, results  # noqa: F401
 
         state.sigterm = stop_on_sigterm()
     item = request.node
@@ -642,7 +649,7 @@ def mig_bench(request: pytest.FixtureRequest, benchmark: Any, mig_device: Target
 @pytest.fixture(scope="session")
 def mig_run_results(pytestconfig: pytest.Config) -> list[ResultRecord]:
     """This run's records so far, plus those of the files given by --mig-scaling-results."""
-    from .results import ResultsFileError, read_results
+    from pytest_mig.store.results import ResultsFileError, read_results
 
     out = list(_state(pytestconfig).records)
     for f in pytestconfig.getoption("mig_scaling_results"):
@@ -675,11 +682,11 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         rec.health = health
     failures = _judge(item, records)
     with _deferred(state):  # a SIGTERM from here on stops the run once the verdicts are complete
-        from .health import failing
+        from pytest_mig.device.health import failing
 
         failures += failing(health)  # a health sign alone fails the test (an XID, uncorrected ECC errors)
         if records:  # metrics, units and verdicts as JUnit XML properties for CI dashboards
-            from .report import junit_properties
+            from pytest_mig.report.tables import junit_properties
 
             item.user_properties.extend(junit_properties(records))
     if failures and not item.config.getoption("mig_save_baseline"):  # a save run is accepted, not judged
@@ -692,8 +699,8 @@ def _judge(item: pytest.Item, records: list[ResultRecord]) -> list[str]:
     threshold before it fails; the lines of every failing verdict."""
     if not records:
         return []
-    from .baselines import BaselineError, BaselineStore
-    from .judge.pipeline import Pipeline, StoreHistories
+    from pytest_mig.store.baselines import BaselineError, BaselineStore
+    from pytest_mig.judge.pipeline import Pipeline, StoreHistories
 
     config = item.config
     state = _state(config)
@@ -806,7 +813,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     state = session.config.stash.get(STATE, None)
     if state is None or session.config.option.collectonly:
         return
-    from .night import Progress
+    from pytest_mig.night.nights import Progress
 
     previous = _last_runs(session.config, state)[0]
     benchmarks = [i.nodeid for i in session.items if _uses_bench(i)]  # not a plugin's own unit tests
@@ -894,7 +901,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             state.errors.append(str(exc))
     report = config.getoption("mig_report")
     if report:
-        from .report import write_report
+        from pytest_mig.report.tables import write_report
 
         try:
             write_report(Path(report), state.records)
@@ -914,7 +921,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def _save_baseline(config: pytest.Config, state: RunState) -> None:
-    from .baselines import BaselineError, BaselineStore
+    from pytest_mig.store.baselines import BaselineError, BaselineStore
 
     passed = [r for r in state.records if id(r) in state.finished and id(r) not in state.unsaved]
     left_out = sorted({r.test for r in state.records if id(r) not in state.finished or id(r) in state.unsaved})
@@ -957,7 +964,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         for msg in state.messages + state.errors:  # health signs of a run that recorded nothing
             terminalreporter.write_line(msg, red=msg in state.errors)
         return
-    from .report import summary_table
+    from pytest_mig.report.tables import summary_table
 
     tr = terminalreporter
     tr.section("pytest-mig results")

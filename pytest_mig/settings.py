@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from .target import Options
-from .text import SHOWN, printable, quoted, shown
+from pytest_mig.device.target import Options
+from pytest_mig.store.results import default_results_path
+from pytest_mig.common.text import SHOWN, printable, quoted, shown
 
 #: Image formats --mig-scaling-plot writes.
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
@@ -26,7 +27,7 @@ def tolerance_arg(text: str) -> float:
     options and the pytest-mig command's)."""
     import argparse
 
-    from .verdict import parse_tolerance
+    from pytest_mig.judge.verdict import parse_tolerance
 
     try:
         return parse_tolerance(text)
@@ -65,7 +66,7 @@ def export_arg(text: str) -> tuple[str, Path]:
     """``--mig-export KIND=PATH``: a malformed one is a usage error in one sentence."""
     import argparse
 
-    from .exports import parse_export
+    from pytest_mig.report.exports import parse_export
 
     try:
         return parse_export(text)
@@ -110,10 +111,10 @@ def options(config: pytest.Config) -> Options:
 
 def check_path_options(config: pytest.Config) -> None:
     """Every path an option or ini value names is one a file system can take (no name longer than
-    255 bytes, no NUL byte: :func:`pytest_mig.files.path_problem`), said now in one sentence rather
+    255 bytes, no NUL byte: :func:`pytest_mig.common.files.path_problem`), said now in one sentence rather
     than as an OSError from the first call that touches it (``--mig-export`` is checked as it is
     parsed)."""
-    from .files import FileProblem, check_path
+    from pytest_mig.common.files import FileProblem, check_path
 
     paths = [("--mig-baseline-dir", config.getoption("mig_baseline_dir") or config.getini("mig_baseline_dir")),
              ("--mig-reference", config.getoption("mig_reference") or config.getini("mig_reference")),
@@ -133,14 +134,14 @@ DEFAULT_NAMES = {"mig_report": "pytest-mig-report.md", "mig_scaling_plot": "scal
 
 
 def resolve_output_paths(config: pytest.Config) -> None:
-    """Every output option made a file path now (:func:`pytest_mig.files.output_file`): ``DIR/`` is a
+    """Every output option made a file path now (:func:`pytest_mig.common.files.output_file`): ``DIR/`` is a
     folder to write into, an existing folder without the ``/`` is a usage error.  The options are
     rewritten in place, so everything after reads the file it will write (``--mig-export`` is checked as
-    it is parsed, :func:`pytest_mig.exports.parse_export`).  Then every file the run will write is
-    checked against what the site keeps (:func:`pytest_mig.files.check_output`: never a history, a
+    it is parsed, :func:`pytest_mig.report.exports.parse_export`).  Then every file the run will write is
+    checked against what the site keeps (:func:`pytest_mig.common.files.check_output`: never a history, a
     reference or another run's results file) and against the run's other outputs
-    (:func:`pytest_mig.files.distinct_outputs`)."""
-    from .files import FileProblem, check_output, distinct_outputs, output_file
+    (:func:`pytest_mig.common.files.distinct_outputs`)."""
+    from pytest_mig.common.files import FileProblem, check_output, distinct_outputs, output_file
 
     try:
         for dest, option in (("mig_report", "--mig-report"), ("mig_scaling_plot", "--mig-scaling-plot")):
@@ -163,7 +164,7 @@ def resolve_output_paths(config: pytest.Config) -> None:
 def output_paths(config: pytest.Config) -> list[tuple[str, Path]]:
     """Each file the run writes besides its history, with the option that names it (a github export:
     its two files)."""
-    from .exports import GITHUB_NAMES
+    from pytest_mig.report.exports import GITHUB_NAMES
 
     out = []
     results = config.getoption("mig_results")
@@ -182,8 +183,8 @@ def output_paths(config: pytest.Config) -> list[tuple[str, Path]]:
 
 def kept_folders(config: pytest.Config) -> list[tuple[Path, str]]:
     """The folders whose JSON files no output replaces: the baseline folder, the shipped references
-    and the run's own reference folder (:func:`pytest_mig.files.kept_file`)."""
-    from .reference import SHIPPED
+    and the run's own reference folder (:func:`pytest_mig.common.files.kept_file`)."""
+    from pytest_mig.judge.reference import SHIPPED
 
     folders = [(baseline_dir(config), f"the baseline folder {printable(baseline_dir(config))}"),
                (SHIPPED, "the shipped references")]
@@ -216,7 +217,7 @@ def check_baseline_save(config: pytest.Config, targets: Any) -> None:
     run never ends in 'added to the baseline' and 'not saved' at once."""
     if not (config.getoption("mig_save_baseline") or config.getoption("mig_save_if_passed")):
         return
-    from .baselines import BaselineError, BaselineStore
+    from pytest_mig.store.baselines import BaselineError, BaselineStore
 
     store = BaselineStore(baseline_dir(config), keep=baseline_keep(config), shrink=config.getoption("mig_baseline_shrink"))
     for t in targets:
@@ -230,7 +231,7 @@ def check_histories(config: pytest.Config, targets: Any, references: Any) -> Non
     """Each Target's history and reference, read and checked now (a file cut short, hand-broken, a
     named pipe, a link that loops or leads to no folder): one sentence before any test runs, not every
     test failed after an hour of benchmarks.  A history not made yet is none, as it was."""
-    from .baselines import BaselineError, BaselineStore
+    from pytest_mig.store.baselines import BaselineError, BaselineStore
 
     store = BaselineStore(baseline_dir(config))
     for t in targets:
@@ -245,7 +246,7 @@ def check_histories(config: pytest.Config, targets: Any, references: Any) -> Non
 def check_writable(option: str, path: Path, folder: Path) -> None:
     """The folder must be one this user can write, or one that can be made in such a folder; a
     character device or a pipe written through (``/dev/null``) must itself be writable."""
-    from .files import writes_through
+    from pytest_mig.common.files import writes_through
 
     if writes_through(path):
         if not os.access(path, os.W_OK):
@@ -274,7 +275,7 @@ def reference_store(config: pytest.Config) -> Any:
     """The references figures without a local history are judged against (``--mig-reference``, ini
     ``mig_reference``): the shipped ones by default, a site's own folder, or None for ``none``.  A
     folder that does not exist is a usage error at start-up."""
-    from .reference import store_for
+    from pytest_mig.judge.reference import store_for
 
     raw = config.getoption("mig_reference") or config.getini("mig_reference") or ""
     try:
@@ -324,7 +325,7 @@ def baseline_keep(config: pytest.Config) -> int | None:
 
 
 def su_coefficients(config: pytest.Config) -> Any:
-    from .cost import WULVER, SUCoefficients
+    from pytest_mig.measure.cost import WULVER, SUCoefficients
 
     text = config.getoption("mig_su_coefficients") or config.getini("mig_su_coefficients")
     if not text:
@@ -388,10 +389,3 @@ def tolerance_value(value: float) -> float:
     return value
 
 
-def default_results_path(root: Path) -> Path:
-    """``.mig-results/results-<UTC time to the microsecond>-<pid>.json``: two runs finishing in the
-    same second (two slices of one node) never write the same file."""
-    import datetime as _dt
-
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
-    return root / ".mig-results" / f"results-{stamp}-{os.getpid()}.json"
