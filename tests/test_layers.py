@@ -16,8 +16,8 @@ LAYERS = {
     "judge": 4,
     "report": 5,
     "night": 6,
-    "settings": 7, "cli": 7,
-    "bench": 8, "session": 8, "plugin": 8, "target": 8, "__init__": 8,
+    "settings": 7, "options": 7, "cli": 7,
+    "bench": 8, "markers": 8, "session": 8, "plugin": 8, "target": 8, "__init__": 8,
 }
 
 
