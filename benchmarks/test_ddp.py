@@ -12,9 +12,9 @@ import os
 
 import pytest
 
-from pytest_mig import nvml
+from pytest_mig.device import nvml
 from pytest_mig.bench import MigBench
-from pytest_mig.target import Plan
+from pytest_mig.device.target import Plan
 from pytest_mig.workloads.ddp import run_ddp_scaling
 
 

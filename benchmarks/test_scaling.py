@@ -4,17 +4,17 @@ The plugin runs this test after all other benchmarks (marker ``mig_scaling``) an
 run's records plus those of ``--mig-scaling-results`` files; stored baselines of the same GPU model
 fill in profiles neither measured.  It skips, saying what it saw, when no metric has two profiles
 (a single-slice run), and fails with the ratio / ideal / deviation table when a ratio is off by
-more than its kind's tolerance (pytest_mig.scaling.SCALING_TOLERANCE).
+more than its kind's tolerance (pytest_mig.judge.scaling.SCALING_TOLERANCE).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from pytest_mig.baselines import BaselineStore
+from pytest_mig.store.baselines import BaselineStore
 from pytest_mig.plugin import add_summary_section, baseline_dir
-from pytest_mig.results import ResultRecord
-from pytest_mig.scaling import check_scaling
+from pytest_mig.store.results import ResultRecord
+from pytest_mig.judge.scaling import check_scaling
 
 
 @pytest.mark.mig_scaling
@@ -38,7 +38,7 @@ def test_scaling_against_ideal(mig_run_results: list[ResultRecord], request: pyt
     add_summary_section(request.config, "pytest-mig scaling against ideal", table)
     plot = request.config.getoption("mig_scaling_plot", default=None)
     if plot:
-        from pytest_mig.report import plot_scaling
+        from pytest_mig.report.tables import plot_scaling
 
         add_summary_section(request.config, "pytest-mig scaling plot", str(plot_scaling(report, plot)))
     if report.failures:

@@ -15,8 +15,8 @@ import statistics
 import sys
 from typing import Any, Callable, Iterable, Sequence
 
-from .cost import WULVER, SUCoefficients, cost_metrics
-from .measure import Metric, Telemetry, Timer, Timing, time_fn
+from pytest_mig.measure.cost import WULVER, SUCoefficients, cost_metrics
+from pytest_mig.measure import Metric, Telemetry, Timer, Timing, time_fn
 
 #: A pytest-benchmark round on a GPU lasts at least this long (several calls when one is short).
 MIN_ROUND_S = 0.01
@@ -28,7 +28,7 @@ def rounds_iterations(seconds_per_call: float, min_round_s: float = MIN_ROUND_S)
     if not seconds_per_call > 0:
         return 1
     return max(1, min(MAX_ITERATIONS, math.ceil(min_round_s / seconds_per_call)))
-from .target import Target
+from pytest_mig.device.target import Target
 
 
 def drop_failed_test() -> bool:

@@ -32,11 +32,11 @@ import sys
 from pathlib import Path
 from typing import Sequence, TextIO
 
-from .baselines import DEFAULT_KEEP, BaselineError
-from .files import FileProblem, check_output, output_file, path_problem
-from .profiles import model_slug
-from .reference import SHIPPED, ReferenceStore, UnknownTestError, build, count_range, store_for
-from .report import (
+from pytest_mig.store.baselines import DEFAULT_KEEP, BaselineError
+from pytest_mig.common.files import FileProblem, check_output, output_file, path_problem
+from pytest_mig.device.profiles import model_slug
+from pytest_mig.judge.reference import SHIPPED, ReferenceStore, UnknownTestError, build, count_range, store_for
+from pytest_mig.report.tables import (
     OUTLIER_FACTOR,
     ReportError,
     find_outliers,
@@ -46,11 +46,11 @@ from .report import (
     report_format,
     write_report,
 )
-from .results import ResultRecord, ResultsFileError, read_results
-from .judge.pipeline import Pipeline, RecordHistories
-from .settings import MOST, tolerance_arg
-from .text import SHOWN, printable, quoted, shown
-from .verdict import Verdict
+from pytest_mig.store.results import ResultRecord, ResultsFileError, read_results
+from pytest_mig.judge.pipeline import Pipeline, RecordHistories
+from pytest_mig.settings import MOST, tolerance_arg
+from pytest_mig.common.text import SHOWN, printable, quoted, shown
+from pytest_mig.judge.verdict import Verdict
 
 PROG = "pytest-mig"
 
@@ -215,7 +215,7 @@ def _pytest_args(raw: Sequence[str]) -> list[str]:
 def cmd_devices(out: TextIO) -> int:
     """Describe what NVML sees; without a GPU or driver it says so and succeeds."""
     try:
-        from .nvml import describe_inventory, discover
+        from pytest_mig.device.nvml import describe_inventory, discover
     except ImportError as exc:
         print(f"no GPU information: the NVML layer cannot be loaded ({exc})", file=out)
         return 0
@@ -244,7 +244,7 @@ def reference_lines(gpu_names: Sequence[str], root: Path | None = None,
                     before: dict[tuple[str, str, str], tuple[int, int]] | None = None) -> list[str]:
     """Which GPU models have shipped references (first-night verdicts), and whether this machine's do.
     With ``before`` (:func:`judged_by` of the folder before a build), a count that changed says what it was."""
-    from .noise import REFERENCE_FLOOR, REFERENCE_MAX
+    from pytest_mig.judge.noise import REFERENCE_FLOOR, REFERENCE_MAX
 
     store = ReferenceStore(root or SHIPPED)
     models = store.models()
@@ -282,14 +282,14 @@ def reference_lines(gpu_names: Sequence[str], root: Path | None = None,
 
 
 def _kept_folders(baselines: Path | None) -> list[tuple[Path, str]]:
-    """The folders whose JSON files a command's --out never replaces (:func:`pytest_mig.files.kept_file`)."""
+    """The folders whose JSON files a command's --out never replaces (:func:`pytest_mig.common.files.kept_file`)."""
     folders = [(SHIPPED, "the shipped references")]
     return folders + ([(baselines, f"the baseline folder {printable(baselines)}")] if baselines is not None else [])
 
 
 def cmd_history(files: Sequence[Path], baselines: Path | None, page: Path, title: str, out: TextIO) -> int:
     """Write the trend page from results files and a baseline folder."""
-    from .history import write_page
+    from pytest_mig.report.trend import write_page
 
     if not files and baselines is None:
         raise CliError("give results files, --baselines DIR, or both: the page is made from them")
@@ -305,8 +305,8 @@ def cmd_history(files: Sequence[Path], baselines: Path | None, page: Path, title
 
 
 def cmd_samples(files: Sequence[Path], out: TextIO) -> int:
-    """The samples table (:mod:`pytest_mig.samples`); exit 2 where no figure has runs enough."""
-    from .samples import MIN_RUNS, analyse, energy_windows, lines, window_lines
+    """The samples table (:mod:`pytest_mig.report.samples`); exit 2 where no figure has runs enough."""
+    from pytest_mig.report.samples import MIN_RUNS, analyse, energy_windows, lines, window_lines
 
     records = [r for path in files for r in read_results(path)]
     rows, windows = analyse(records), energy_windows(records)
@@ -352,15 +352,15 @@ def cmd_reference(files: Sequence[Path], out_dir: Path, out: TextIO, drop: Seque
         print(f"{built.repeated} figure(s) not added again: their run is in the reference already (a results file "
               f"given twice)", file=out)
     print(f"reference written: {', '.join(str(p) for p in built.files)}", file=out)
-    from .reference_check import check_folder, summary
+    from pytest_mig.judge.reference_check import check_folder, summary
 
     print(summary(check_folder(out_dir)), file=out)
     return 0
 
 
 def cmd_reference_check(folder: Path | None, loss: float | None, out: TextIO) -> int:
-    """Each run of a reference folder judged against the others (:mod:`pytest_mig.reference_check`)."""
-    from .reference_check import LOSS, check_folder, check_lines
+    """Each run of a reference folder judged against the others (:mod:`pytest_mig.judge.reference_check`)."""
+    from pytest_mig.judge.reference_check import LOSS, check_folder, check_lines
 
     root = folder if folder is not None else SHIPPED
     if not root.is_dir():
@@ -405,7 +405,7 @@ def cmd_report(files: Sequence[Path], out_path: Path | None, factor: float, fail
     print(f"{len(records)} metric(s) from {len(files)} file(s), {len(nodes)} node(s): {', '.join(nodes)}", file=out)
     for o in outliers:
         print(o.line(), file=out)
-    from .fleet import find_device_outliers, slices_vs_one
+    from pytest_mig.report.fleet import find_device_outliers, slices_vs_one
 
     # a board far off the others of its model and profile (records that name their board; a node
     # already flagged as a whole is not flagged again as its device)
@@ -513,7 +513,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "samples":
             return cmd_samples(args.files, out)
         if args.command == "calibrate":
-            from .calibrate import PytestRefused, check_pytest_args, cmd_calibrate
+            from pytest_mig.night.calibrate import PytestRefused, check_pytest_args, cmd_calibrate
 
             pytest_args = _pytest_args(args.pytest_args)
             try:
@@ -526,8 +526,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             except PytestRefused as exc:  # every run would be refused: pytest's own sentence
                 raise CliError(str(exc)) from None
         if args.command == "detection":
-            from .calibrate import PytestRefused
-            from .detection import cmd_detection
+            from pytest_mig.night.calibrate import PytestRefused
+            from pytest_mig.night.detection import cmd_detection
 
             if args.analyse_only and not args.out.is_dir():
                 raise CliError(f"--out {printable(args.out)}: no such folder (--analyse-only reads the results "

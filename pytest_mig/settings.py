@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .target import Options
-from .text import SHOWN, printable, quoted, shown
+from pytest_mig.device.target import Options
+from pytest_mig.store.results import default_results_path
+from pytest_mig.common.text import SHOWN, printable, quoted, shown
 
 #: Image formats --mig-scaling-plot writes.
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
@@ -26,7 +28,7 @@ def tolerance_arg(text: str) -> float:
     options and the pytest-mig command's)."""
     import argparse
 
-    from .verdict import parse_tolerance
+    from pytest_mig.judge.verdict import parse_tolerance
 
     try:
         return parse_tolerance(text)
@@ -65,7 +67,7 @@ def export_arg(text: str) -> tuple[str, Path]:
     """``--mig-export KIND=PATH``: a malformed one is a usage error in one sentence."""
     import argparse
 
-    from .exports import parse_export
+    from pytest_mig.report.exports import parse_export
 
     try:
         return parse_export(text)
@@ -110,10 +112,10 @@ def options(config: pytest.Config) -> Options:
 
 def check_path_options(config: pytest.Config) -> None:
     """Every path an option or ini value names is one a file system can take (no name longer than
-    255 bytes, no NUL byte: :func:`pytest_mig.files.path_problem`), said now in one sentence rather
+    255 bytes, no NUL byte: :func:`pytest_mig.common.files.path_problem`), said now in one sentence rather
     than as an OSError from the first call that touches it (``--mig-export`` is checked as it is
     parsed)."""
-    from .files import FileProblem, check_path
+    from pytest_mig.common.files import FileProblem, check_path
 
     paths = [("--mig-baseline-dir", config.getoption("mig_baseline_dir") or config.getini("mig_baseline_dir")),
              ("--mig-reference", config.getoption("mig_reference") or config.getini("mig_reference")),
@@ -133,14 +135,14 @@ DEFAULT_NAMES = {"mig_report": "pytest-mig-report.md", "mig_scaling_plot": "scal
 
 
 def resolve_output_paths(config: pytest.Config) -> None:
-    """Every output option made a file path now (:func:`pytest_mig.files.output_file`): ``DIR/`` is a
+    """Every output option made a file path now (:func:`pytest_mig.common.files.output_file`): ``DIR/`` is a
     folder to write into, an existing folder without the ``/`` is a usage error.  The options are
     rewritten in place, so everything after reads the file it will write (``--mig-export`` is checked as
-    it is parsed, :func:`pytest_mig.exports.parse_export`).  Then every file the run will write is
-    checked against what the site keeps (:func:`pytest_mig.files.check_output`: never a history, a
+    it is parsed, :func:`pytest_mig.report.exports.parse_export`).  Then every file the run will write is
+    checked against what the site keeps (:func:`pytest_mig.common.files.check_output`: never a history, a
     reference or another run's results file) and against the run's other outputs
-    (:func:`pytest_mig.files.distinct_outputs`)."""
-    from .files import FileProblem, check_output, distinct_outputs, output_file
+    (:func:`pytest_mig.common.files.distinct_outputs`)."""
+    from pytest_mig.common.files import FileProblem, check_output, distinct_outputs, output_file
 
     try:
         for dest, option in (("mig_report", "--mig-report"), ("mig_scaling_plot", "--mig-scaling-plot")):
@@ -163,7 +165,7 @@ def resolve_output_paths(config: pytest.Config) -> None:
 def output_paths(config: pytest.Config) -> list[tuple[str, Path]]:
     """Each file the run writes besides its history, with the option that names it (a github export:
     its two files)."""
-    from .exports import GITHUB_NAMES
+    from pytest_mig.report.exports import GITHUB_NAMES
 
     out = []
     results = config.getoption("mig_results")
@@ -182,8 +184,8 @@ def output_paths(config: pytest.Config) -> list[tuple[str, Path]]:
 
 def kept_folders(config: pytest.Config) -> list[tuple[Path, str]]:
     """The folders whose JSON files no output replaces: the baseline folder, the shipped references
-    and the run's own reference folder (:func:`pytest_mig.files.kept_file`)."""
-    from .reference import SHIPPED
+    and the run's own reference folder (:func:`pytest_mig.common.files.kept_file`)."""
+    from pytest_mig.judge.reference import SHIPPED
 
     folders = [(baseline_dir(config), f"the baseline folder {printable(baseline_dir(config))}"),
                (SHIPPED, "the shipped references")]
@@ -210,15 +212,14 @@ def check_output_paths(config: pytest.Config) -> None:
         check_writable("--mig-baseline-dir", folder, folder)
 
 
-def check_baseline_save(config: pytest.Config, targets: Any) -> None:
+def check_baseline_save(saving: bool, store: Any, targets: Any) -> None:
     """When this run will be saved, each Target's history must take it: the file reads, its folder is
     writable, and a keep below the runs it holds has consent (--mig-baseline-shrink).  Said now, so a
     run never ends in 'added to the baseline' and 'not saved' at once."""
-    if not (config.getoption("mig_save_baseline") or config.getoption("mig_save_if_passed")):
+    if not saving:
         return
-    from .baselines import BaselineError, BaselineStore
+    from pytest_mig.store.baselines import BaselineError
 
-    store = BaselineStore(baseline_dir(config), keep=baseline_keep(config), shrink=config.getoption("mig_baseline_shrink"))
     for t in targets:
         try:
             store.check_save(t.gpu_slug, t.baseline_profile)
@@ -226,13 +227,12 @@ def check_baseline_save(config: pytest.Config, targets: Any) -> None:
             raise pytest.UsageError(str(exc)) from None
 
 
-def check_histories(config: pytest.Config, targets: Any, references: Any) -> None:
+def check_histories(store: Any, targets: Any, references: Any) -> None:
     """Each Target's history and reference, read and checked now (a file cut short, hand-broken, a
     named pipe, a link that loops or leads to no folder): one sentence before any test runs, not every
     test failed after an hour of benchmarks.  A history not made yet is none, as it was."""
-    from .baselines import BaselineError, BaselineStore
+    from pytest_mig.store.baselines import BaselineError
 
-    store = BaselineStore(baseline_dir(config))
     for t in targets:
         try:
             store.load(t.gpu_slug, t.baseline_profile)
@@ -245,7 +245,7 @@ def check_histories(config: pytest.Config, targets: Any, references: Any) -> Non
 def check_writable(option: str, path: Path, folder: Path) -> None:
     """The folder must be one this user can write, or one that can be made in such a folder; a
     character device or a pipe written through (``/dev/null``) must itself be writable."""
-    from .files import writes_through
+    from pytest_mig.common.files import writes_through
 
     if writes_through(path):
         if not os.access(path, os.W_OK):
@@ -274,7 +274,7 @@ def reference_store(config: pytest.Config) -> Any:
     """The references figures without a local history are judged against (``--mig-reference``, ini
     ``mig_reference``): the shipped ones by default, a site's own folder, or None for ``none``.  A
     folder that does not exist is a usage error at start-up."""
-    from .reference import store_for
+    from pytest_mig.judge.reference import store_for
 
     raw = config.getoption("mig_reference") or config.getini("mig_reference") or ""
     try:
@@ -324,7 +324,7 @@ def baseline_keep(config: pytest.Config) -> int | None:
 
 
 def su_coefficients(config: pytest.Config) -> Any:
-    from .cost import WULVER, SUCoefficients
+    from pytest_mig.measure.cost import WULVER, SUCoefficients
 
     text = config.getoption("mig_su_coefficients") or config.getini("mig_su_coefficients")
     if not text:
@@ -388,10 +388,92 @@ def tolerance_value(value: float) -> float:
     return value
 
 
-def default_results_path(root: Path) -> Path:
-    """``.mig-results/results-<UTC time to the microsecond>-<pid>.json``: two runs finishing in the
-    same second (two slices of one node) never write the same file."""
-    import datetime as _dt
 
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
-    return root / ".mig-results" / f"results-{stamp}-{os.getpid()}.json"
+
+@dataclass(frozen=True)
+class Settings:
+    """Every option and ini value of a run, read and checked once (:func:`read_settings`)."""
+
+    options: Options
+    mode: str  # "normal" or "quick" (--mig-quick), as records and baselines name it
+    baseline_dir: Path
+    keep: int | None  # runs kept per figure when saving; None: the file's own setting
+    shrink: bool  # consent to a keep below the runs a history holds
+    save: str | None  # "always" (--mig-save-baseline), "if-passed" (--mig-save-if-passed) or None
+    confirm: int  # re-measurements before a figure beyond its threshold fails its test
+    tolerance: float | None  # the site's explicit tolerance; None: thresholds from the noise alone
+    fail_on_improvement: bool
+    all_tests: bool  # run tests that gate nothing here too
+    window: float | None  # seconds of --mig-window
+    slowdown_sms: int | None  # detection experiments: a whole GPU on this many SMs
+    results: str | None  # the results file; None: .mig-results/results-<time>.json; "none": none
+    report: str | None
+    exports: tuple[tuple[str, Path], ...]
+    scaling_results: tuple[str, ...]
+    su: Any  # measure.cost.SUCoefficients
+    allocation: tuple[float, float]  # (CPUs, RAM GB) billed with the GPU
+
+    @property
+    def saving(self) -> bool:
+        return self.save is not None
+
+
+def read_settings(config: pytest.Config, opts: Options) -> Settings:
+    """The run's settings from the command line, environment and ini values; a mistake in any of them
+    is one sentence now, not in the first benchmark.  Output options are made file paths first
+    (:func:`resolve_output_paths`)."""
+    su, allocation = su_coefficients(config), su_allocation(config)
+    tolerance, confirm, keep = explicit_tolerance(config), confirm_count(config), baseline_keep(config)
+    if config.getoption("mig_save_baseline") and config.getoption("mig_save_if_passed"):
+        raise pytest.UsageError("--mig-save-baseline adds a run whatever its verdicts and --mig-save-if-passed only "
+                                "a run that passed: give one of them")
+    save = "always" if config.getoption("mig_save_baseline") else "if-passed" if config.getoption(
+        "mig_save_if_passed") else None
+    resolve_output_paths(config)  # DIR/ names a folder to write into; a folder without the / is a mistake
+    return Settings(
+        options=opts, mode="quick" if config.getoption("mig_quick") else "normal", baseline_dir=baseline_dir(config),
+        keep=keep, shrink=bool(config.getoption("mig_baseline_shrink")), save=save, confirm=confirm,
+        tolerance=tolerance, fail_on_improvement=bool(config.getoption("mig_fail_on_improvement")),
+        all_tests=bool(config.getoption("mig_all_tests")), window=config.getoption("mig_window"),
+        slowdown_sms=config.getoption("mig_slowdown_sms"), results=config.getoption("mig_results"),
+        report=config.getoption("mig_report"), exports=tuple(config.getoption("mig_export") or ()),
+        scaling_results=tuple(config.getoption("mig_scaling_results") or ()), su=su, allocation=allocation)
+
+
+def check_slowdown(settings: Settings, plan: Any) -> None:
+    """--mig-slowdown-sms slows a whole GPU for the detection experiment, and is never saved."""
+    slow = settings.slowdown_sms
+    if slow is None:
+        return
+    t = plan.targets[0]
+    if t.kind != "full" or plan.sweep:
+        raise pytest.UsageError("--mig-slowdown-sms slows a whole GPU for the detection experiment: use it with "
+                                "--mig-profile full on a GPU whose MIG mode is off")
+    if settings.saving:
+        raise pytest.UsageError("--mig-slowdown-sms measures a GPU slowed on purpose: its figures are never "
+                                "saved as a baseline; drop --mig-save-baseline and --mig-save-if-passed")
+    if t.sms and slow >= t.sms:
+        raise pytest.UsageError(f"--mig-slowdown-sms {slow}: the GPU has {t.sms} SMs; ask for fewer")
+
+
+def check_plot_and_report(config: pytest.Config) -> None:
+    """An image format or report suffix pytest-mig cannot write is said now, not after the benchmarks."""
+    plot = config.getoption("mig_scaling_plot")
+    if plot:
+        if Path(plot).suffix.lower() not in PLOT_SUFFIXES:
+            raise pytest.UsageError(f"--mig-scaling-plot {printable(plot)}: cannot tell the image format from "
+                                    f"{quoted(Path(plot).suffix or 'no suffix', SHOWN)}; use one of "
+                                    f"{', '.join(PLOT_SUFFIXES)}")
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise pytest.UsageError("--mig-scaling-plot needs matplotlib, which is not installed: "
+                                    "pip install 'pytest-mig[plot]'") from None
+    report = config.getoption("mig_report")
+    if report:
+        from pytest_mig.report.tables import ReportError, report_format
+
+        try:
+            report_format(report)
+        except ReportError as exc:
+            raise pytest.UsageError(f"--mig-report {exc}") from None

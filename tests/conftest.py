@@ -1,8 +1,8 @@
 """Fixtures shared by the plugin's selection tests (test_target.py, test_plugin.py).
 
 They stand in for what a CPU-only machine lacks, one seam each: NVML (the fake pynvml loaded with a
-real GPU's topology), CUDA (``pytest_mig.target.cuda_props``), green-context support
-(``torch.cuda.green_contexts.SUPPORTED``) and the emulator (``pytest_mig.emulation.Emulator``).
+real GPU's topology), CUDA (``pytest_mig.device.target.cuda_props``), green-context support
+(``torch.cuda.green_contexts.SUPPORTED``) and the emulator (``pytest_mig.device.emulation.Emulator``).
 Everything they change is undone after the test, ``os.environ`` included (``pin`` writes to it).
 """
 
@@ -18,11 +18,13 @@ import pytest
 
 import fake_pynvml
 import topologies as topo
-from pytest_mig import emulation, nvml, target
-from pytest_mig import verdict as _verdict  # noqa: F401  (numpy and scipy are imported once, before in-process runs)
+from pytest_mig.device import emulation
+from pytest_mig.device import nvml
+from pytest_mig.device import target
+from pytest_mig.judge import verdict as _verdict  # noqa: F401  (numpy and scipy are imported once, before in-process runs)
 from pytest_mig.measure import Timer
-from pytest_mig.profiles import lookup_model
-from pytest_mig.target import CudaProps, Target
+from pytest_mig.device.profiles import lookup_model
+from pytest_mig.device.target import CudaProps, Target
 
 #: What the plugin reads from the environment; a test starts without any of them.
 MIG_ENV = ("CUDA_VISIBLE_DEVICES", "PYTEST_MIG_PROFILE")
@@ -43,7 +45,7 @@ def mig_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 
 @pytest.fixture
 def discover(monkeypatch: pytest.MonkeyPatch) -> Callable[[Any], nvml.Inventory]:
-    """discover(topology) -> the Inventory pytest_mig.nvml reads through the fake pynvml."""
+    """discover(topology) -> the Inventory pytest_mig.device.nvml reads through the fake pynvml."""
 
     def read(topology: Any) -> nvml.Inventory:
         with monkeypatch.context() as m:
@@ -74,7 +76,7 @@ def cuda_props_of() -> Callable[..., CudaProps]:
 
 @pytest.fixture
 def stand_in_cuda(monkeypatch: pytest.MonkeyPatch) -> Callable[[CudaProps | None], None]:
-    """stand_in_cuda(props): what pytest_mig.target.cuda_props answers (None: a torch without CUDA)."""
+    """stand_in_cuda(props): what pytest_mig.device.target.cuda_props answers (None: a torch without CUDA)."""
 
     def answer(props: CudaProps | None) -> None:
         monkeypatch.setattr(target, "cuda_props", lambda: props)
@@ -100,7 +102,7 @@ def green_contexts(monkeypatch: pytest.MonkeyPatch) -> Callable[[bool], None]:
 
 
 class StandInEmulator:
-    """pytest_mig.emulation.Emulator without a GPU: "obtains" the SMs rounded up to a multiple of 8, as
+    """pytest_mig.device.emulation.Emulator without a GPU: "obtains" the SMs rounded up to a multiple of 8, as
     Hopper's driver does (at most the H200's 132), and records which profiles it activated."""
 
     activated: list[str] = []

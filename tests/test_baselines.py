@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from pytest_mig import baselines
-from pytest_mig.baselines import (
+from pytest_mig.store import baselines
+from pytest_mig.store.baselines import (
     BASELINE_SCHEMA,
     BaselineError,
     BaselineStore,
@@ -23,9 +23,9 @@ from pytest_mig.baselines import (
     load_baseline_file,
 )
 from pytest_mig.measure import Metric
-from pytest_mig.results import ResultRecord
+from pytest_mig.store.results import ResultRecord
 from pytest_mig.judge.pipeline import Pipeline, StoreHistories
-from pytest_mig.verdict import compare
+from pytest_mig.judge.verdict import compare
 
 FP = {"driver": "580.159.04", "cuda_driver": "13.0", "vbios": "96.00.B5.00.02", "gsp": "580.159.04",
       "ecc": "on", "power_limit_w": 700, "torch": "2.13.0", "gpu_name": "NVIDIA H200", "memory_total_mib": 143771}
@@ -377,9 +377,9 @@ def test_an_emulated_run_is_not_saved_into_or_judged_against_a_real_slice(store:
 _SAVER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from pytest_mig.baselines import BaselineStore
+    from pytest_mig.store.baselines import BaselineStore
     from pytest_mig.measure import Metric
-    from pytest_mig.results import ResultRecord
+    from pytest_mig.store.results import ResultRecord
 
     root, prefix, go, count = sys.argv[1], sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])
     target = {"kind": "mig", "profile": "3g.71gb", "baseline_profile": "3g.71gb", "gpu_name": "NVIDIA H200",

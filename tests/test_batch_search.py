@@ -235,7 +235,7 @@ def test_a_seeded_first_night_compiles_once_and_a_wrong_seed_costs_the_growth(
 
 
 def test_the_shipped_seeds_are_compiled_batches_of_models_and_gpus_the_suite_knows() -> None:
-    from pytest_mig.reference import SHIPPED
+    from pytest_mig.judge.reference import SHIPPED
     from pytest_mig.workloads.hf import CONFIGS
 
     doc = json.loads((SHIPPED / bs.SEEDS).read_text())

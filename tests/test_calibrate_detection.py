@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from pytest_mig import cli
-from pytest_mig.detection import SIZES, analyse, markdown
+from pytest_mig.night.detection import SIZES, analyse, markdown
 from pytest_mig.measure import Metric
-from pytest_mig.results import ResultRecord, write_results
+from pytest_mig.store.results import ResultRecord, write_results
 
 BENCH = '''
 import os
@@ -126,9 +126,9 @@ def test_the_time_budget_says_what_the_next_night_does_with_a_test_that_gates_no
     plugin leaves it out (night.gates_nothing), and the table says which (it said both were candidates)."""
     import io
 
-    from pytest_mig.baselines import Baseline, BaselineEntry, BaselineMeta, Run
-    from pytest_mig.calibrate import LEFT_OUT, STILL_RUN, budget_rows, left_out_tests, print_thresholds, threshold_rows
-    from pytest_mig.reference import ReferenceStore
+    from pytest_mig.store.baselines import Baseline, BaselineEntry, BaselineMeta, Run
+    from pytest_mig.night.calibrate import LEFT_OUT, STILL_RUN, budget_rows, left_out_tests, print_thresholds, threshold_rows
+    from pytest_mig.judge.reference import ReferenceStore
 
     def entry(test: str, metric: str, values: list[float]) -> BaselineEntry:
         return BaselineEntry(test, metric, "items/s", "higher", "compute", None, [Run(v) for v in values], "normal")
@@ -207,7 +207,7 @@ def test_a_false_alarm_in_the_nightly_flow_is_counted_and_its_re_measurements_ca
     for i, v in enumerate(values):
         verdict = {"confirmations": [99.9, 100.1]} if i == 6 else None  # it re-measured and came back
         run_file(tmp_path / f"u{i}.json", {"rate": v}, {"rate": verdict} if verdict else None)
-    from pytest_mig.results import read_results
+    from pytest_mig.store.results import read_results
 
     runs = [read_results(tmp_path / f"u{i}.json") for i in range(len(values))]
     (fig,) = analyse(runs, {})

@@ -16,8 +16,8 @@ import topologies
 
 from pytest_mig import cli
 from pytest_mig.measure import Metric
-from pytest_mig.reference import ReferenceStore, build
-from pytest_mig.results import ResultRecord, write_results
+from pytest_mig.judge.reference import ReferenceStore, build
+from pytest_mig.store.results import ResultRecord, write_results
 
 GEMM = "benchmarks/test_gemm.py::test_gemm[fp16]"
 STREAM = "benchmarks/test_bandwidth.py::test_stream"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_mig.cost import (
+from pytest_mig.measure.cost import (
     WULVER,
     SUCoefficients,
     cost_metrics,
@@ -16,7 +16,7 @@ from pytest_mig.cost import (
     su_per_unit,
     target_gpu_memory_gb,
 )
-from pytest_mig.target import Target
+from pytest_mig.device.target import Target
 
 # Rows of NJIT Wulver's published tables (A100-SXM4-80GB, reference/wulver/*.csv), copied here so
 # that the tests run where the shared reference folder is not; test_tables_match_the_csv_files

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_mig import emulation
-from pytest_mig.emulation import Emulator, set_device_keeps_context
+from pytest_mig.device import emulation
+from pytest_mig.device.emulation import Emulator, set_device_keeps_context
 
 
 class FakeGreenContext:
@@ -76,7 +76,7 @@ def test_escaped_says_so_only_when_the_current_context_is_no_longer_the_active_g
 
 
 def _emulated(profile: str, asked: int, got: int | None, memory_bytes: int) -> Any:
-    from pytest_mig.target import Target
+    from pytest_mig.device.target import Target
 
     return Target("emulated", profile, "emulation", gpu_name="NVIDIA H100 80GB HBM3", sms=asked, sms_obtained=got,
                   memory_bytes=memory_bytes)

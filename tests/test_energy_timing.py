@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from pytest_mig import cli
-from pytest_mig.baselines import BaselineStore
-from pytest_mig.calibrate import threshold_rows
-from pytest_mig.detection import analyse
+from pytest_mig.store.baselines import BaselineStore
+from pytest_mig.night.calibrate import threshold_rows
+from pytest_mig.night.detection import analyse
 from pytest_mig.measure import Metric, timing_partners
-from pytest_mig.noise import FEW_RUNS_BAND, K, REFERENCE_FLOOR, band, reference_band, run_sigma, spread
-from pytest_mig.reference import ReferenceStore, build
-from pytest_mig.results import ResultRecord, read_results, write_results
+from pytest_mig.judge.noise import FEW_RUNS_BAND, K, REFERENCE_FLOOR, band, reference_band, run_sigma, spread
+from pytest_mig.judge.reference import ReferenceStore, build
+from pytest_mig.store.results import ResultRecord, read_results, write_results
 from pytest_mig.judge.pipeline import Pipeline, StoreHistories
 
 TRAIN = "benchmarks/test_training.py::test_training[gpt2-small-full-fixed]"

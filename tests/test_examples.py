@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pytest_mig import cli
-from pytest_mig.results import read_results
+from pytest_mig.store.results import read_results
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "own_benchmark"
 TEST = "test_our_model.py::test_our_training_step"

@@ -8,9 +8,9 @@ import json
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pytest_mig import exports
+from pytest_mig.report import exports
 from pytest_mig.measure import Metric
-from pytest_mig.results import ResultRecord
+from pytest_mig.store.results import ResultRecord
 
 TARGET = {"kind": "mig", "profile": "1g.10gb", "gpu_name": "NVIDIA H100 80GB HBM3", "uuid": "MIG-1234", "gpu_index": 0,
           "gpu_instance_id": 9, "compute_instance_id": 0}  # as Target.to_dict writes a slice
@@ -105,7 +105,7 @@ def test_prometheus_labels_a_slice_made_by_the_code_that_makes_targets(tmp_path,
     """GPU_I_ID comes from the Target that plan_run makes for a real MIG slice (an H100 with MIG on,
     through the fake pynvml), not from a target written by hand: Target.to_dict flattens the instance."""
     import topologies as topo
-    from pytest_mig.target import Options, plan_run
+    from pytest_mig.device.target import Options, plan_run
 
     topology = topo.get_topology("h100-mig")
     plan = plan_run(Options(profile="1g.10gb"), discover(topology), {})

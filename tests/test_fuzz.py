@@ -25,18 +25,18 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from pytest_mig import cli  # noqa: E402
-from pytest_mig.baselines import BaselineError, BaselineStore, load_baseline_file  # noqa: E402
-from pytest_mig.cost import SUCoefficients  # noqa: E402
-from pytest_mig.exports import parse_export  # noqa: E402
-from pytest_mig.files import MAX_DEPTH, FileProblem, check_path, parse_json, path_problem  # noqa: E402
-from pytest_mig.history import collect  # noqa: E402
+from pytest_mig.store.baselines import BaselineError, BaselineStore, load_baseline_file  # noqa: E402
+from pytest_mig.measure.cost import SUCoefficients  # noqa: E402
+from pytest_mig.report.exports import parse_export  # noqa: E402
+from pytest_mig.common.files import MAX_DEPTH, FileProblem, check_path, parse_json, path_problem  # noqa: E402
+from pytest_mig.report.trend import collect  # noqa: E402
 from pytest_mig.measure import Metric  # noqa: E402
-from pytest_mig.profiles import ProfileError, parse_profile  # noqa: E402
-from pytest_mig.reference import SHIPPED, ReferenceStore  # noqa: E402
-from pytest_mig.results import ResultRecord, ResultsFileError, read_results_file, write_results  # noqa: E402
+from pytest_mig.device.profiles import ProfileError, parse_profile  # noqa: E402
+from pytest_mig.judge.reference import SHIPPED, ReferenceStore  # noqa: E402
+from pytest_mig.store.results import ResultRecord, ResultsFileError, read_results_file, write_results  # noqa: E402
 from pytest_mig.settings import count_arg, positive_int_arg, tolerance_arg  # noqa: E402
-from pytest_mig.night import last_runs  # noqa: E402
-from pytest_mig.window import merge_meta, window_arg  # noqa: E402
+from pytest_mig.night.nights import last_runs  # noqa: E402
+from pytest_mig.night.window import merge_meta, window_arg  # noqa: E402
 
 FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "60")), deadline=None, suppress_health_check=list(HealthCheck))
 #: Names the files use, so that generated objects often hit real fields.

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from pytest_mig.target import Target
+from pytest_mig.device.target import Target
 from pytest_mig.workloads import DoesNotFit, WorkloadError
 from pytest_mig.workloads import gromacs as md
 
@@ -107,7 +107,7 @@ def test_gromacs_binary_from_the_environment(tmp_path, monkeypatch):
 
 
 def test_gromacs_under_emulation_needs_mps(monkeypatch):
-    from pytest_mig import mps
+    from pytest_mig.device import mps
 
     monkeypatch.setattr(mps, "shared", lambda: (_ for _ in ()).throw(mps.MpsUnavailable("nvidia-cuda-mps-control is not on PATH")))
     emulated = Target(kind="emulated", profile="1g.18gb", chosen_by="test", gpu_name="NVIDIA H200", sms=16,

@@ -9,9 +9,9 @@ import pytest
 import topologies
 from test_verdict_flow import BENCH, QUIET, STEADY, TEST_ID, rate_record
 
-from pytest_mig import health
+from pytest_mig.device import health
 from pytest_mig.cli import compare_records
-from pytest_mig.health import (
+from pytest_mig.device.health import (
     Reader,
     Snapshot,
     change_signs,
@@ -19,7 +19,7 @@ from pytest_mig.health import (
     link_note,
     state_signs,
 )
-from pytest_mig.results import read_results
+from pytest_mig.store.results import read_results
 
 # --------------------------------------------------------------------------- link arithmetic
 

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from test_verdict import FP_OLD, TEST, record
 
-from pytest_mig.baselines import BaselineStore
+from pytest_mig.store.baselines import BaselineStore
 from pytest_mig.cli import main
-from pytest_mig.history import collect, render, write_page
-from pytest_mig.results import write_results
+from pytest_mig.report.trend import collect, render, write_page
+from pytest_mig.store.results import write_results
 from pytest_mig.judge.pipeline import Pipeline, StoreHistories
 
 NEW_DRIVER = {**FP_OLD, "driver": "590.10.02"}
@@ -235,7 +235,7 @@ def test_a_night_stopped_partway_is_named_in_the_summary(tmp_path: Path) -> None
     files = nights(tmp_path, [100.0, 100.2, 99.9])
     whole = render(collect(None, files), "night")
     assert "): incomplete" not in whole
-    last = tmp_path / "stopped.json"  # a night cut off by its time limit (pytest_mig.checkpoint): one figure kept
+    last = tmp_path / "stopped.json"  # a night cut off by its time limit (pytest_mig.store.checkpoint): one figure kept
     rec = record(100.1)
     rec.timestamp = "2026-11-20T02:00:00+00:00"
     write_results(last, [rec], meta={"complete": False, "stopped": "SIGTERM"})

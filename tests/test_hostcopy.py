@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pytest_mig.health import link_gbs
+from pytest_mig.device.health import link_gbs
 from pytest_mig.measure import Timer
-from pytest_mig.target import Target
+from pytest_mig.device.target import Target
 from pytest_mig.workloads import DoesNotFit
 from pytest_mig.workloads.hostcopy import _link_fractions, byte_pattern, run_host_copies, transfer_bytes
 

@@ -13,13 +13,15 @@ import fake_pynvml
 import pytest
 import topologies
 
-from pytest_mig import cli, nvml
-from pytest_mig.baselines import BaselineEntry, Run
+from pytest_mig import cli
+
+from pytest_mig.device import nvml
+from pytest_mig.store.baselines import BaselineEntry, Run
 from pytest_mig.measure import Metric
-from pytest_mig.noise import PRIOR, PRIOR_RUNS, band
-from pytest_mig.report import write_report
-from pytest_mig.results import ResultRecord
-from pytest_mig.verdict import compare
+from pytest_mig.judge.noise import PRIOR, PRIOR_RUNS, band
+from pytest_mig.report.tables import write_report
+from pytest_mig.store.results import ResultRecord
+from pytest_mig.judge.verdict import compare
 
 TARGET = {"kind": "full", "profile": "full", "gpu_name": "NVIDIA H200", "gpu_slug": "nvidia-h200"}
 
@@ -108,8 +110,8 @@ def test_a_short_history_borrows_the_references_sigma_until_it_has_ten_runs() ->
 
 
 def test_the_judge_takes_the_prior_from_the_shipped_reference() -> None:
-    from pytest_mig.reference import ReferenceStore
-    from pytest_mig.verdict import reference_prior
+    from pytest_mig.judge.reference import ReferenceStore
+    from pytest_mig.judge.verdict import reference_prior
 
     refs = ReferenceStore()
     ref = refs.load("nvidia-h100-80gb-hbm3", "full")
@@ -126,7 +128,7 @@ def test_the_judge_takes_the_prior_from_the_shipped_reference() -> None:
 # --------------------------------------------------------------------------- numbers no schema bounded
 
 def _results_text(tmp_path, value: float = 700.0, duration: float = 61.9, **target: str) -> str:
-    from pytest_mig.results import write_results
+    from pytest_mig.store.results import write_results
 
     rec = ResultRecord("bench.py::test_gemm[bf16]", Metric("bf16_tflops", value, "TFLOPS", "higher", [], "tensor"),
                        {**TARGET, "baseline_profile": "full", **target}, {"driver": "580.159.04"},
@@ -146,7 +148,7 @@ HUGE = {"400 digits": "1" + "0" * 400, "5000 digits": "1" + "0" * 5000, "1e999":
 @pytest.mark.parametrize("field", ["value", "duration"])
 def test_a_number_no_float_holds_is_one_sentence_naming_its_field_in_every_command(
         tmp_path, number: str, field: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from pytest_mig.results import ResultsFileError, read_results_file
+    from pytest_mig.store.results import ResultsFileError, read_results_file
 
     text = _results_text(tmp_path)
     good = tmp_path / "good.json"
@@ -188,7 +190,7 @@ def test_reference_on_tiny_values_writes_a_figure_with_no_band_and_refuses_1e301
         path.write_text(_results_text(tmp_path).replace("700.0", value).replace("2026-11-20", f"2026-11-2{i}"))
         files.append(str(path))
     assert cli.main(["reference", *files, "--out", str(tmp_path / "ref")]) == 0  # OverflowError before
-    from pytest_mig.reference import ReferenceStore
+    from pytest_mig.judge.reference import ReferenceStore
 
     ref = ReferenceStore(tmp_path / "ref").load("nvidia-h200", "full")
     assert ref is not None and ref.sigma == {}  # deviations of 1e160 times the median: no sigma, no band
@@ -201,8 +203,8 @@ def test_reference_on_tiny_values_writes_a_figure_with_no_band_and_refuses_1e301
 
 
 def _history(tmp_path, fingerprint_field: str) -> Path:
-    from pytest_mig.baselines import BaselineStore
-    from pytest_mig.results import read_results
+    from pytest_mig.store.baselines import BaselineStore
+    from pytest_mig.store.results import read_results
 
     src = tmp_path / "src.json"
     src.write_text(_results_text(tmp_path))
@@ -218,7 +220,7 @@ def test_a_fingerprint_no_json_can_write_back_is_refused_when_read(tmp_path, num
     """Read with allow_nan (a figure's NaN is named by the store), a NaN fingerprint field was kept, and
     found only when the run's save could not write it; now the history is refused when read, so that
     --mig-save-baseline says it at start-up (check_save)."""
-    from pytest_mig.baselines import BaselineError, BaselineStore, load_baseline_file
+    from pytest_mig.store.baselines import BaselineError, BaselineStore, load_baseline_file
 
     path = _history(tmp_path, number)
     with pytest.raises(BaselineError, match=r"driver|integer of 41 digits|too large for a float") as exc:
@@ -230,7 +232,7 @@ def test_a_fingerprint_no_json_can_write_back_is_refused_when_read(tmp_path, num
 
 @pytest.mark.parametrize("number", ["1e301", "-1e301"])
 def test_a_history_run_noise_beyond_1e300_is_refused(tmp_path, number: str) -> None:
-    from pytest_mig.baselines import BaselineError, load_baseline_file
+    from pytest_mig.store.baselines import BaselineError, load_baseline_file
 
     path = _history(tmp_path, '"580.159.04"')
     text = path.read_text()

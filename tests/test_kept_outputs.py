@@ -19,9 +19,9 @@ import pytest
 from test_verdict_flow import baseline_path, h200  # noqa: F401
 
 from pytest_mig import cli
-from pytest_mig.calibrate import calibrate
-from pytest_mig.files import atomic_write_text
-from pytest_mig.reference import SHIPPED
+from pytest_mig.night.calibrate import calibrate
+from pytest_mig.common.files import atomic_write_text
+from pytest_mig.judge.reference import SHIPPED
 
 Run = Callable[..., pytest.RunResult]
 IS_ROOT = os.geteuid() == 0 if hasattr(os, "geteuid") else False
@@ -81,7 +81,7 @@ def test_an_output_naming_a_kept_file_is_refused_at_start_up_and_the_file_stays(
 
 
 def test_the_shipped_references_are_known_as_references() -> None:
-    from pytest_mig.files import kept_file
+    from pytest_mig.common.files import kept_file
 
     full = next(SHIPPED.glob("*/full.json"))
     assert kept_file(full) == "a reference file"

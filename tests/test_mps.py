@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_mig import mps
+from pytest_mig.device import mps
 
 
 def test_client_env_adds_the_pipe_the_share_and_the_cap():
@@ -178,7 +178,7 @@ def test_confine_sets_the_share_found_and_the_cap(monkeypatch):
 
 
 def test_an_engine_is_confined_on_the_targets_own_board(monkeypatch):
-    from pytest_mig.target import Target
+    from pytest_mig.device.target import Target
 
     asked = []
     monkeypatch.setattr(mps, "confine", lambda *a: asked.append(a) or ({}, {}))
@@ -227,7 +227,7 @@ def test_current_context_sms_is_none_where_the_driver_cannot_tell(monkeypatch, d
 
 
 def test_emulation_reads_back_through_the_driver_before_observing(monkeypatch):
-    from pytest_mig import emulation
+    from pytest_mig.device import emulation
 
     monkeypatch.setattr(emulation, "current_context_sms", lambda: 32)
     monkeypatch.setattr(emulation, "_sms_observed", lambda: pytest.fail("observed although the driver answered"))

@@ -10,10 +10,10 @@ from typing import Callable
 import pytest
 from test_verdict_flow import QUIET, TEST_ID, h200  # noqa: F401
 
-from pytest_mig.baselines import BaselineEntry, Run
-from pytest_mig.night import CACHE_FOLDER, Progress, compile_caches, gates_nothing, last_runs, stack_key
-from pytest_mig.reference import ReferenceStore, build
-from pytest_mig.results import read_results_file
+from pytest_mig.store.baselines import BaselineEntry, Run
+from pytest_mig.night.nights import CACHE_FOLDER, Progress, compile_caches, gates_nothing, last_runs, stack_key
+from pytest_mig.judge.reference import ReferenceStore, build
+from pytest_mig.store.results import read_results_file
 
 Run_ = Callable[..., pytest.RunResult]
 FP = {"gpu_name": "NVIDIA H100 80GB HBM3", "driver": "580.159.04", "cuda_driver": 13000, "torch": "2.11.0"}
@@ -89,7 +89,7 @@ def test_an_ungated_test_is_deselected_with_the_reason_and_runs_on_request(
         h200: Run_, pytester: pytest.Pytester, tmp_path: Path) -> None:  # noqa: F811
     """A reference whose two runs of the figure are 30% apart: it is too noisy to gate anywhere."""
     from pytest_mig.measure import Metric
-    from pytest_mig.results import ResultRecord, write_results
+    from pytest_mig.store.results import ResultRecord, write_results
 
     target = {"kind": "full", "profile": "full", "baseline_profile": "full", "gpu_name": "NVIDIA H200",
               "gpu_slug": "nvidia-h200"}

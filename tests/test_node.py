@@ -12,12 +12,12 @@ import fake_pynvml
 import pytest
 import topologies as topo
 
-from pytest_mig import nvml
-from pytest_mig.fleet import find_device_outliers, provider_figures, slices_vs_one
+from pytest_mig.device import nvml
+from pytest_mig.report.fleet import find_device_outliers, provider_figures, slices_vs_one
 from pytest_mig.measure import Metric
-from pytest_mig.node import Device, devices, worker_args
-from pytest_mig.results import ResultRecord, read_results
-from pytest_mig.target import SelectionError
+from pytest_mig.night.node import Device, devices, worker_args
+from pytest_mig.store.results import ResultRecord, read_results
+from pytest_mig.device.target import SelectionError
 
 H100 = "NVIDIA H100 80GB HBM3"
 
@@ -77,7 +77,7 @@ def test_a_worker_gets_the_user_s_options_pinned_to_its_device() -> None:
 
 
 CONFTEST = (
-    "import pytest_mig.target as target\n\n"
+    "import pytest_mig.device.target as target\n\n"
     f"target.cuda_props = lambda: target.CudaProps('{H100} MIG 1g.10gb', 16, 9984 * 2**20, (9, 0))\n"
 )
 BENCH = f'''
@@ -245,7 +245,7 @@ def test_k_slices_need_a_slice_of_k_times_their_size() -> None:
 
 
 def test_merged_results_keep_every_device_s_identity(tmp_path: Path) -> None:
-    from pytest_mig.results import write_results
+    from pytest_mig.store.results import write_results
 
     write_results(tmp_path / "r.json", [rec(1.0, 5)])
     target = json.loads((tmp_path / "r.json").read_text())["records"][0]["target"]
@@ -256,7 +256,7 @@ def test_the_report_command_names_outlier_devices_and_puts_k_slices_against_one(
     import io
 
     from pytest_mig.cli import cmd_report
-    from pytest_mig.results import write_results
+    from pytest_mig.store.results import write_results
 
     slices = [rec(100.0, 0, profile="1g.10gb", uuid=f"MIG-{i}") for i in range(3)]
     write_results(tmp_path / "1g.json", slices)

@@ -9,8 +9,8 @@ import math
 
 import pytest
 
-from pytest_mig import mps
-from pytest_mig.target import Target
+from pytest_mig.device import mps
+from pytest_mig.device.target import Target
 from pytest_mig.workloads import DoesNotFit, WorkloadError
 from pytest_mig.workloads import openmm_md as om
 

@@ -168,7 +168,7 @@ def test_emulation_on_a_torch_without_green_contexts(pytester: pytest.Pytester, 
 
 def test_cuda_started_before_the_pin_is_refused(pytester: pytest.Pytester, machine: Callable[..., None],
                                                 mig_env: pytest.MonkeyPatch) -> None:
-    from pytest_mig import target
+    from pytest_mig.device import target
 
     machine("h100-mig", cuda=topo.H100_1G[0])
     mig_env.setattr(target, "cuda_initialized", lambda: True)  # e.g. a conftest touched the GPU at import
@@ -662,12 +662,12 @@ def test_the_pin_in_a_fresh_process(pytester: pytest.Pytester, mig_env: pytest.M
     """nvidia-ml-py is the fake (tests/fakenvml_site); a conftest stands in for CUDA."""
     fake_pynvml.install_subprocess(mig_env, "h100-mig")
     pytester.makeconftest(
-        "import pytest_mig.target as target\n\n"
+        "import pytest_mig.device.target as target\n\n"
         f"target.cuda_props = lambda: target.CudaProps('{H100} MIG 1g.10gb', 16, 9984 * 2**20, (9, 0))\n"
     )
     pytester.makepyfile(
         "import os\n"
-        "import pytest_mig.target as target\n\n"
+        "import pytest_mig.device.target as target\n\n"
         "def test_pinned(mig_device):\n"
         f"    assert os.environ['CUDA_VISIBLE_DEVICES'] == mig_device.uuid == {topo.H100_1G[0]!r}\n"
         "    assert not target.cuda_initialized()\n"

@@ -1,4 +1,4 @@
-"""Imports made while the run waits on a worker (pytest_mig.preload), and the marker that names them."""
+"""Imports made while the run waits on a worker (pytest_mig.workloads.preload), and the marker that names them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from test_plugin import run, usage_error
 
-from pytest_mig import preload
+from pytest_mig.workloads import preload
 from pytest_mig.workloads import DoesNotFit, hf
 from pytest_mig.workloads import openmm_md as om
 

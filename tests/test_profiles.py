@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_mig.profiles import (
+from pytest_mig.device.profiles import (
     CATALOG, ProfileError, ideal_ratio, ladder, lookup_model, model_slug, parse_profile, strip_mig_suffix,
 )
 

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from test_verdict import FP_OLD, TEST, record
 
-from pytest_mig.baselines import BaselineError, BaselineStore
+from pytest_mig.store.baselines import BaselineError, BaselineStore
 from pytest_mig.cli import main, reference_lines
 from pytest_mig.measure import Metric
-from pytest_mig.noise import DETECT_Z, REFERENCE_FLOOR, REFERENCE_MAX, K, reference_band
-from pytest_mig.reference import (
+from pytest_mig.judge.noise import DETECT_Z, REFERENCE_FLOOR, REFERENCE_MAX, K, reference_band
+from pytest_mig.judge.reference import (
     SHIPPED,
     ReferenceStore,
     build,
@@ -24,9 +24,9 @@ from pytest_mig.reference import (
     judged_against,
     pooled_sigma,
 )
-from pytest_mig.results import ResultRecord, write_results
+from pytest_mig.store.results import ResultRecord, write_results
 from pytest_mig.judge.pipeline import Pipeline, StoreHistories
-from pytest_mig.verdict import compare_reference
+from pytest_mig.judge.verdict import compare_reference
 
 BOARD = {**FP_OLD, "gpu_uuid": "GPU-aaaaaaaa-0000-0000-0000-000000000001"}
 
@@ -107,8 +107,8 @@ def test_a_profile_keeps_the_sigma_of_its_own_figures_only(tmp_path: Path, refs:
 
 def test_build_rewrites_the_sigma_under_the_folder_lock_a_concurrent_save_waits_for(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import pytest_mig.reference as reference
-    from pytest_mig.baselines import folder_lock
+    import pytest_mig.judge.reference as reference
+    from pytest_mig.common.files import folder_lock
 
     out, held = tmp_path / "ref", []
     real_write = reference.atomic_write_text
@@ -372,7 +372,7 @@ def test_drop_test_takes_a_changed_test_out_of_the_folder_and_the_files(
 
 def test_devices_lists_the_shipped_references_without_a_gpu(capsys: pytest.CaptureFixture[str],
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    import pytest_mig.nvml as nvml
+    import pytest_mig.device.nvml as nvml
 
     monkeypatch.setattr(nvml, "discover", lambda: nvml.Inventory(error="no NVIDIA driver on this machine"))
     assert main(["devices"]) == 0

@@ -10,11 +10,11 @@ import pytest
 from test_reference import BOARD
 from test_verdict import TEST, record
 
-from pytest_mig.baselines import BaselineStore, load_baseline_file
+from pytest_mig.store.baselines import BaselineStore, load_baseline_file
 from pytest_mig.cli import main
-from pytest_mig.reference import SHIPPED, build
-from pytest_mig.reference_check import check_folder, leave_one_out, pooled, summary
-from pytest_mig.results import write_results
+from pytest_mig.judge.reference import SHIPPED, build
+from pytest_mig.judge.reference_check import check_folder, leave_one_out, pooled, summary
+from pytest_mig.store.results import write_results
 
 #: How each figure of these tests is recorded: unit, direction, kind.
 FIGURES = {"step_time_s": ("s", "lower", "training"), "tokens_per_s": ("tokens/s", "higher", "training"),

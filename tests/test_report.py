@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from pytest_mig.measure import Metric
-from pytest_mig.report import (
+from pytest_mig.report.tables import (
     COLUMNS,
     ReportError,
     find_outliers,
@@ -26,8 +26,8 @@ from pytest_mig.report import (
     verdict_counts,
     write_report,
 )
-from pytest_mig.results import ResultRecord
-from pytest_mig.scaling import check_values
+from pytest_mig.store.results import ResultRecord
+from pytest_mig.judge.scaling import check_values
 
 GEMM = "benchmarks/test_gemm.py::test_gemm[fp16]"
 STREAM = "benchmarks/test_bandwidth.py::test_stream"
@@ -304,7 +304,7 @@ def test_reports_are_readable_by_the_team_not_only_their_writer(tmp_path: Path) 
     import os
     import stat
 
-    from pytest_mig.results import atomic_write_text
+    from pytest_mig.store.results import atomic_write_text
 
     old = os.umask(0o022)
     try:

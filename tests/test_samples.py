@@ -10,8 +10,8 @@ import pytest
 
 from pytest_mig import cli
 from pytest_mig.measure import Metric
-from pytest_mig.results import ResultRecord, write_results
-from pytest_mig.samples import KEEPS, analyse, lines, windows_for
+from pytest_mig.store.results import ResultRecord, write_results
+from pytest_mig.report.samples import KEEPS, analyse, lines, windows_for
 
 TARGET = {"kind": "full", "profile": "full", "baseline_profile": "full", "gpu_slug": "nvidia-h100-80gb-hbm3",
           "uuid": "GPU-1"}
@@ -102,7 +102,7 @@ def test_an_energy_windows_first_half_is_judged_against_the_whole_window() -> No
         whole = 1.0 + rng.gauss(0, 0.005)  # the first half alone is four times as noisy: it does not
         records.append(_energy("b.py::test_short[a]", whole, whole * (1 + rng.gauss(0, 0.02)), i, window_s=0.75))
         records.append(_energy("b.py::test_old[a]", 1.0, None, i))  # recorded before first halves were kept
-    from pytest_mig.samples import energy_windows, window_lines
+    from pytest_mig.report.samples import energy_windows, window_lines
 
     short, steady = energy_windows(records)
     assert (steady.test, steady.runs, steady.window_s) == ("test_steady", 12, 1.5) and steady.fewest == 1

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from pytest_mig.baselines import BaselineStore
+from pytest_mig.store.baselines import BaselineStore
 from pytest_mig.measure import Metric
-from pytest_mig.results import ResultRecord, write_results
-from pytest_mig.scaling import SCALING_TOLERANCE, ScalingReport, check_scaling, check_values
+from pytest_mig.store.results import ResultRecord, write_results
+from pytest_mig.judge.scaling import SCALING_TOLERANCE, ScalingReport, check_scaling, check_values
 
 DATA = Path(__file__).with_name("data") / "published_scaling.csv"
 WULVER_DIR = Path(__file__).resolve().parents[2] / "shared" / "reference" / "wulver"
@@ -348,7 +348,7 @@ def test_a_stored_profile_keeps_the_clock_it_ran_at_for_the_power_limited_rule(t
 
 @pytest.mark.parametrize("clock", ["1485", -5, 0, True, float("nan")])
 def test_a_saved_clock_that_is_not_a_clock_is_named_and_nothing_is_written(tmp_path: Path, clock: Any) -> None:
-    from pytest_mig.baselines import BaselineError
+    from pytest_mig.store.baselines import BaselineError
 
     store = BaselineStore(tmp_path)
     store.save([rec("7g.141gb", 66.0)])

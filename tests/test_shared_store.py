@@ -17,10 +17,10 @@ from typing import Any, Callable
 import pytest
 from test_verdict_flow import baseline_path, h200  # noqa: F401  (the fixture: a whole H200, fake NVML)
 
-from pytest_mig.baselines import BaselineError, BaselineStore
+from pytest_mig.store.baselines import BaselineError, BaselineStore
 from pytest_mig.measure import Metric
-from pytest_mig.night import BUILT_SYSTEMS, CACHE_FOLDER
-from pytest_mig.results import ResultRecord
+from pytest_mig.night.nights import BUILT_SYSTEMS, CACHE_FOLDER
+from pytest_mig.store.results import ResultRecord
 
 Run = Callable[..., pytest.RunResult]
 
@@ -287,7 +287,7 @@ def test_a_lock_file_that_is_a_link_is_never_followed(tmp_path: Path, monkeypatc
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="making a character device needs root")
 def test_a_device_or_folder_in_a_history_s_place_is_named_never_read(tmp_path: Path) -> None:
-    from pytest_mig.files import FileProblem, read_json
+    from pytest_mig.common.files import FileProblem, read_json
 
     device = tmp_path / "full.json"
     os.mknod(device, stat.S_IFCHR | 0o600, os.makedev(1, 5))  # /dev/zero's numbers: a read would never end

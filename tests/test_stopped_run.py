@@ -16,7 +16,7 @@ import fake_pynvml
 import pytest
 from test_verdict_flow import BENCH, QUIET
 
-from pytest_mig import checkpoint
+from pytest_mig.store import checkpoint
 from pytest_mig.workloads import ddp
 
 STOPPED = '''
@@ -123,7 +123,7 @@ def test_a_results_file_that_cannot_be_written_is_tried_once_as_the_run_goes(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from test_verdict import record
 
-    from pytest_mig.results import ResultsFileError
+    from pytest_mig.store.results import ResultsFileError
 
     tries = []
 
@@ -253,7 +253,7 @@ import pytest_benchmark.plugin  # noqa: F401
 import pytest_mig.plugin  # noqa: F401
 import torch  # noqa: F401
 
-assert "pandas" not in sys.modules and "pytest_mig.report" not in sys.modules
+assert "pandas" not in sys.modules and "pytest_mig.report.tables" not in sys.modules
 t0 = time.monotonic()
 root, delays = Path(sys.argv[1]), [float(d) for d in sys.argv[2].split(",")]
 args = ["test_s.py", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-W",
@@ -299,7 +299,7 @@ def test_a_sigterm_at_any_instant_stops_the_run_with_exit_2_and_no_traceback(tmp
     session's end among them): each run exits 2 with its file marked stopped, or, where the SIGTERM
     came after the last test, finishes whole; none with a traceback.  Before the first benchmark
     SIGTERM keeps its default action."""
-    from pytest_mig.results import read_results_file
+    from pytest_mig.store.results import read_results_file
 
     (tmp_path / "test_s.py").write_text(SWEEP_TEST)
     (tmp_path / "conftest.py").write_text(SLOW_JUDGE)

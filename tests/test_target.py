@@ -1,6 +1,6 @@
 """plan_run, pin and verify as plain functions, against the inventories of real GPUs.
 
-Each inventory is what pytest_mig.nvml.discover reads through the fake pynvml loaded with a topology
+Each inventory is what pytest_mig.device.nvml.discover reads through the fake pynvml loaded with a topology
 from tests/topologies.py, so these tests also cover how NVML's answers become Gpu/MigInstance records.
 test_plugin.py checks the same behaviours end to end (sentences, exit codes, the report header).
 """
@@ -14,8 +14,9 @@ from typing import Any, Callable
 import pytest
 
 import topologies as topo
-from pytest_mig import nvml, target
-from pytest_mig.target import CudaProps, Options, Plan, SelectionError, Target, VerificationError, pin, plan_run, verify
+from pytest_mig.device import nvml
+from pytest_mig.device import target
+from pytest_mig.device.target import CudaProps, Options, Plan, SelectionError, Target, VerificationError, pin, plan_run, verify
 
 MIB = topo.MIB
 H100 = "NVIDIA H100 80GB HBM3"

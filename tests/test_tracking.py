@@ -22,7 +22,7 @@ import torch
 from triton_support import needs_triton
 
 from pytest_mig.measure import Timer, Timing
-from pytest_mig.target import Target
+from pytest_mig.device.target import Target
 from pytest_mig.workloads import DoesNotFit, WorkloadError
 from pytest_mig.workloads import lattice as lat
 from pytest_mig.workloads import tracking as trk

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from pytest_mig.measure import Metric, Telemetry, Timer, Timing
-from pytest_mig.target import Target
+from pytest_mig.device.target import Target
 from pytest_mig.workloads import DoesNotFit, WorkloadError
 from pytest_mig.workloads import hf
 from pytest_mig.workloads import training as tr

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from pytest_mig.baselines import BaselineStore, entry_from_records, meta_from_record
+from pytest_mig.store.baselines import BaselineStore, entry_from_records, meta_from_record
 from pytest_mig.measure import Metric
-from pytest_mig.noise import FEW_RUNS_BAND, FLOOR, K, band, run_sigma
-from pytest_mig.results import ResultRecord
+from pytest_mig.judge.noise import FEW_RUNS_BAND, FLOOR, K, band, run_sigma
+from pytest_mig.store.results import ResultRecord
 from pytest_mig.judge.pipeline import Pipeline, StoreHistories
-from pytest_mig.verdict import (
+from pytest_mig.judge.verdict import (
     compare,
     confirm,
     explain_clock,
@@ -69,7 +69,7 @@ def judged(value: float, values: list[float] = QUIET, *, tolerance: float | None
     return compare(record(value, **kw), entry_from_records(old), meta_from_record(old[-1]), tolerance=tolerance)
 
 
-# --------------------------------------------------------------------------- the band (pytest_mig.noise)
+# --------------------------------------------------------------------------- the band (pytest_mig.judge.noise)
 
 
 def test_the_threshold_is_k_run_to_run_sigmas_with_a_floor() -> None:
@@ -190,7 +190,8 @@ def test_fingerprint_diff_text() -> None:
 def test_a_regression_after_an_engine_or_suite_upgrade_names_it() -> None:
     """The run's fingerprint holds the versions of pytest-mig and the engines its workloads run
     through, so that a step after `pip install -U transformers` says what changed."""
-    from pytest_mig import __version__, nvml
+    from pytest_mig import __version__
+    from pytest_mig.device import nvml
 
     mine = nvml.software_versions()
     assert mine["pytest_mig"] == __version__ and "torch" in mine

@@ -4,7 +4,7 @@ Each run is a real pytest run (pytester, in-process) of a test that records synt
 the ``mig_bench`` fixture; the figure it records is set per run through the environment (RATE), and
 a dip of its first measurement only (DIP) stands for a transient.  The runs are GPU runs in
 everything but the GPU: NVML is the fake pynvml loaded with a real GPU's topology (an H200 with MIG
-off, an H100 with 1g.10gb slices) and CUDA's answer is stood in for (``pytest_mig.target.cuda_props``,
+off, an H100 with 1g.10gb slices) and CUDA's answer is stood in for (``pytest_mig.device.target.cuda_props``,
 see conftest.py), so the Target, its slug and the baseline file are exactly what the real GPU would
 give.
 """
@@ -20,10 +20,10 @@ import fake_pynvml
 import pytest
 import topologies
 
-import pytest_mig.report  # noqa: F401  (imported once here, not again by every in-process run)
-from pytest_mig.nvml import cpu_model
-from pytest_mig.reference import ReferenceStore
-from pytest_mig.results import read_results
+import pytest_mig.report.tables  # noqa: F401  (imported once here, not again by every in-process run)
+from pytest_mig.device.nvml import cpu_model
+from pytest_mig.judge.reference import ReferenceStore
+from pytest_mig.store.results import read_results
 
 BENCH = '''
 import math
@@ -432,7 +432,7 @@ def test_an_unwritable_results_file_is_said_at_start_up_and_nothing_is_saved(
 
 
 def test_two_runs_in_the_same_second_never_share_a_results_file(tmp_path: Path) -> None:
-    from pytest_mig.plugin import default_results_path
+    from pytest_mig.store.results import default_results_path
 
     a, b = default_results_path(tmp_path), default_results_path(tmp_path)
     assert a != b and a.parent == tmp_path / ".mig-results" and a.name.startswith("results-")

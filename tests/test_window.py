@@ -11,10 +11,10 @@ from typing import Callable
 import pytest
 from test_verdict_flow import h200  # noqa: F401
 
-from pytest_mig.calibrate import check_pytest_args
-from pytest_mig.results import read_results_file
-from pytest_mig.night import last_runs
-from pytest_mig.window import Guard, merge_meta, parse_window, plan
+from pytest_mig.night.calibrate import check_pytest_args
+from pytest_mig.store.results import read_results_file
+from pytest_mig.night.nights import last_runs
+from pytest_mig.night.window import Guard, merge_meta, parse_window, plan
 
 SUITE = '''
 import os

@@ -18,7 +18,7 @@ import torch
 from triton_support import needs_triton
 
 from pytest_mig.measure import Metric, Timing
-from pytest_mig.target import Target
+from pytest_mig.device.target import Target
 from pytest_mig.workloads import DoesNotFit, WorkloadError, all_finite, fma, gemm, stream
 
 GIB = 2**30
@@ -246,8 +246,8 @@ def test_gemm_window_figures_are_scaling_checked_as_the_hardware_allows():
     by SMs and clock, and the headline, whose few short repeats catch a capped clock moving, are left out
     of the ratios, each saying why (both failed 7g/4g on the GPU before)."""
     from pytest_mig.measure import PowerTrace
-    from pytest_mig.results import ResultRecord
-    from pytest_mig.scaling import check_scaling
+    from pytest_mig.store.results import ResultRecord
+    from pytest_mig.judge.scaling import check_scaling
 
     def figures(profile: str, sms: int, mhz: float, tflops: float, *, window: bool = True) -> list[ResultRecord]:
         target = _slice(memory_gib=60.0, sms=sms, kind="emulated", profile=profile, gpu="NVIDIA H200")

@@ -4,14 +4,14 @@ Every figure is judged by :class:`Pipeline`, wherever it is judged: the plugin (
 ends), ``pytest-mig compare`` (a results file against earlier ones), the detection analysis (a
 replay of recorded nights) and node mode's workers (each a plugin run).  The steps, in order:
 
-1. the first verdict: against the figure's own history (:func:`pytest_mig.verdict.compare`), else
-   the reference of its GPU model and profile (:func:`pytest_mig.verdict.compare_reference`), else
+1. the first verdict: against the figure's own history (:func:`pytest_mig.judge.verdict.compare`), else
+   the reference of its GPU model and profile (:func:`pytest_mig.judge.verdict.compare_reference`), else
    why neither exists;
-2. a verdict beyond its threshold is re-judged on re-measurements (:func:`pytest_mig.verdict.confirm`):
+2. a verdict beyond its threshold is re-judged on re-measurements (:func:`pytest_mig.judge.verdict.confirm`):
    the plugin runs the test again, compare and detection read the ones the run recorded;
 3. a throughput verdict says whether its clock-normalised partner moved too
-   (:func:`pytest_mig.verdict.explain_clock`);
-4. a regression measured beside a health sign names it (:func:`pytest_mig.health.annotate`).
+   (:func:`pytest_mig.judge.verdict.explain_clock`);
+4. a regression measured beside a health sign names it (:func:`pytest_mig.device.health.annotate`).
 
 Only where a figure's history comes from differs, behind :class:`Histories`: the site's baseline
 files (:class:`StoreHistories`) or earlier results files (:class:`RecordHistories`).
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
-from ..baselines import (
+from pytest_mig.store.baselines import (
     DEFAULT_TOLERANCE,
     Baseline,
     BaselineEntry,
@@ -31,10 +31,10 @@ from ..baselines import (
     meta_from_record,
     throttle_reasons,
 )
-from ..health import annotate
-from ..reference import Reference, ReferenceStore
-from ..results import ResultRecord
-from ..verdict import (
+from pytest_mig.device.health import annotate
+from pytest_mig.judge.reference import Reference, ReferenceStore
+from pytest_mig.store.results import ResultRecord
+from pytest_mig.judge.verdict import (
     Verdict,
     compare,
     compare_reference,

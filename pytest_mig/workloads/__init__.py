@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pytest_mig.device.target import DoesNotFit as DoesNotFit  # the workloads raise it from here
+
 if TYPE_CHECKING:
     import torch
 
@@ -26,10 +28,6 @@ FINITE_BLOCK = 1 << 24
 
 class WorkloadError(AssertionError):
     """A workload computed a wrong result (or could not run on this Target for a stated reason)."""
-
-
-class DoesNotFit(Exception):
-    """The workload cannot fit this Target (e.g. a 1.5B model on a 10 GB slice): a skip with the reason."""
 
 
 def check_close(name: str, rel_err: float, limit: float) -> None:

@@ -7,7 +7,7 @@
 - Remembered batches (:func:`recall`, :func:`remember`, :func:`confirm_batch`,
   :func:`confirm_growth`): on the same GPU model, profile and software stack the answer is the same
   every night, so it is kept in ``batches.json`` in the stack's folder (``$PYTEST_MIG_STACK_CACHE``,
-  set by :func:`pytest_mig.night.compile_caches`: a new driver, CUDA or torch starts a fresh one).
+  set by :func:`pytest_mig.night.nights.compile_caches`: a new driver, CUDA or torch starts a fresh one).
   The next night confirms it with the probes that give the search's own guarantee (it fits, and
   the next size the search would have tried does not) instead of the whole search; where it fails
   either, the search runs as before.  A compiled batch is remembered only where the projection
@@ -35,8 +35,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..night import REFERENCE_DIR_ENV
-from . import DoesNotFit
+from pytest_mig.workloads import DoesNotFit
 
 #: The exception torch raises when the device runs out of memory.
 OOM_ERROR: type[BaseException] = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
@@ -242,7 +241,7 @@ def key(config: str, mode: str, compiled: bool, search: str, target: Any) -> str
 
 def recall(case: str) -> dict[str, int]:
     """The batches remembered for ``case`` (``{"eager": 48, "compiled": 126}``); empty when none."""
-    from ..files import FileProblem, read_json
+    from pytest_mig.common.files import FileProblem, read_json
 
     path = _path()
     if path is None or not path.exists():
@@ -271,8 +270,8 @@ def _batches(doc: Any, case: str) -> dict[str, int]:
 def remember(case: str, versions: dict[str, str] | None = None, **batches: int | None) -> None:
     """Keep the batches found for ``case`` (under the folder's lock: node mode's workers share the file),
     with the ``versions`` they were found under (what :func:`seed` matches in another stack's file)."""
-    from ..baselines import folder_lock
-    from ..files import FileProblem, atomic_write_text, read_json
+    from pytest_mig.common.files import folder_lock
+    from pytest_mig.common.files import FileProblem, atomic_write_text, read_json
 
     path = _path()
     found = {k: v for k, v in batches.items() if v}
@@ -291,7 +290,7 @@ def remember(case: str, versions: dict[str, str] | None = None, **batches: int |
 
 
 #: The references' seeds: ``SEEDS`` in the folder of ``--mig-reference`` (set by the plugin).
-SEEDS_ENV = REFERENCE_DIR_ENV
+SEEDS_ENV = "PYTEST_MIG_REFERENCE_DIR"
 SEEDS = "batches.json"
 
 
@@ -307,7 +306,7 @@ def seed(case: str, versions: dict[str, str]) -> tuple[int, str] | None:
     """A compiled batch for ``case`` found elsewhere under the same ``versions`` (torch, transformers),
     and where: another stack's folder beside this one (the newest first), else the references'
     ``batches.json``.  None where neither has one; a file that cannot be read is passed over."""
-    from ..files import FileProblem, read_json
+    from pytest_mig.common.files import FileProblem, read_json
 
     if not versions:
         return None

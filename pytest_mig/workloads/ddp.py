@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..measure import Metric
-from . import WorkloadError
+from pytest_mig.measure import Metric
+from pytest_mig.workloads import WorkloadError
 
 #: Per-GPU batch (sequences of 1024 tokens) and (warm-up, measured) steps, normal and quick.
 BATCH = 8
@@ -99,7 +99,7 @@ def run_ddp_scaling(devices: Sequence[str], *, quick: bool, folder: Path) -> lis
         if len(sums) != 1:
             raise WorkloadError(f"DDP on {n} GPUs: the ranks' parameters differ after training ({sorted(sums)}): "
                                 "the gradients were not all-reduced")
-        from .training import check_loss
+        from pytest_mig.workloads.training import check_loss
 
         check_loss(reports[0]["losses"])
         tps = float(reports[0]["tokens_per_s"])
@@ -118,7 +118,7 @@ def rank_step(model: Any, params: list[Any], opt: Any, tokens: Any, *, amp: bool
     """One rank's training step: the single-GPU trainer's (``training.optimizer_step``; DDP all-reduces
     the gradients in backward), their global norm clipped to ``training.MAX_GRAD_NORM`` (folded into
     fused AdamW).  Returns the loss, detached, with no host sync."""
-    from .training import MAX_GRAD_NORM, clip_gradients, optimizer_step
+    from pytest_mig.workloads.training import MAX_GRAD_NORM, clip_gradients, optimizer_step
 
     return optimizer_step(model, opt, tokens, amp=amp,
                           clip=lambda: clip_gradients(params, opt, MAX_GRAD_NORM, fused=True))
@@ -130,8 +130,8 @@ def _rank_main(out: Path, quick: bool) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from . import hf
-    from .training import CONFIGS, SEED, CycleTask
+    from pytest_mig.workloads import hf
+    from pytest_mig.workloads.training import CONFIGS, SEED, CycleTask
 
     dist.init_process_group("nccl", device_id=torch.device("cuda:0"))
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -35,11 +35,11 @@ from typing import Any
 
 import torch
 
-from ..measure import Metric, Timer, Timing, energy_metrics, time_fn
-from ..profiles import FMA_PER_SM_PER_CLOCK
-from ..target import Target
-from . import DoesNotFit, WorkloadError, all_finite, check_close
-from .gemm import device_capability
+from pytest_mig.measure import Metric, Timer, Timing, energy_metrics, time_fn
+from pytest_mig.device.profiles import FMA_PER_SM_PER_CLOCK
+from pytest_mig.device.target import Target
+from pytest_mig.workloads import DoesNotFit, WorkloadError, all_finite, check_close
+from pytest_mig.workloads.gemm import device_capability
 
 try:  # Triton is optional: CPU-only installs (and CI) have none
     import triton

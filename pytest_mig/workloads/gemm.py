@@ -25,9 +25,9 @@ from typing import Any, Iterator
 
 import torch
 
-from ..measure import SUSTAINED, Metric, Timer, Timing, energy_metrics, time_fn
-from ..target import Target
-from . import DoesNotFit, WorkloadError, all_finite, check_close
+from pytest_mig.measure import SUSTAINED, Metric, Timer, Timing, energy_metrics, time_fn
+from pytest_mig.device.target import Target
+from pytest_mig.workloads import DoesNotFit, WorkloadError, all_finite, check_close
 
 #: Share of the Target's memory the three matrices may take; the rest is for cuBLAS's workspace,
 #: the verification, the caching allocator's rounding and whatever earlier tests left cached.

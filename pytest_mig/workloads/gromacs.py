@@ -8,7 +8,7 @@ the pinned CUDA_VISIBLE_DEVICES), and ns/day is read from the log's ``Performanc
 (GROMACS times the second half of its run, ``-resethway``).
 
 Under ``--mig-emulate`` mdrun makes its own CUDA context, which a green context does not confine: it
-runs as a CUDA MPS client with the profile's SM share and memory cap (:mod:`pytest_mig.mps`), the
+runs as a CUDA MPS client with the profile's SM share and memory cap (:mod:`pytest_mig.device.mps`), the
 share found by a probe client that saw exactly the profile's SMs.  Without a ``gmx`` binary the
 test is skipped with the reason.
 """
@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import mps
-from ..measure import Metric, Timer
-from ..target import Target
-from . import DoesNotFit, WorkloadError
+from pytest_mig.device import mps
+from pytest_mig.measure import Metric, Timer
+from pytest_mig.device.target import Target
+from pytest_mig.workloads import DoesNotFit, WorkloadError
 
 #: Environment variable naming the GROMACS binary where it is not ``gmx`` on PATH (gmx_mpi, a module path).
 GMX_ENV = "PYTEST_MIG_GMX"

@@ -154,7 +154,7 @@ INSTALL = {
 
 #: What building a model of each layout imports, beyond torch: transformers' modelling stack is most
 #: of the first build's seconds in a process.  The training tests name them (``mig_imports``) so the
-#: plugin can import them while the main process waits on OpenMM's worker (:mod:`pytest_mig.preload`).
+#: plugin can import them while the main process waits on OpenMM's worker (:mod:`pytest_mig.workloads.preload`).
 IMPORTS: dict[str, tuple[str, ...]] = {
     layout: ("transformers.modeling_utils", "transformers.integrations.sdpa_attention",
              "transformers.models.auto.modeling_auto", f"transformers.models.{layout}.modeling_{layout}")

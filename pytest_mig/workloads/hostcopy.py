@@ -7,7 +7,7 @@ copy engines move the data by DMA.  Bidirectional runs both copies on two stream
 counts the bytes of both directions.
 
 Each figure is put against the PCIe link's theoretical rate per direction from the generation and
-width NVML reports as the link's maximum (:func:`pytest_mig.health.link_gbs`), read while copies
+width NVML reports as the link's maximum (:func:`pytest_mig.device.health.link_gbs`), read while copies
 are in flight (links drop generation when idle).  A link trained down to x8 shows as about 50% of
 that, and the link read under load is in each figure's info.  Every copy is checked: the bytes
 that arrive are the bytes that were sent.
@@ -19,10 +19,10 @@ from typing import Any, Callable
 
 import torch
 
-from ..health import link_gbs
-from ..measure import Metric, Timer
-from ..target import Target
-from . import DoesNotFit, WorkloadError
+from pytest_mig.device.health import link_gbs
+from pytest_mig.measure import Metric, Timer
+from pytest_mig.device.target import Target
+from pytest_mig.workloads import DoesNotFit, WorkloadError
 
 #: Bytes per transfer (normal, quick), and the share of the Target's memory two buffers may take.
 TRANSFER_BYTES = {False: 2**30, True: 2**28}

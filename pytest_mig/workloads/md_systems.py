@@ -5,7 +5,7 @@ Building a benchmark system is pure Python that gives the same System every nigh
 of the three 23.5k-atom runs (mixed, single and double precision build the same box) on the CPU-only
 development machine, and 15.8 s and 5.1 s on an H100 host's CPU.  The built System (OpenMM's own XML serialisation) and its
 positions are kept in one JSON file in ``.mig-compile-cache/openmm-systems/``
-(``$PYTEST_MIG_BUILT_SYSTEMS``, set by :func:`pytest_mig.night.compile_caches`), named by a digest of
+(``$PYTEST_MIG_BUILT_SYSTEMS``, set by :func:`pytest_mig.night.nights.compile_caches`), named by a digest of
 everything the build depends on (the system, the force field and its settings, OpenMM's version).
 A new driver, CUDA or torch changes none of that, so the first night after one reads them too.
 
@@ -45,7 +45,7 @@ def cache_path(name: str, key: str, environ: Any = os.environ) -> Path | None:
 
 def load(path: Path | None, key: str) -> tuple[Any, list[tuple[float, float, float]]] | None:
     """(System, positions in nm) from ``path``, or None where it is absent or not exactly this build's."""
-    from ..files import FileProblem, read_json
+    from pytest_mig.common.files import FileProblem, read_json
 
     if path is None:
         return None
@@ -81,7 +81,7 @@ def store(path: Path | None, key: str, system: Any, positions_nm: list[tuple[flo
         return False
     import openmm
 
-    from ..files import atomic_write_text
+    from pytest_mig.common.files import atomic_write_text
 
     doc = {"format": FORMAT, "key": key, "openmm": openmm.__version__,
            "positions_nm": [[float(x), float(y), float(z)] for x, y, z in positions_nm],

@@ -23,7 +23,7 @@ Every run is checked before its figure counts (a fast wrong answer is a failure)
 
 The work runs in a worker process (``python -m pytest_mig.workloads.openmm_md REQUEST RESULT``,
 JSON in and out), because OpenMM makes its own CUDA context: under ``--mig-emulate`` the worker is a
-CUDA MPS client with the profile's SM share and memory cap (:mod:`pytest_mig.mps`), and it reports
+CUDA MPS client with the profile's SM share and memory cap (:mod:`pytest_mig.device.mps`), and it reports
 the SMs its context really had.  A figure whose confinement could not be verified is skipped with
 the reason, never reported as the profile's.  Timing: chunks of steps of about
 :data:`CHUNK_S` seconds each, each ended by reading the state back (so the GPU has finished),
@@ -48,8 +48,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import mps, preload
-from ..measure import (
+from pytest_mig.device import mps
+
+from pytest_mig.workloads import preload
+from pytest_mig.measure import (
     RAMP_S,
     EnergyTicks,
     Metric,
@@ -58,8 +60,8 @@ from ..measure import (
     Timing,
     energy_metrics,
 )
-from ..target import Target
-from . import DoesNotFit, WorkloadError, md_systems
+from pytest_mig.device.target import Target
+from pytest_mig.workloads import DoesNotFit, WorkloadError, md_systems
 
 
 @dataclass(frozen=True)
@@ -328,7 +330,7 @@ def simulate(request: dict[str, Any]) -> dict[str, Any]:
 def _resources(device: str) -> dict[str, Any]:
     if device == "cpu":
         return {}
-    from ..mps import context_resources
+    from pytest_mig.device.mps import context_resources
 
     return context_resources()
 
@@ -381,7 +383,7 @@ def run_openmm(target: Target, *, system: str = "water-23k", precision: str = "m
     if target.emulated:
         base, confinement = mps.confine_engine(target, base, "OpenMM")
     request = {"device": "cpu" if target.is_cpu else "cuda", "system": system, "precision": precision, "quick": quick}
-    # this process only waits: the imports a later test needs are made meanwhile (pytest_mig.preload)
+    # this process only waits: the imports a later test needs are made meanwhile (pytest_mig.workloads.preload)
     with EnergyTicks(telemetry.read_energy_mj if telemetry is not None else None) as ticks, preload.while_waiting():
         result = _run_worker(request, base)
     if target.emulated:

@@ -26,9 +26,9 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ..measure import Metric, Timer, Timing, energy_metrics, time_fn
-from ..target import Target
-from . import DoesNotFit, WorkloadError, check_close
+from pytest_mig.measure import Metric, Timer, Timing, energy_metrics, time_fn
+from pytest_mig.device.target import Target
+from pytest_mig.workloads import DoesNotFit, WorkloadError, check_close
 
 #: BabelStream's initial values and scalar.
 START_A, START_B, START_C, SCALAR = 0.1, 0.2, 0.0, 0.4

@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
-from ..measure import Metric, Timer, Timing, energy_metrics
-from ..target import Target
-from . import DoesNotFit, WorkloadError
-from .lattice import (
+from pytest_mig.measure import Metric, Timer, Timing, energy_metrics
+from pytest_mig.device.target import Target
+from pytest_mig.workloads import DoesNotFit, WorkloadError
+from pytest_mig.workloads.lattice import (
     CAVITY,
     DRIFT,
     LHC,

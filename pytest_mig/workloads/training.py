@@ -59,11 +59,11 @@ from typing import Any, Callable
 
 import torch
 
-from ..measure import Metric, Timer, Timing, energy_metrics, percentile
-from ..target import Target
-from . import DoesNotFit, WorkloadError, batch_search, hf
-from .batch_search import OOM_ERROR, BatchGrowth, BatchSearch, grow_batch, is_oom, max_batch_search
-from .hf import CONFIG_NAMES, CONFIGS, LORA, LoraSpec, ModelConfig
+from pytest_mig.measure import Metric, Timer, Timing, energy_metrics, percentile
+from pytest_mig.device.target import Target
+from pytest_mig.workloads import DoesNotFit, WorkloadError, batch_search, hf
+from pytest_mig.workloads.batch_search import OOM_ERROR, BatchGrowth, BatchSearch, grow_batch, is_oom, max_batch_search
+from pytest_mig.workloads.hf import CONFIG_NAMES, CONFIGS, LORA, LoraSpec, ModelConfig
 
 MODES: tuple[str, ...] = ("full", "lora", "qlora")
 BATCH_POLICIES: tuple[str, ...] = ("fixed", "maxbatch")
@@ -648,7 +648,7 @@ def _compiled_graphs() -> int:
 
 def _engine_versions(mode: str) -> dict[str, str]:
     """Versions of the packages the mode ran through (they go into the record beside torch's)."""
-    from ..nvml import package_versions
+    from pytest_mig.device.nvml import package_versions
 
     names = ["transformers"] + (["peft"] if mode != "full" else []) + (["bitsandbytes"] if mode == "qlora" else [])
     installed = package_versions()

@@ -1,0 +1,422 @@
+"""Reference figures shipped with the package: verdicts on a first night, before a site has a history.
+
+A site that installs pytest-mig has no baseline yet.  Rather than "no baseline" for every figure,
+a figure with no local history is judged against the **reference** for its GPU model and profile:
+runs of the same suite on a board of that model measured by the pytest-mig developers, kept with
+their fingerprints (driver, CUDA, torch, clocks, power limit).  That is the health check DCGM's
+diagnostics give against their SKU values, per profile and per figure.  The band is wide
+(:func:`pytest_mig.judge.noise.reference_band`): another board of the model differs by a few percent, a
+GPU 15% under the reference fails.  A local baseline, once saved, takes over figure by figure.
+
+Layout: ``pytest_mig/references/<gpu-model-slug>/<profile>[-emulated].json``, each a baseline file
+(schema 2, read by :func:`pytest_mig.store.baselines.load_baseline_file`, so a broken one is an error
+naming the file) with one more top-level block::
+
+    "reference": {"sigma": {"quick": {"<test>": {"<metric>": 0.0052}}}, "runs": {"full": 5, ...}}
+
+``sigma`` is each figure's run-to-run sigma pooled over every reference run of the GPU model (each
+profile's runs relative to their own median): a figure too noisy on one profile is not judged on
+any.  ``pytest-mig reference FILES... --out DIR`` builds such a folder from results files (the
+shipped one, or a site's own fleet reference, used with ``--mig-reference DIR``).  The boards'
+identities (UUIDs) are not kept: the reference speaks for the model, not for one board.  A figure a
+run re-measured enters as the median of its measurements (:func:`_as_reference`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from pytest_mig.store.baselines import (
+    FINGERPRINT_FIELDS,
+    Baseline,
+    BaselineEntry,
+    BaselineError,
+    BaselineStore,
+    EntryKey,
+    check_baseline_text,
+    fingerprint_value,
+    folder_lock,
+    history_exists,
+    load_baseline_file,
+    measured_value,
+    meta_from_record,
+)
+from pytest_mig.common.files import MAX_NUMBER, FileProblem, path_problem, validate
+from pytest_mig.judge.noise import REFERENCE_FLOOR, REFERENCE_MAX, Band, reference_band
+from pytest_mig.store.results import ResultRecord, ResultsFileError, atomic_write_text, read_results, utc_now
+from pytest_mig.store.schemas import REFERENCE
+from pytest_mig.common.text import printable, shown
+
+#: The references shipped with the package.
+SHIPPED = Path(__file__).resolve().parent.parent / "references"
+#: ``--mig-reference none``: judge only against the site's own baselines.
+NONE = "none"
+#: Runs a reference keeps per figure (all of a calibration campaign).
+REFERENCE_KEEP = 50
+#: Fingerprint keys that name one board, not the model: left out of a reference.
+BOARD_KEYS = ("gpu_uuid",)
+#: Fingerprint fields a verdict shows for the reference beside this GPU's; labels and units are
+#: FINGERPRINT_FIELDS', but the driver's CUDA version is plain "CUDA" (the runtime is not shown).
+SHOWN = ("driver", "cuda_driver", "torch", "vbios", "power_limit_w", "max_sm_clock_mhz", "max_mem_clock_mhz")
+_LABELS = {key: (label, unit) for key, label, unit in FINGERPRINT_FIELDS} | {"cuda_driver": ("CUDA", "")}
+
+
+def _shown(key: str, value: Any) -> str:
+    """A shown field's value with its unit, as verdicts format fingerprints."""
+    return fingerprint_value(key, value, _LABELS[key][1])
+
+
+@dataclass
+class Reference:
+    """One GPU model and profile's reference: its runs (a Baseline) and each figure's pooled sigma."""
+
+    baseline: Baseline
+    sigma: dict[EntryKey, float] = field(default_factory=dict)
+
+    def get(self, test: str, metric: str, mode: str) -> BaselineEntry | None:
+        return self.baseline.get(test, metric, mode)
+
+    def sigma_for(self, entry: BaselineEntry) -> float | None:
+        return self.sigma.get((entry.test, entry.metric, entry.mode))
+
+    def band_for(self, entry: BaselineEntry) -> Band:
+        """The reference band a verdict applies to ``entry`` (:func:`~pytest_mig.judge.noise.reference_band`):
+        its pooled sigma, or that of a rate figure whose timing it shares where larger."""
+        partners = {p.metric: self.sigma_for(p) for p in self.baseline.timing_partners(entry)}
+        return reference_band(entry.values, self.sigma_for(entry), partners)
+
+    def runs(self) -> dict[str, int]:
+        """Runs per mode (the most any figure has), quick first: ``{"quick": 5, "normal": 2}``."""
+        return {m: hi for m, (_lo, hi) in self.run_counts().items()}
+
+    def run_counts(self) -> dict[str, tuple[int, int]]:
+        """Per mode, the fewest and the most runs any figure has: ``{"normal": (2, 3)}`` where a
+        later part-run added some figures only.  Quick first."""
+        out: dict[str, tuple[int, int]] = {}
+        for e in self.baseline.entries.values():
+            lo, hi = out.get(e.mode, (len(e.runs), len(e.runs)))
+            out[e.mode] = (min(lo, len(e.runs)), max(hi, len(e.runs)))
+        return _quick_first(out)
+
+    def judged_modes(self) -> set[str]:
+        """The modes with a pooled sigma for some figure: those this reference can judge."""
+        return {mode for _test, _metric, mode in self.sigma}
+
+    def judged_counts(self) -> dict[str, tuple[int, int]]:
+        """Per mode, how many of its figures a first night judges, and how many it holds:
+        ``{"quick": (66, 75)}``.  A figure is judged where its band gates, the rule a verdict
+        applies (:meth:`band_for`: a pooled sigma, and 5 sigma within the widest reference band).
+        Quick first."""
+        out: dict[str, tuple[int, int]] = {}
+        for e in self.baseline.entries.values():
+            finite = [v for v in e.values if math.isfinite(v)]
+            gates = bool(finite) and self.band_for(e).gates
+            judged, total = out.get(e.mode, (0, 0))
+            out[e.mode] = (judged + gates, total + 1)
+        return _quick_first(out)
+
+    def describe(self, mode: str | None = None) -> str:
+        """'5 runs of NVIDIA H100 80GB HBM3 full (quick), driver 580.159.04, CUDA 13.0, torch 2.11.0'."""
+        meta = self.baseline.meta
+        per_mode = {m: n for m, n in self.run_counts().items() if mode is None or m == mode}
+        runs = count_range(min((lo for lo, _ in per_mode.values()), default=0),
+                           max((hi for _, hi in per_mode.values()), default=0))
+        modes = sorted(per_mode)
+        fp = meta.fingerprint
+        soft = ", ".join(f"{_LABELS[k][0]} {_shown(k, fp[k])}" for k in SHOWN[:3] if fp.get(k) is not None)
+        return (f"{runs} run(s) of {meta.gpu_model} {meta.profile} ({', '.join(modes) or 'no figures'})"
+                + (f", {soft}" if soft else ""))
+
+
+def _quick_first(per_mode: dict[str, Any]) -> dict[str, Any]:
+    """The same per-mode mapping, quick mode first, then the others by name."""
+    return {m: per_mode[m] for m in sorted(per_mode, key=lambda m: (m != "quick", m))}
+
+
+def count_range(lo: int, hi: int) -> str:
+    """'2' or '2-3'."""
+    return str(hi) if lo == hi else f"{lo}-{hi}"
+
+
+def fingerprint_beside(reference: dict[str, Any], mine: dict[str, Any]) -> str:
+    """The reference's fingerprint with this GPU's beside it where they differ, e.g. ``driver
+    580.159.04 (this GPU 590.10.02), CUDA 13.0, torch 2.11.0, power limit 700 W (this GPU 500 W)``."""
+    parts = []
+    for key in SHOWN:
+        if reference.get(key) is None:
+            continue
+        theirs = _shown(key, reference[key])
+        text = f"{_LABELS[key][0]} {theirs}"
+        if mine.get(key) is not None and _shown(key, mine[key]) != theirs:
+            text += f" (this GPU {_shown(key, mine[key])})"
+        parts.append(text)
+    return ", ".join(parts)
+
+
+class ReferenceStore:
+    """A folder of references (``<root>/<gpu-model-slug>/<profile>.json``), read-only."""
+
+    def __init__(self, root: Path | str = SHIPPED) -> None:
+        self.root = Path(root)
+        self._baselines = BaselineStore(self.root)
+        self._loaded: dict[tuple[str, str], Reference | None] = {}
+
+    def __repr__(self) -> str:
+        return f"ReferenceStore({str(self.root)!r})"
+
+    def load(self, gpu_slug: str, baseline_profile: str) -> Reference | None:
+        """The reference of this GPU model and profile (None: none).  A broken file is a BaselineError."""
+        key = (gpu_slug, baseline_profile)
+        if key not in self._loaded:
+            path = self._baselines.path_for(gpu_slug, baseline_profile)
+            self._loaded[key] = _read(path) if history_exists(path) else None
+        return self._loaded[key]
+
+    def for_record(self, record: ResultRecord) -> Reference | None:
+        meta = meta_from_record(record)
+        return self.load(meta.gpu_slug, meta.profile)
+
+    def holding(self, record: ResultRecord) -> Reference | None:
+        """The reference of this record's GPU model and profile where it holds the record's figure
+        (its test, metric and mode); None otherwise."""
+        ref = self.for_record(record)
+        return ref if ref is not None and ref.get(record.test, record.metric.name, record.mode) is not None else None
+
+    def models(self) -> dict[str, list[str]]:
+        """GPU model name -> the profiles it has references for (``1g.10gb-emulated``, ``full``)."""
+        out: dict[str, list[str]] = {}
+        for path in self._baselines.files():
+            ref = self.load(path.parent.name, path.stem)  # cached: a listing's later lookups read nothing again
+            if ref is not None:
+                out.setdefault(ref.baseline.meta.gpu_model, []).append(ref.baseline.meta.profile)
+        return {k: sorted(v, key=_profile_order) for k, v in sorted(out.items())}
+
+
+def store_for(text: str, base: Path) -> ReferenceStore | None:
+    """The references a setting names: '' or 'shipped' the package's, 'none' None, else a folder
+    (relative to ``base``).  ValueError ("DIR: no such folder") when that folder does not exist."""
+    text = text.strip()
+    if not text or text == "shipped":
+        return ReferenceStore(SHIPPED)
+    if text.lower() == NONE:
+        return None
+    why = path_problem(text)
+    if why is not None:
+        raise ValueError(f"{shown(text)}: {why}")
+    path = Path(text) if Path(text).is_absolute() else base / text
+    if not path.is_dir():
+        raise ValueError(f"{printable(text)}: no such folder")
+    return ReferenceStore(path)
+
+
+def _profile_order(profile: str) -> tuple[int, str]:
+    head = profile.split(".", 1)[0].rstrip("gc")
+    return (int(head) if head.isdigit() else 99, profile)
+
+
+def _read(path: Path) -> Reference:
+    return _reference_of(load_baseline_file(path), path)
+
+
+def _check_text(path: Path) -> Any:
+    """A check for :func:`~pytest_mig.common.files.atomic_write_text`: the text about to become ``path`` must
+    read back as a reference (never a file the next night's reader refuses)."""
+    as_baseline = check_baseline_text(path)
+    return lambda text: _reference_of(as_baseline(text), path)
+
+
+def _reference_of(base: Baseline, path: Path) -> Reference:
+    block = base.extra.get("reference") or {}
+    sigma: dict[EntryKey, float] = {}
+    raw = block.get("sigma") if isinstance(block, dict) else None
+    if raw is not None and not isinstance(raw, dict):
+        raise BaselineError(f"{path}: 'reference.sigma' must map modes to tests to metrics to a number")
+    for mode, tests in (raw or {}).items():
+        for test, metrics in (tests or {}).items() if isinstance(tests, dict) else ():
+            for metric, value in (metrics or {}).items() if isinstance(metrics, dict) else ():
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                        or value < 0:
+                    raise BaselineError(f"{path}: reference sigma of {test} {metric} ({mode}) is "
+                                        f"{json.dumps(value)}, not a number of 0 or more")
+                sigma[(test, metric, mode)] = float(value)
+    try:  # what the loop above, which names the figure, did not look at
+        validate(block, REFERENCE, f"{path}: its 'reference' block")
+    except FileProblem as exc:
+        raise BaselineError(str(exc)) from None
+    return Reference(base, sigma)
+
+
+def judged_against(targets: Iterable[Any], store: BaselineStore, references: ReferenceStore | None,
+                   mode: str) -> list[str]:
+    """The header's line per Target (a ``pytest_mig.device.target.Target``): what its figures are judged
+    against, the local baseline file or else the reference, and when neither."""
+    lines = []
+    for t in targets:
+        name = t.baseline_profile
+        path = store.path_for(t.gpu_slug, name)
+        if path.exists():
+            lines.append(f"verdicts for {name}: against the local baseline {path}")
+            continue
+        try:
+            ref = references.load(t.gpu_slug, name) if references is not None else None
+        except BaselineError as exc:
+            lines.append(f"verdicts for {name}: reference unusable: {exc}")
+            continue
+        if ref is None:
+            lines.append(f"verdicts for {name}: no local baseline ({path}) and no reference for {t.gpu_name} {name}: "
+                         f"figures are reported, not judged; record a baseline with --mig-save-baseline")
+        elif not any(e.mode == mode for e in ref.baseline.entries.values()):
+            other = "quick runs (--mig-quick)" if mode == "normal" else "normal runs"
+            lines.append(f"verdicts for {name}: no local baseline ({path}), and the reference for {t.gpu_name} {name} "
+                         f"holds {other} only: this run's figures are reported, not judged; record a baseline with "
+                         f"--mig-save-baseline")
+        elif (judged := ref.judged_counts()[mode])[0] == 0:
+            why = (f"no figure of this mode has a second reference run of {t.gpu_name} to show its run-to-run noise"
+                   if mode not in ref.judged_modes() else
+                   f"every figure of this mode varies across the reference's runs more than a band of "
+                   f"{REFERENCE_MAX:.0%} allows")
+            lines.append(f"verdicts for {name}: no local baseline yet ({path}): shown beside the reference, "
+                         f"{ref.describe(mode)}, but not judged: {why}; record a baseline with --mig-save-baseline")
+        else:
+            which = (f"all {judged[1]} of its {mode} figures" if judged[0] == judged[1] else
+                     f"{judged[0]} of its {judged[1]} {mode} figures, the others reported only (too noisy across the "
+                     f"reference's runs, or with one run)")
+            lines.append(f"verdicts for {name}: no local baseline yet ({path}): judged against the reference, "
+                         f"{ref.describe(mode)}, in a band of at least {REFERENCE_FLOOR:.0%} (another board): {which}; "
+                         f"a saved baseline (--mig-save-baseline, pytest-mig calibrate) takes over")
+    return lines
+
+
+# -- building a reference folder from results files ------------------------------------------------
+
+
+def pooled_sigma(groups: Iterable[Sequence[float]]) -> float | None:
+    """Run-to-run sigma pooled over groups (profiles), each relative to its own median: the square
+    root of the summed squared relative deviations over (runs - groups).  None with no repeat, and
+    None where the deviations are too large for a float (runs 1e160 times their median): no band."""
+    total, dof = 0.0, 0
+    for values in groups:
+        xs = [float(v) for v in values if math.isfinite(v)]
+        if len(xs) < 2:
+            continue
+        med = statistics.median(xs)
+        if not med:
+            continue
+        total += math.fsum((x / med - 1.0) * (x / med - 1.0) for x in xs)  # inf, never OverflowError
+        dof += len(xs) - 1
+    sigma = math.sqrt(total / dof) if dof else None
+    return sigma if sigma is not None and sigma <= MAX_NUMBER else None
+
+
+def _as_reference(record: ResultRecord) -> ResultRecord:
+    """A run's record as a reference keeps it: no board identity, no verdict, and the run's own
+    re-measurements counted (:func:`~pytest_mig.store.baselines.measured_value`, as a local history
+    counts them): with two or three runs per profile one transient dip would set the figure's
+    pooled sigma, widening its band past what is judged.
+    """
+    fp = {k: v for k, v in (record.fingerprint or {}).items() if k not in BOARD_KEYS}
+    metric = replace(record.metric, value=measured_value(record))
+    return replace(record, metric=metric, fingerprint=fp, verdict=None, health=None)
+
+
+class UnknownTestError(ValueError):
+    """A test to drop that neither the reference folder nor the files given hold."""
+
+
+@dataclass
+class Built:
+    """What :func:`build` did: the files written, figures whose run the folder held already, and
+    the figures of dropped tests taken out of the folder or left out of the files, per test."""
+
+    files: list[Path]
+    repeated: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+
+
+def build(paths: Sequence[Path], out: Path, *, drop: Sequence[str] = ()) -> Built:
+    """Add the figures of these results files (oldest first) to the reference folder ``out`` and
+    recompute every figure's pooled sigma.  A run the folder holds already (the same file given
+    again) is not added twice.  The tests named in ``drop`` (their ids as results files write
+    them) are taken out of the folder and left out of the files: a test whose definition changed,
+    so that runs of the old and the new one never share a band.  ResultsFileError or
+    BaselineError on a file that cannot be read."""
+    dropped = dict.fromkeys(drop, 0)
+    records: list[ResultRecord] = []
+    for path in paths:  # every file read and checked whole before anything is written
+        for r in read_results(path):
+            if r.test in dropped:
+                dropped[r.test] += 1
+                continue
+            if r.metric.compare and abs(r.metric.value) > MAX_NUMBER:  # no GPU measures 1e300: a spoilt file
+                raise ResultsFileError(f"{printable(path)}: {printable(r.test)} {printable(r.metric.name)} is "
+                                       f"{r.metric.value:g}, which no measurement gives; nothing was written (leave "
+                                       f"this file out or fix it)")
+            records.append(_as_reference(r))
+    store = BaselineStore(out, keep=REFERENCE_KEEP)
+    if dropped:  # before anything is written: a mistyped id changes nothing
+        held = {key[0] for path in store.files() for key in load_baseline_file(path).entries}
+        unknown = [t for t, n in dropped.items() if not n and t not in held]
+        if unknown:
+            raise UnknownTestError(unknown[0])
+    saved = store.save(sorted(records, key=lambda r: r.timestamp), once=True) if records else []
+    # Read back and rewritten under the folder's lock: another build's runs saved meanwhile are kept.
+    with folder_lock(out):
+        if dropped:
+            _drop(store, dropped)
+        return Built(_write_sigma(store), sum(s.repeated for s in saved), dropped)
+
+
+def _drop(store: BaselineStore, dropped: dict[str, int]) -> None:
+    """Take the figures of the tests in ``dropped`` out of every file of the folder (a file left
+    with none is removed), counting each figure's runs into ``dropped``."""
+    for path in store.files():
+        base = load_baseline_file(path)
+        gone = [key for key in base.entries if key[0] in dropped]
+        if not gone:
+            continue
+        for key in gone:
+            dropped[key[0]] += len(base.entries.pop(key).runs)
+        if not base.entries:
+            path.unlink()
+            continue
+        base.updated_at = utc_now()
+        atomic_write_text(path, base.to_json(), check=_check_text(path))
+
+
+def _write_sigma(store: BaselineStore) -> list[Path]:
+    """Every file of the folder with the ``reference`` block of its figures' pooled sigma."""
+    written: list[Path] = []
+    by_model: dict[str, list[Path]] = {}
+    for path in store.files():
+        by_model.setdefault(path.parent.name, []).append(path)
+    for files in by_model.values():
+        bases = [load_baseline_file(p) for p in files]
+        groups: dict[EntryKey, list[list[float]]] = {}
+        for base in bases:
+            for key, entry in base.entries.items():
+                groups.setdefault(key, []).append(entry.values)
+        sigma: dict[str, dict[str, dict[str, float]]] = {}
+        for (test, metric, mode), values in sorted(groups.items()):
+            s = pooled_sigma(values)
+            if s is not None:
+                sigma.setdefault(mode, {}).setdefault(test, {})[metric] = float(f"{s:.4g}")
+        for path, base in zip(files, bases):
+            own: dict[str, dict[str, dict[str, float]]] = {}
+            for mode, tests in sigma.items():  # only the figures this file holds: no empty tests or modes
+                for t, ms in tests.items():
+                    mine = {m: v for m, v in ms.items() if (t, m, mode) in base.entries}
+                    if mine:
+                        own.setdefault(mode, {})[t] = mine
+            base.extra = {"reference": {"runs": Reference(base).runs(), "sigma": own}}
+            atomic_write_text(path, base.to_json(), check=_check_text(path))
+            written.append(path)
+    return written
+
+
+__all__ = ["NONE", "REFERENCE_KEEP", "Built", "Reference", "ReferenceStore", "SHIPPED", "UnknownTestError", "build",
+           "count_range", "fingerprint_beside", "judged_against", "pooled_sigma", "store_for"]

@@ -1,0 +1,38 @@
+"""Measurement: the Metric record every workload produces, timing with CUDA events, power and energy.
+
+The public names a site's own benchmark uses are imported here (``from pytest_mig.measure import Metric``).
+"""
+
+from pytest_mig.measure.metric import (
+    ENERGY_INFIX,
+    METRIC_KINDS,
+    RATE_KINDS,
+    SUSTAINED,
+    Direction,
+    Metric,
+    Stats,
+    partner_keys,
+    percentile,
+    timing_partners,
+)
+from pytest_mig.measure.timing import (
+    POWER_LIMIT_SLACK,
+    RAMP_S,
+    EnergyTicks,
+    GpuClock,
+    PowerSampler,
+    PowerTrace,
+    Telemetry,
+    Timer,
+    Timing,
+    energy_metrics,
+    gpu_clock,
+    synchronize,
+    time_fn,
+)
+
+__all__ = [
+    "ENERGY_INFIX", "METRIC_KINDS", "POWER_LIMIT_SLACK", "RAMP_S", "RATE_KINDS", "SUSTAINED", "Direction",
+    "EnergyTicks", "GpuClock", "Metric", "PowerSampler", "PowerTrace", "Stats", "Telemetry", "Timer", "Timing",
+    "energy_metrics", "gpu_clock", "partner_keys", "percentile", "synchronize", "time_fn", "timing_partners",
+]

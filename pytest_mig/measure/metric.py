@@ -1,0 +1,124 @@
+"""The Metric record every workload produces, its kinds, robust statistics, and which figures share a timing."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Literal, Mapping, Sequence
+
+Direction = Literal["higher", "lower"]
+
+#: Kinds of metric; the verdict and scaling layers pick tolerances and ideal bases by kind.
+METRIC_KINDS = ("compute", "tensor", "memory", "training", "simulation", "energy", "cost", "info")
+#: Kinds that rate a test's timed work (TFLOPS, GB/s, tokens/s, ns/day, or the time per unit of it).
+RATE_KINDS = ("compute", "tensor", "memory", "training", "simulation")
+#: ``energy_metrics`` names its figure ``<label>_energy_j_per_<unit>`` (no label: ``energy_j_per_<unit>``).
+ENERGY_INFIX = "energy_j_per_"
+#: A rate over the energy window itself is named ``<label>_sustained_<unit>`` (see timing_partners).
+SUSTAINED = "sustained_"
+
+
+@dataclass
+class Metric:
+    """One named figure of one test: what the verdict layer compares and the reports print."""
+
+    name: str
+    value: float
+    unit: str
+    direction: Direction = "higher"
+    samples: list[float] = field(default_factory=list)
+    kind: str = "compute"
+    info: dict[str, Any] = field(default_factory=dict)
+    compare: bool = True  # False: informational (size at peak, power), never a regression
+
+    def __post_init__(self) -> None:
+        if self.direction not in ("higher", "lower"):
+            raise ValueError(f"direction must be 'higher' or 'lower', not {self.direction!r}")
+        if self.kind not in METRIC_KINDS:
+            raise ValueError(f"kind must be one of {METRIC_KINDS}, not {self.kind!r}")
+        self.value = float(self.value)
+        self.samples = [float(s) for s in self.samples]
+
+    @property
+    def stats(self) -> "Stats | None":
+        """Summary of the finite samples (a NaN sample is left out, never a crash); None without any."""
+        finite = [x for x in self.samples if math.isfinite(x)]
+        return Stats.of(finite) if finite else None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        st = self.stats
+        d["stats"] = asdict(st) if st else None
+        return d
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Robust summary of repeated samples."""
+
+    n: int
+    median: float
+    mean: float
+    min: float
+    max: float
+    mad: float  # median absolute deviation
+    iqr: float
+    cv: float  # stdev / mean (0 for one sample)
+
+    @classmethod
+    def of(cls, samples: Sequence[float]) -> "Stats":
+        if not samples:
+            raise ValueError("no samples")
+        xs = sorted(float(s) for s in samples)
+        med = statistics.median(xs)
+        mean = statistics.fmean(xs)
+        mad = statistics.median([abs(x - med) for x in xs])
+        if len(xs) >= 2:
+            q = statistics.quantiles(xs, n=4, method="inclusive")
+            iqr = q[2] - q[0]
+            cv = statistics.stdev(xs) / mean if mean else 0.0
+        else:
+            iqr, cv = 0.0, 0.0
+        return cls(len(xs), med, mean, xs[0], xs[-1], mad, iqr, cv)
+
+
+def percentile(samples: Sequence[float], p: float) -> float:
+    """Linear-interpolated percentile, p in [0, 100]."""
+    xs = sorted(samples)
+    if not xs:
+        raise ValueError("no samples")
+    k = (len(xs) - 1) * p / 100.0
+    lo, hi = math.floor(k), math.ceil(k)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def timing_partners(energy_metric: str, energy_kind: str, figures: Iterable[tuple[str, str]]) -> list[str]:
+    """Of one test's figures, given as (name, kind) pairs, the rate figures timed over the work
+    that energy figure ``energy_metric`` divides its joules by: those with its label
+    (``fp32_triad_energy_j_per_gb``: ``fp32_triad_gbs``; ``energy_j_per_token``: every rate figure
+    of the test, ``tokens_per_s`` and ``step_time_s``), and where one of them is the rate over the
+    energy window itself (``<label>_sustained_<unit>``, as GEMM reports it beside a headline from
+    short repeats and a per-cycle figure), that one alone.  Empty for a figure that is not energy.
+
+    Energy per unit of work is power x time / work, so it moves with that timing: a training step
+    slowed by the host draws less power but not proportionally less (an H100's 4g.40gb-sized slice:
+    tokens/s -15.5%, power -6%, J/token +11.9%).  The verdict layer never judges it more tightly
+    than the rate figures it shares the timing of.
+    """
+    if energy_kind != "energy" or ENERGY_INFIX not in energy_metric:
+        return []
+    label = energy_metric.split(ENERGY_INFIX, 1)[0]
+    rates = [name for name, kind in figures if kind in RATE_KINDS and name.startswith(label)]
+    window = [name for name in rates if name.startswith(label + SUSTAINED)]
+    return window or rates
+
+
+def partner_keys(key: tuple[str, str, str], kind: str,
+                 kinds: Mapping[tuple[str, str, str], str]) -> list[tuple[str, str, str]]:
+    """:func:`timing_partners` over figures keyed (test, metric, mode), each with its kind: the keys of
+    the rate figures of ``key``'s test and mode whose timing energy figure ``key`` (of ``kind``) shares."""
+    test, metric, mode = key
+    same = {k: v for k, v in kinds.items() if k[0] == test and k[2] == mode}
+    names = set(timing_partners(metric, kind, ((k[1], v) for k, v in same.items())))
+    return [k for k in same if k[1] in names]

@@ -1,0 +1,359 @@
+"""Reports: the terminal summary, markdown/CSV/JSON tables, JUnit properties, outlier nodes, plots.
+
+Everything here takes :class:`~pytest_mig.store.results.ResultRecord` lists (whose ``verdict`` the
+verdict layer has filled in) and produces text or files; nothing measures or judges.  pandas builds
+the tables (like the seeds' tables), tabulate formats them, matplotlib is imported only to plot
+(the optional ``plot`` extra).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+import pandas as pd
+
+from pytest_mig.store.results import ResultRecord, atomic_write_text
+from pytest_mig.common.text import SHOWN, printable, quoted
+from pytest_mig.judge.verdict import OUTCOMES, format_number
+
+if TYPE_CHECKING:
+    from pytest_mig.judge.scaling import ScalingReport
+
+#: Columns of every table, in order.
+COLUMNS: tuple[str, ...] = (
+    "test", "metric", "value", "unit", "baseline", "change_pct", "threshold_pct", "detectable_pct", "runs", "verdict",
+    "source", "profile", "gpu", "node", "kind", "direction", "emulated", "mode", "timestamp",
+)
+
+#: Report file suffixes and the format each one writes.
+REPORT_FORMATS: dict[str, str] = {".md": "markdown", ".markdown": "markdown", ".csv": "csv", ".json": "json"}
+
+#: A node whose figure is this many times worse than the median of the other nodes is an outlier.
+OUTLIER_FACTOR = 1.5
+
+
+class ReportError(ValueError):
+    """A report that cannot be written (unknown suffix, no matplotlib): one sentence."""
+
+
+def _profile(target: dict[str, Any]) -> str:
+    return str(target.get("baseline_profile") or target.get("profile") or "")
+
+
+def _gpu(target: dict[str, Any]) -> str:
+    return str(target.get("gpu_name") or ("CPU" if target.get("kind") == "cpu" else ""))
+
+
+def _row(rec: ResultRecord) -> dict[str, Any]:
+    v = rec.verdict or {}
+    return {
+        "test": rec.test,
+        "metric": rec.metric.name,
+        "value": rec.metric.value,
+        "unit": rec.metric.unit,
+        "baseline": v.get("baseline"),
+        "change_pct": None if v.get("change_pct") is None else round(float(v["change_pct"]), 2),
+        "threshold_pct": _pct_or_none(v.get("threshold")),
+        "detectable_pct": _pct_or_none(v.get("detectable")),
+        "runs": v.get("runs"),
+        "verdict": str(v.get("outcome") or ""),
+        "source": v.get("source"),  # "baseline" (the site's history) or "reference" (shipped)
+        "profile": _profile(rec.target),
+        "gpu": _gpu(rec.target),
+        "node": rec.node,
+        "kind": rec.metric.kind,
+        "direction": rec.metric.direction,
+        "emulated": bool(rec.target.get("emulated")),
+        "mode": rec.mode,
+        "timestamp": rec.timestamp,
+    }
+
+
+def _pct_or_none(fraction: Any) -> float | None:
+    return None if fraction is None else round(float(fraction) * 100, 2)
+
+
+def _band(v: dict[str, Any]) -> tuple[str, str]:
+    """The threshold and smallest detectable change columns of the summary ("-" where not judged)."""
+    thr, det = v.get("threshold"), v.get("detectable")
+    return (f"±{float(thr) * 100:.1f}%" if thr is not None else "-",
+            f"{float(det) * 100:.1f}%" if det is not None and v.get("gates") is not False else "-")
+
+
+def records_frame(records: Iterable[ResultRecord]) -> pd.DataFrame:
+    """One row per record with :data:`COLUMNS`: the table every report is made from."""
+    rows = [_row(r) for r in records]
+    return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+def verdict_counts(records: Iterable[ResultRecord]) -> dict[str, int]:
+    """How many records got each outcome ("not judged" for records without a verdict)."""
+    c = Counter(str((r.verdict or {}).get("outcome") or "not judged") for r in records)
+    return {k: c[k] for k in (*OUTCOMES, "not judged") if c[k]}
+
+
+def _short_test(test: str) -> str:
+    return test.split("::", 1)[-1] if "::" in test else test
+
+
+def summary_table(records: Sequence[ResultRecord], *, tablefmt: str = "simple") -> str:
+    """The terminal summary: test, metric, value, unit, baseline, change, verdict (and profile
+    when the run covered several)."""
+    from tabulate import tabulate
+
+    if not records:
+        return "(no metrics recorded)"
+    several = len({_profile(r.target) for r in records}) > 1
+    headers = ["test", "metric", "value", "unit", "baseline", "change", "threshold", "detects", "verdict"] \
+        + (["profile"] if several else [])
+    rows = []
+    for r in records:
+        v = r.verdict or {}
+        outcome = str(v.get("outcome") or "-")
+        if v.get("throttled"):
+            outcome += " (throttled)"
+        change = v.get("change_pct")
+        row = [_short_test(r.test), r.metric.name, format_number(r.metric.value), r.metric.unit,
+               _baseline_cell(v), f"{change:+.1f}%" if change is not None else "-", *_band(v), outcome]
+        if several:
+            row.append(_profile(r.target))
+        rows.append(row)
+    return tabulate(rows, headers=headers, tablefmt=tablefmt, disable_numparse=True)
+
+
+def _baseline_cell(v: dict[str, Any]) -> str:
+    """The baseline a verdict compared with; ``(ref)`` when it was the shipped reference."""
+    if v.get("baseline") is None:
+        return "-"
+    return format_number(v["baseline"]) + (" (ref)" if v.get("source") == "reference" else "")
+
+
+def summary_lines(records: Sequence[ResultRecord]) -> list[str]:
+    """The lines pytest_terminal_summary prints: the table, then the counts."""
+    counts = verdict_counts(records)
+    tail = ", ".join(f"{n} {k}" for k, n in counts.items()) or "nothing"
+    return [*summary_table(records).splitlines(), f"{len(records)} metric(s): {tail}"]
+
+
+def _frame_of(data: Iterable[ResultRecord] | pd.DataFrame) -> pd.DataFrame:
+    return data if isinstance(data, pd.DataFrame) else records_frame(data)
+
+
+def _json_rows(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    rows = frame.astype(object).to_dict(orient="records")
+    return [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()} for row in rows]
+
+
+def report_format(path: Path | str) -> str:
+    """The format a report path asks for by its suffix ("markdown", "csv" or "json"); a ReportError
+    otherwise, so that callers can check an option before the run rather than after it."""
+    path = Path(path)
+    fmt = REPORT_FORMATS.get(path.suffix.lower())
+    if fmt is None:
+        raise ReportError(f"{printable(path)}: cannot tell the report format from "
+                          f"{quoted(path.suffix or 'no suffix', SHOWN)}; "
+                          f"use one of {', '.join(REPORT_FORMATS)}")
+    return fmt
+
+
+#: What a spreadsheet reads as the start of a formula (OWASP's CSV injection list).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value: Any) -> Any:
+    """A text cell a spreadsheet shows as text: one that would start a formula gets a leading ``'``
+    (OWASP's advice); numbers stay numbers."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
+def markdown_cell(value: Any) -> Any:
+    """A text cell that stays one cell of a markdown table and shows as text: ``|`` escaped, line breaks
+    as spaces, HTML's ``<``, ``>`` and ``&`` as entities."""
+    if not isinstance(value, str):
+        return value
+    text = " ".join(value.splitlines())
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return text.replace("\\", "\\\\").replace("|", "\\|")
+
+
+def _cells(frame: pd.DataFrame, safe: Any) -> pd.DataFrame:
+    """The frame with every text cell (and column name) passed through ``safe``."""
+    out = frame.copy()
+    for col in out.columns:
+        if pd.api.types.is_object_dtype(out[col]) or pd.api.types.is_string_dtype(out[col]):
+            out[col] = out[col].map(safe)
+    return out.rename(columns={c: safe(c) for c in out.columns})
+
+
+def write_report(path: Path | str, data: Iterable[ResultRecord] | pd.DataFrame) -> Path:
+    """Write the table to ``path`` as markdown, CSV or JSON (a list of row objects) by its suffix."""
+    path = Path(path)
+    fmt = report_format(path)
+    frame = _frame_of(data)
+    if fmt == "markdown":
+        safe = _cells(frame, markdown_cell)
+        shown = safe.astype(object).where(safe.notna(), None)  # a missing baseline is "-", not "nan"
+        text = shown.to_markdown(index=False, missingval="-") + "\n"
+    elif fmt == "csv":
+        text = _cells(frame, csv_cell).to_csv(index=False)
+    else:
+        text = json.dumps(_json_rows(frame), indent=2, allow_nan=False) + "\n"
+    atomic_write_text(path, text)
+    return path
+
+
+def junit_properties(records: Sequence[ResultRecord]) -> list[tuple[str, Any]]:
+    """(name, value) pairs for ``record_property``: each metric's value, unit, verdict, baseline and
+    change; names get the test in front when the records span several tests."""
+    several = len({r.test for r in records}) > 1
+    out: list[tuple[str, Any]] = []
+    for r in records:
+        name = f"{r.test}::{r.metric.name}" if several else r.metric.name
+        out.append((name, r.metric.value))
+        out.append((f"{name}.unit", r.metric.unit))
+        v = r.verdict or {}
+        if v.get("outcome"):
+            out.append((f"{name}.verdict", v["outcome"]))
+        if v.get("baseline") is not None:
+            out.append((f"{name}.baseline", v["baseline"]))
+            out.append((f"{name}.baseline_source", v.get("source") or "baseline"))
+        if v.get("change_pct") is not None:
+            out.append((f"{name}.change_pct", round(float(v["change_pct"]), 2)))
+    if records:
+        out.append(("mig.profile", _profile(records[0].target)))
+        out.append(("mig.gpu", _gpu(records[0].target)))
+    return out
+
+
+# -- merged reports across nodes -----------------------------------------------------------------
+
+
+@dataclass
+class Outlier:
+    """A node whose figure is far worse than the same test's on the other nodes."""
+
+    node: str
+    test: str
+    metric: str
+    gpu: str
+    profile: str
+    value: float
+    unit: str
+    others_median: float
+    others: int
+    factor: float  # how many times worse
+    mode: str = "normal"
+
+    def line(self) -> str:
+        quick = " (quick)" if self.mode == "quick" else ""
+        return (f"OUTLIER node {self.node}: {self.test} {self.metric} {format_number(self.value)} {self.unit} "
+                f"on {self.gpu} {self.profile}{quick} is {self.factor:.1f}x worse than the median "
+                f"{format_number(self.others_median)} {self.unit} of {self.others} other node(s)")
+
+
+def find_outliers(records: Iterable[ResultRecord], factor: float = OUTLIER_FACTOR) -> list[Outlier]:
+    """Nodes at least ``factor`` times worse than the median of the other nodes, for the same test,
+    metric, GPU model and profile (several records of one node are reduced to their median)."""
+    groups: dict[tuple[str, str, str, str, str], dict[str, list[ResultRecord]]] = {}
+    for r in records:
+        if not r.metric.compare or not math.isfinite(r.metric.value):
+            continue
+        key = (r.test, r.metric.name, _gpu(r.target), _profile(r.target), r.mode)  # quick runs measure other sizes
+        groups.setdefault(key, {}).setdefault(r.node, []).append(r)
+    out: list[Outlier] = []
+    for (test, metric, gpu, profile, mode), nodes in sorted(groups.items()):
+        if len(nodes) < 2:
+            continue
+        values = {n: statistics.median(x.metric.value for x in rs) for n, rs in nodes.items()}
+        first = next(iter(nodes.values()))[0].metric
+        for node, value in sorted(values.items()):
+            others = [v for n, v in values.items() if n != node]
+            med = statistics.median(others)
+            if value <= 0 or med <= 0:
+                continue
+            worse = med / value if first.direction == "higher" else value / med
+            if worse >= factor:
+                out.append(Outlier(node, test, metric, gpu, profile, value, first.unit, med, len(others), worse, mode))
+    return out
+
+
+def merged_frame(records: Sequence[ResultRecord], outliers: Sequence[Outlier]) -> pd.DataFrame:
+    """The merged table with an ``outlier`` column marking the rows of outlier nodes."""
+    frame = records_frame(records).sort_values(["test", "metric", "gpu", "profile", "node"], kind="stable")
+    marks = {(o.test, o.metric, o.gpu, o.profile, o.mode, o.node): f"<< {o.factor:.1f}x worse" for o in outliers}
+    frame["outlier"] = [marks.get(key, "") for key in zip(frame["test"], frame["metric"], frame["gpu"],
+                                                          frame["profile"], frame["mode"], frame["node"])]
+    return frame.reset_index(drop=True)
+
+
+def _cell(v: Any) -> Any:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"  # no baseline, no change: as the summary table shows it
+    return format_number(v) if isinstance(v, float) else v
+
+
+def frame_table(frame: pd.DataFrame, columns: Sequence[str] | None = None) -> str:
+    """A DataFrame as a terminal table (numbers in four significant figures)."""
+    from tabulate import tabulate
+
+    cols = [c for c in (columns or frame.columns) if c in frame.columns]
+    rows = [[_cell(v) for v in row] for row in frame[cols].astype(object).itertuples(index=False)]
+    return tabulate(rows, headers=cols, tablefmt="simple", disable_numparse=True)
+
+
+# -- plots ---------------------------------------------------------------------------------------
+
+
+def plot_scaling(report: "ScalingReport", path: Path | str) -> Path:
+    """Speed-up over the smallest profile against the ideal, one panel per metric (PNG/SVG/PDF).
+
+    Needs matplotlib (``pip install 'pytest-mig[plot]'``); uses its object API and the Agg canvas,
+    so it neither needs a display nor changes the caller's pyplot backend.
+    """
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise ReportError("plotting needs matplotlib, which is not installed: pip install 'pytest-mig[plot]'") from None
+    if not report.groups:
+        raise ReportError("nothing to plot: no metric was measured on two or more profiles of one GPU model")
+    path = Path(path)
+    n = len(report.groups)
+    ncols = min(3, n)
+    nrows = math.ceil(n / ncols)
+    fig = Figure(figsize=(5 * ncols, 3.6 * nrows), layout="constrained")
+    FigureCanvasAgg(fig)
+    row_of_pair = {(r.gpu, r.test, r.metric, r.family, r.bigger, r.smaller): r for r in report.rows}
+    for i, g in enumerate(report.groups):
+        ax = fig.add_subplot(nrows, ncols, i + 1)
+        base = g.rungs[0].value
+        measured = [(r.value / base) if g.direction == "higher" else (base / r.value) for r in g.rungs]
+        pairs = [row_of_pair.get((g.gpu, g.test, g.metric, g.family, big.profile, small.profile))
+                 for small, big in zip(g.rungs, g.rungs[1:])]
+        ideal = [1.0]
+        for row in pairs:
+            ideal.append(ideal[-1] * row.ideal if row is not None else float("nan"))
+        xs = list(range(len(g.rungs)))
+        ax.plot(xs, ideal, "--", color="grey", marker="o", label=f"ideal ({g.basis})")
+        ax.plot(xs, measured, "-", color="tab:blue", marker="s", label="measured")
+        for x, row in enumerate(pairs, start=1):
+            result = row.result if row is not None else "ok"
+            if result != "ok":  # FAIL, power-limited, bandwidth-shared: say so at the point
+                ax.annotate(result, (x, measured[x]), textcoords="offset points", xytext=(-4, 6), ha="right",
+                            fontsize=7, color="tab:red" if result == "FAIL" else "tab:orange")
+        ax.set_xticks(xs, [r.profile for r in g.rungs], rotation=30, ha="right")
+        ax.set_ylabel(f"speed-up over {g.rungs[0].profile}")
+        ax.set_title(f"{_short_test(g.test)} {g.metric}\n{g.gpu} ({g.family})", fontsize=9)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    return path

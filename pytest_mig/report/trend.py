@@ -1,0 +1,332 @@
+"""The trend page: every figure's history on one static HTML page (``pytest-mig history``).
+
+As asv publishes its pages, but one self-contained file: inline CSS, inline SVG drawn here, and a few
+lines of inline script for the filter; no CDN, no network, so it opens from a CI artifact or a
+shared folder.  Every text from a file is escaped for the place it goes (element text, attribute);
+no file text goes into the script or the style, and the page's Content-Security-Policy lets a browser
+run only that script and apply only that style (their SHA-256 hashes): nothing else, no inline
+handler, no remote resource.  Made from a baseline folder (every run saved into a history) and results files
+(every run, with its verdict); a run found in both is drawn once, with its verdict.
+
+Per figure: its values over the runs, the band each run was judged against (the baseline's median
+and threshold, shaded), each run's verdict (the colour of its point), and the fingerprint changes
+(driver, CUDA, VBIOS, GSP, torch, board, power limit) as dashed lines on the time axis, labelled, so a
+step after a driver update is seen at a glance.  Figures are grouped by GPU model, profile and test;
+the summary at the top says what regressed in each group's latest run.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from pytest_mig.store.baselines import BaselineStore, load_baseline_file, meta_from_record
+from pytest_mig.store.results import ResultRecord, atomic_write_text, read_results_file, utc_now
+from pytest_mig.judge.verdict import fingerprint_changes, format_number
+
+#: Fingerprint keys whose change is marked on the time axis (what a nightly is run to watch).
+WATCHED = ("driver", "cuda_driver", "cuda_runtime", "vbios", "gsp", "inforom", "torch", "pytest_mig", "transformers",
+           "peft", "bitsandbytes", "openmm", "gpu_uuid", "power_limit_w", "max_sm_clock_mhz", "ecc")
+#: Point colours per verdict outcome.
+COLOURS = {"pass": "#2e7d32", "regressed": "#c62828", "improved": "#1565c0", "transient": "#ef6c00",
+           "noisy": "#9e9e9e", "no-baseline": "#616161", "incomparable": "#616161", "saved": "#455a64"}
+WIDTH, HEIGHT, PAD_X, PAD_Y = 520, 170, 46, 18
+
+
+@dataclass
+class Point:
+    """One run of one figure."""
+
+    at: str
+    value: float
+    outcome: str = "saved"  # a run known only from a baseline history has no verdict of its own
+    baseline: float | None = None
+    threshold: float | None = None
+    message: str = ""
+    fingerprint: dict[str, Any] = field(default_factory=dict)
+    node: str = ""
+    run: str = ""  # the results file it came from ("": known only from a baseline history)
+    stopped: str = ""  # the run was stopped partway ("SIGTERM", "interrupted"): its file is incomplete
+
+
+@dataclass
+class Series:
+    """One figure of one GPU model and profile, in one mode, over the runs."""
+
+    gpu_model: str
+    profile: str
+    mode: str
+    test: str
+    metric: str
+    unit: str
+    direction: str
+    points: list[Point] = field(default_factory=list)
+
+    @property
+    def key(self) -> tuple[str, str, str, str, str]:
+        return (self.gpu_model, self.profile, self.mode, self.test, self.metric)
+
+    def changes(self) -> list[tuple[int, list[str], str]]:
+        """(index of the first run after the change, what changed, a short label) per fingerprint change:
+        ``["driver 580.159.04 -> 590.10.02"]`` and ``driver 590.10.02``."""
+        out = []
+        for i in range(1, len(self.points)):
+            if self.points[i].run and self.points[i].run == self.points[i - 1].run:
+                continue  # two devices of one node-mode run: not a change over time
+            old = {k: v for k, v in self.points[i - 1].fingerprint.items() if k in WATCHED}
+            new = {k: v for k, v in self.points[i].fingerprint.items() if k in WATCHED}
+            changed = fingerprint_changes(old, new)
+            if changed:
+                out.append((i, [f"{label} {a} -> {b}" for label, a, b in changed],
+                            ", ".join(f"{label} {_short(b)}" for label, _, b in changed)))
+        return out
+
+
+def _short(value: str) -> str:
+    """A board's UUID cut to its first group ('GPU-4ea5a3af'); other values as they are."""
+    return value[:12] if value.startswith(("GPU-", "MIG-")) else value
+
+
+def collect(baseline_dir: Path | None, results: Sequence[Path]) -> list[Series]:
+    """Every compared figure's runs, oldest first.  ResultsFileError / BaselineError on a bad file."""
+    series: dict[tuple[str, str, str, str, str], Series] = {}
+    from_results: set[tuple[Any, ...]] = set()  # (figure, time, board) of every run a results file holds
+
+    def add(s: Series, p: Point) -> None:
+        series.setdefault(s.key, s).points.append(p)
+
+    for path in results:  # verdicts first: a run that is also in a history keeps its verdict
+        records, meta = read_results_file(path)
+        stopped = str(meta.get("stopped") or "")
+        for rec in records:
+            if rec.metric.compare and math.isfinite(rec.metric.value):
+                s, p = _series_of(rec), _point_of(rec, str(path), stopped)
+                from_results.add((s.key, p.at, p.fingerprint.get("gpu_uuid")))
+                add(s, p)  # several devices of a node-mode file may share a second: each is a point
+    if baseline_dir is not None:
+        for path in BaselineStore(baseline_dir).files():
+            base = load_baseline_file(path)
+            for e in base.entries.values():
+                s = Series(base.meta.gpu_model, base.meta.profile, e.mode, e.test, e.metric, e.unit, e.direction)
+                for run in e.runs:
+                    if (s.key, run.recorded_at, run.fingerprint.get("gpu_uuid")) not in from_results:
+                        add(s, Point(run.recorded_at, run.value, fingerprint=dict(run.fingerprint)))
+    for s in series.values():
+        s.points.sort(key=lambda p: p.at)
+    return sorted(series.values(), key=lambda s: s.key)
+
+
+def _series_of(rec: ResultRecord) -> Series:
+    meta = meta_from_record(rec)
+    m = rec.metric
+    return Series(meta.gpu_model, meta.profile, rec.mode, rec.test, m.name, m.unit, m.direction)
+
+
+def _point_of(rec: ResultRecord, run: str, stopped: str = "") -> Point:
+    v = rec.verdict or {}
+    return Point(rec.timestamp, float(rec.metric.value), str(v.get("outcome") or "no-baseline"),
+                 v.get("baseline"), v.get("threshold"), str(v.get("message") or ""), dict(rec.fingerprint or {}),
+                 rec.node, run, stopped)
+
+
+# -- the page --------------------------------------------------------------------------------------
+
+CSS = """
+body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#212121;background:#fafafa}
+h1{font-size:22px;margin:0 0 4px} h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #ccc}
+h3{font-size:15px;margin:18px 0 6px;font-family:monospace}
+.meta{color:#616161} .grid{display:flex;flex-wrap:wrap;gap:12px}
+.figure{background:#fff;border:1px solid #ddd;border-radius:6px;padding:8px}
+.figure .name{font-family:monospace;font-size:13px} .figure.regressed{border-color:#c62828}
+table.summary{border-collapse:collapse;margin:8px 0} table.summary td,table.summary th{border:1px solid #ddd;
+padding:4px 8px;text-align:left;vertical-align:top} .bad{color:#c62828;font-weight:600} .ok{color:#2e7d32}
+.legend span{display:inline-block;margin-right:12px} .dot{display:inline-block;width:10px;height:10px;
+border-radius:50%;margin-right:4px;vertical-align:middle} .hidden{display:none} .fp{color:#6a1b9a}
+""" + "".join(f".dot.o-{k}{{background:{c}}} .v-{k}{{color:{c}}}\n" for k, c in COLOURS.items())
+
+SCRIPT = """
+(function () {
+  var figures = document.querySelectorAll('.figure');
+  var box = document.getElementById('only-regressed');
+  function apply() {
+    figures.forEach(function (f) {
+      f.classList.toggle('hidden', box.checked && !f.classList.contains('regressed'));
+    });
+  }
+  box.addEventListener('change', apply);
+  document.getElementById('figure-count').textContent = figures.length + ' figures';
+  document.body.dataset.ready = 'yes';
+})();
+"""
+
+
+def _esc(x: Any) -> str:
+    """Text for the page's element text and quoted attribute values: ``<``, ``>``, ``&`` and both quotes escaped."""
+    return html.escape(str(x), quote=True)
+
+
+def _outcome_class(outcome: str) -> str:
+    """A verdict outcome as a class name: one of :data:`COLOURS`' keys, or ``other`` for any text a file holds."""
+    return outcome if outcome in COLOURS else "other"
+
+
+def _sha256(text: str) -> str:
+    """A CSP source expression for an inline script or style: ``'sha256-<base64>'`` of its UTF-8 text."""
+    return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'"
+
+
+def csp() -> str:
+    """The page's Content-Security-Policy: its own script and style (by hash), nothing else."""
+    return (f"default-src 'none'; script-src {_sha256(SCRIPT)}; style-src {_sha256(CSS)}; img-src data:; "
+            "base-uri 'none'; form-action 'none'")
+
+
+def _chart(s: Series) -> str:
+    """An inline SVG of one figure: the band, the values, the verdicts, the fingerprint changes."""
+    pts = s.points
+    lows = [p.baseline * (1 - p.threshold) for p in pts if p.baseline is not None and p.threshold is not None]
+    highs = [p.baseline * (1 + p.threshold) for p in pts if p.baseline is not None and p.threshold is not None]
+    values = [p.value for p in pts]
+    lo, hi = min(values + lows), max(values + highs)
+    if hi <= lo:
+        lo, hi = lo * 0.99 - 1e-12, hi * 1.01 + 1e-12
+    span = hi - lo
+    lo, hi = lo - 0.08 * span, hi + 0.08 * span
+    n = len(pts)
+
+    def x(i: float) -> float:
+        return PAD_X + (WIDTH - 2 * PAD_X) * (i / (n - 1) if n > 1 else 0.5)
+
+    def y(v: float) -> float:
+        return PAD_Y + (HEIGHT - 2 * PAD_Y) * (1 - (v - lo) / (hi - lo))
+
+    parts = [f'<svg viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" role="img">',
+             f'<text x="4" y="{y(hi) + 10:.1f}" font-size="10" fill="#757575">{_esc(format_number(hi))}</text>',
+             f'<text x="4" y="{y(lo):.1f}" font-size="10" fill="#757575">{_esc(format_number(lo))}</text>']
+    half = (WIDTH - 2 * PAD_X) / max(2 * (n - 1), 2)
+    for i, p in enumerate(pts):  # the band each run was judged against
+        if p.baseline is None or p.threshold is None:
+            continue
+        top, bottom = y(p.baseline * (1 + p.threshold)), y(p.baseline * (1 - p.threshold))
+        parts.append(f'<rect class="band" x="{x(i) - half:.1f}" y="{top:.1f}" width="{2 * half:.1f}" '
+                     f'height="{bottom - top:.1f}" fill="#90caf9" fill-opacity="0.35"/>')
+        parts.append(f'<line x1="{x(i) - half:.1f}" x2="{x(i) + half:.1f}" y1="{y(p.baseline):.1f}" '
+                     f'y2="{y(p.baseline):.1f}" stroke="#1e88e5" stroke-width="1"/>')
+    for i, diff, short in s.changes():
+        cx = (x(i - 1) + x(i)) / 2
+        label = ", ".join(diff)
+        parts.append(f'<line class="fp-change" x1="{cx:.1f}" x2="{cx:.1f}" y1="{PAD_Y - 6}" y2="{HEIGHT - PAD_Y + 4}" '
+                     f'stroke="#6a1b9a" stroke-dasharray="4 3"><title>{_esc(label)}</title></line>')
+        short = short if len(short) <= 48 else short[:46] + "..."
+        parts.append(f'<text x="{cx + 3:.1f}" y="{PAD_Y - 6}" font-size="9" fill="#6a1b9a">{_esc(short)}</text>')
+    if n > 1:
+        path = " ".join(f"{'M' if i == 0 else 'L'}{x(i):.1f},{y(p.value):.1f}" for i, p in enumerate(pts))
+        parts.append(f'<path d="{path}" fill="none" stroke="#424242" stroke-width="1.2"/>')
+    for i, p in enumerate(pts):
+        colour = COLOURS.get(p.outcome, "#616161")
+        tip = f"{p.at} {p.node}: {format_number(p.value)} {s.unit}, {p.outcome}" + (f"\n{p.message}" if p.message else "")
+        parts.append(f'<circle class="run {_outcome_class(p.outcome)}" cx="{x(i):.1f}" cy="{y(p.value):.1f}" r="4" fill="{colour}">'
+                     f'<title>{_esc(tip)}</title></circle>')
+    first, last = pts[0].at[:10], pts[-1].at[:10]
+    parts.append(f'<text x="{PAD_X}" y="{HEIGHT - 3}" font-size="10" fill="#757575">{_esc(first)}</text>')
+    parts.append(f'<text x="{WIDTH - PAD_X}" y="{HEIGHT - 3}" font-size="10" fill="#757575" '
+                 f'text-anchor="end">{_esc(last)} ({n} runs)</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _figure(s: Series) -> str:
+    last = s.points[-1]
+    better = "higher is better" if s.direction == "higher" else "lower is better"
+    cls = "figure regressed" if last.outcome == "regressed" else "figure"
+    return (f'<div class="{cls}" data-figure="{_esc(s.test + "::" + s.metric)}" data-last="{last.value!r}" '
+            f'data-verdict="{_esc(last.outcome)}"><div class="name">{_esc(s.metric)} ({_esc(s.unit)}, {better}): '
+            f'last {_esc(format_number(last.value))}, <span class="v-{_outcome_class(last.outcome)}">'
+            f'{_esc(last.outcome)}</span></div>{_chart(s)}</div>')
+
+
+def _summary(groups: dict[tuple[str, str, str], list[Series]]) -> str:
+    rows = []
+    for (gpu, profile, mode), series in groups.items():
+        latest, now = _latest_run(series)
+        bad = [(s, p) for s, p in now if p.outcome == "regressed"]
+        counts = {}
+        for _, p in now:
+            counts[p.outcome] = counts.get(p.outcome, 0) + 1
+        what = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+        stopped = next((p.stopped for _, p in now if p.stopped), "")
+        if stopped:  # fewer figures than a whole night: say why, beside what it did measure
+            latest += f" stopped ({stopped}): incomplete"
+        if bad:
+            items = "".join(f"<li><code>{_esc(s.test.split('::')[-1])} {_esc(s.metric)}</code>: "
+                            f"{_esc(format_number(p.value))} {_esc(s.unit)}, "
+                            f"{_esc(_change(p))}</li>" for s, p in bad)
+            shown = " open" if len(bad) <= 8 else ""
+            verdict = (f'<details{shown}><summary class="bad">{len(bad)} regressed</summary>'
+                       f'<ul>{items}</ul></details>')
+        else:
+            verdict = '<span class="ok">nothing regressed</span>'
+        rows.append(f"<tr><td>{_esc(gpu)}</td><td>{_esc(profile)}</td><td>{_esc(mode)}</td><td>{_esc(latest)}</td>"
+                    f"<td>{verdict}</td><td>{_esc(what)}</td></tr>")
+    return ('<table class="summary"><tr><th>GPU model</th><th>profile</th><th>mode</th><th>latest run</th>'
+            '<th>what regressed in it</th><th>its verdicts</th></tr>' + "".join(rows) + "</table>")
+
+
+def _latest_run(series: list[Series]) -> tuple[str, list[tuple[Series, Point]]]:
+    """The group's latest run (the results file whose figures are newest) and its points; with no
+    results files, each figure's newest saved run."""
+    ends: dict[str, str] = {}
+    for s in series:
+        for p in s.points:
+            if p.run:
+                ends[p.run] = max(ends.get(p.run, ""), p.at)
+    if not ends:
+        return max(s.points[-1].at for s in series), [(s, s.points[-1]) for s in series]
+    run = max(ends, key=lambda r: ends[r])
+    return f"{ends[run]} ({Path(run).name})", [(s, p) for s in series for p in s.points if p.run == run]
+
+
+def _change(p: Point) -> str:
+    if p.baseline is None or not p.baseline:
+        return "no baseline"
+    return f"{(p.value - p.baseline) / abs(p.baseline) * 100:+.1f}% against {format_number(p.baseline)}"
+
+
+def render(series: Iterable[Series], title: str = "pytest-mig trend") -> str:
+    """The whole page as one HTML string."""
+    groups: dict[tuple[str, str, str], list[Series]] = {}
+    for s in series:
+        if s.points:
+            groups.setdefault((s.gpu_model, s.profile, s.mode), []).append(s)
+    legend = "".join(f'<span><i class="dot o-{k}"></i>{_esc(k)}</span>' for k in COLOURS)
+    body = [f"<h1>{_esc(title)}</h1>",
+            f'<p class="meta">made {_esc(utc_now())} by pytest-mig history; <span id="figure-count"></span>; '
+            f'<label><input type="checkbox" id="only-regressed"> only figures whose last run regressed</label></p>',
+            f'<p class="legend">{legend}<span>shaded: the band each run was judged against (baseline and '
+            f'threshold)</span><span class="fp">dashed: the fingerprint changed</span></p>',
+            "<h2>Latest runs</h2>", _summary(groups) if groups else "<p>No figures.</p>"]
+    for (gpu, profile, mode), items in groups.items():
+        body.append(f"<h2>{_esc(gpu)} &middot; {_esc(profile)} &middot; {_esc(mode)}</h2>")
+        by_test: dict[str, list[Series]] = {}
+        for s in items:
+            by_test.setdefault(s.test, []).append(s)
+        for test, figs in by_test.items():
+            body.append(f'<h3>{_esc(test)}</h3><div class="grid">' + "".join(_figure(s) for s in figs) + "</div>")
+    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+            f'<meta http-equiv="Content-Security-Policy" content="{_esc(csp())}"><title>{_esc(title)}</title>'
+            f'<style>{CSS}</style></head><body>{"".join(body)}<script>{SCRIPT}</script></body></html>\n')
+
+
+def write_page(out: Path, baseline_dir: Path | None, results: Sequence[Path], title: str = "pytest-mig trend") -> int:
+    """Write the page; the number of figures drawn."""
+    series = collect(baseline_dir, results)
+    atomic_write_text(out, render(series, title))
+    return len(series)
+
+
+__all__ = ["COLOURS", "Point", "Series", "WATCHED", "collect", "csp", "render", "write_page"]

@@ -1,0 +1,62 @@
+"""The package's layers (docs/architecture.md): no module imports from a layer above its own."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "pytest_mig"
+
+#: Each top-level package or module of pytest_mig and its layer, lowest first.
+LAYERS = {
+    "common": 0,
+    "device": 1,
+    "measure": 2, "workloads": 2,
+    "store": 3,
+    "judge": 4,
+    "report": 5,
+    "night": 6,
+    "settings": 7, "options": 7, "cli": 7,
+    "bench": 8, "markers": 8, "session": 8, "plugin": 8, "target": 8, "__init__": 8,
+}
+
+
+def _imports(path: Path) -> list[str]:
+    """The pytest_mig modules a file imports (at its top or inside a function)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "pytest_mig":
+                found += [f"pytest_mig.{a.name}" for a in node.names]
+            elif node.module.startswith("pytest_mig."):
+                found.append(node.module)
+        elif isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.startswith("pytest_mig.")]
+    return found
+
+
+def _layer(module_path: str) -> int:
+    return LAYERS[module_path.split(".")[0]]
+
+
+def test_every_module_belongs_to_a_layer() -> None:
+    names = {p.relative_to(PACKAGE).parts[0].removesuffix(".py") for p in PACKAGE.rglob("*.py")}
+    assert names <= set(LAYERS), sorted(names - set(LAYERS))
+
+
+def test_no_module_imports_from_a_layer_above_its_own() -> None:
+    upward = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        own = path.relative_to(PACKAGE).with_suffix("").parts[0]
+        for module in _imports(path):
+            dep = module.removeprefix("pytest_mig.")
+            if _layer(dep) > LAYERS[own]:
+                upward.append(f"{path.relative_to(PACKAGE)} imports {module}")
+    assert not upward, "\n".join(upward)
+
+
+def test_modules_use_absolute_imports() -> None:
+    """Every import names the layer it comes from (pytest_mig.store.baselines, not .baselines)."""
+    relative = [str(p.relative_to(PACKAGE)) for p in sorted(PACKAGE.rglob("*.py"))
+                if any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(ast.parse(p.read_text())))]
+    assert not relative, relative
