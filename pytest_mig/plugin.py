@@ -53,7 +53,8 @@ from pytest_mig.settings import (
     su_coefficients,
     tolerance_arg,
 )
-from pytest_mig.device.target import Options, Plan, SelectionError, Target, pin, plan_run, verify
+from pytest_mig.device.plan import Options, Plan, plan_run
+from pytest_mig.device.target import SelectionError, Target, pin, verify
 from pytest_mig.common.text import SHOWN, printable, quoted
 from pytest_mig.night.window import window_arg
 from pytest_mig.workloads import DoesNotFit
