@@ -14,7 +14,7 @@ import pytest
 
 from pytest_mig.device import nvml
 from pytest_mig.bench import MigBench
-from pytest_mig.device.target import Plan
+from pytest_mig.device.plan import Plan
 from pytest_mig.workloads.ddp import run_ddp_scaling
 
 

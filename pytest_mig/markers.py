@@ -9,7 +9,8 @@ import re
 import pytest
 
 from pytest_mig.device.profiles import ProfileError, parse_profile
-from pytest_mig.device.target import Plan, Target
+from pytest_mig.device.plan import Plan
+from pytest_mig.device.target import Target
 
 
 def item_target(item: pytest.Item, plan: Plan) -> Target:

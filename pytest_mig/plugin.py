@@ -16,7 +16,8 @@ import pytest
 
 from pytest_mig.bench import MigBench, drop_failed_test
 from pytest_mig.device import nvml
-from pytest_mig.device.target import DoesNotFit, Plan, SelectionError, Target
+from pytest_mig.device.plan import Plan
+from pytest_mig.device.target import DoesNotFit, SelectionError, Target
 from pytest_mig.options import MARKERS, add_options
 from pytest_mig.session import MigSession
 from pytest_mig.settings import baseline_dir, check_path_options, marker_tolerance, options, resolve_output_paths

@@ -19,7 +19,8 @@ import pytest
 from pytest_mig.bench import MigBench
 from pytest_mig.device import mps, nvml
 from pytest_mig.device import target as _target
-from pytest_mig.device.target import Plan, SelectionError, Target, pin, plan_run, verify
+from pytest_mig.device.plan import Plan, plan_run
+from pytest_mig.device.target import SelectionError, Target, pin, verify
 from pytest_mig.judge.pipeline import Pipeline, StoreHistories
 from pytest_mig.judge.reference import ReferenceStore
 from pytest_mig.markers import history_key, item_target, marked_imports, skip_reason

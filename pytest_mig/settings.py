@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from pytest_mig.device.target import Options
+from pytest_mig.device.plan import Options
 from pytest_mig.store.results import default_results_path
 from pytest_mig.common.text import SHOWN, printable, quoted, shown
 

@@ -105,7 +105,7 @@ def test_prometheus_labels_a_slice_made_by_the_code_that_makes_targets(tmp_path,
     """GPU_I_ID comes from the Target that plan_run makes for a real MIG slice (an H100 with MIG on,
     through the fake pynvml), not from a target written by hand: Target.to_dict flattens the instance."""
     import topologies as topo
-    from pytest_mig.device.target import Options, plan_run
+    from pytest_mig.device.plan import Options, plan_run
 
     topology = topo.get_topology("h100-mig")
     plan = plan_run(Options(profile="1g.10gb"), discover(topology), {})

@@ -60,3 +60,47 @@ def test_modules_use_absolute_imports() -> None:
     relative = [str(p.relative_to(PACKAGE)) for p in sorted(PACKAGE.rglob("*.py"))
                 if any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(ast.parse(p.read_text())))]
     assert not relative, relative
+
+
+#: What the size checks leave out: plugin.py, settings.py, and cli.py or the cli/ package.
+_SIZE_CHECK_SKIPS = ("plugin.py", "settings.py", "cli")
+
+
+def _checked_modules() -> list[Path]:
+    return [p for p in sorted(PACKAGE.rglob("*.py"))
+            if not p.relative_to(PACKAGE).parts[0].startswith(_SIZE_CHECK_SKIPS)]
+
+
+def _jit_names(tree: ast.Module) -> set[str]:
+    """Functions a module hands to triton.jit(...) by name (kernels written plain and wrapped later)."""
+    return {arg.id for node in ast.walk(tree) if isinstance(node, ast.Call) and ast.unparse(node.func) == "triton.jit"
+            for arg in node.args if isinstance(arg, ast.Name)}
+
+
+def _is_gpu_kernel(node: ast.FunctionDef | ast.AsyncFunctionDef, jitted: set[str]) -> bool:
+    """A Triton kernel: decorated with triton.jit, or wrapped by triton.jit(name) in its module."""
+    for deco in node.decorator_list:
+        target = deco.func if isinstance(deco, ast.Call) else deco
+        if ast.unparse(target) == "triton.jit":
+            return True
+    return node.name in jitted
+
+
+def test_no_function_over_60_lines() -> None:
+    """Every function and method outside the GPU kernels fits in 60 lines."""
+    long = []
+    for path in _checked_modules():
+        tree = ast.parse(path.read_text(), str(path))
+        jitted = _jit_names(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not _is_gpu_kernel(node, jitted):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > 60:
+                    long.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, "\n".join(long)
+
+
+def test_no_module_over_600_lines() -> None:
+    long = [f"{p.relative_to(PACKAGE)} ({n} lines)" for p in _checked_modules()
+            if (n := len(p.read_text().splitlines())) > 600]
+    assert not long, "\n".join(long)

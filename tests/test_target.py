@@ -16,7 +16,8 @@ import pytest
 import topologies as topo
 from pytest_mig.device import nvml
 from pytest_mig.device import target
-from pytest_mig.device.target import CudaProps, Options, Plan, SelectionError, Target, VerificationError, pin, plan_run, verify
+from pytest_mig.device.plan import Options, Plan, plan_run
+from pytest_mig.device.target import CudaProps, SelectionError, Target, VerificationError, pin, verify
 
 MIB = topo.MIB
 H100 = "NVIDIA H100 80GB HBM3"

@@ -301,6 +301,27 @@ def _order(r: Rung) -> tuple[Any, ...]:
     return (r.is_full, r.slices or 0, r.memory_fraction or 0, r.sms or 0, r.profile)
 
 
+_Key = tuple[str, str, str, str]
+
+
+@dataclass
+class _Case:
+    """One metric of one test on one GPU model: this run's records of it, the stored ones that may
+    fill in profiles, and what judging it needs."""
+
+    key: _Key
+    recs: list[ResultRecord]
+    fill: list[ResultRecord]
+    gpu_name: str
+    model: GpuModel | None
+    label: str
+    tol: float
+
+    @property
+    def metric(self) -> Metric:
+        return self.recs[0].metric
+
+
 def check_scaling(
     records: Iterable[ResultRecord],
     *,
@@ -317,7 +338,23 @@ def check_scaling(
     if basis not in BASES:
         raise ValueError(f"unknown scaling basis {quoted(basis)}: use slices, sms or memory")
     report = ScalingReport()
-    run: dict[tuple[str, str, str, str], list[ResultRecord]] = {}
+    run = _group_run(records, report)
+    bandwidth = _emulated_bandwidth(rec for recs in run.values() for rec in recs)
+    fill: dict[_Key, list[ResultRecord]] = {}
+    for rec in extra:
+        key = _group_key(rec)
+        if key is not None and key in run:
+            fill.setdefault(key, []).append(rec)
+    for key in sorted(run):
+        case = _case(report, key, run[key], fill.get(key, []), tolerances)
+        if case is not None:
+            _check_case(report, case, basis, bandwidth)
+    return report
+
+
+def _group_run(records: Iterable[ResultRecord], report: ScalingReport) -> dict[_Key, list[ResultRecord]]:
+    """The run's records by metric and GPU model; notes in the report every profile seen per GPU."""
+    run: dict[_Key, list[ResultRecord]] = {}
     for rec in records:
         key = _group_key(rec)
         if key is None:
@@ -328,87 +365,107 @@ def check_scaling(
         prof = str(rec.target.get("baseline_profile") or rec.target.get("profile"))
         if prof not in seen:
             seen.append(prof)
-    bandwidth = _emulated_bandwidth(rec for recs in run.values() for rec in recs)
-    fill: dict[tuple[str, str, str, str], list[ResultRecord]] = {}
-    for rec in extra:
-        key = _group_key(rec)
-        if key is not None and key in run:
-            fill.setdefault(key, []).append(rec)
+    return run
 
-    for key in sorted(run):
-        recs = run[key]
-        first = recs[0]
-        m: Metric = first.metric
-        if not m.compare or SCALING_TOLERANCE.get(m.kind) is None:
+
+def _case(report: ScalingReport, key: _Key, recs: list[ResultRecord], fill: list[ResultRecord],
+          tolerances: float | Mapping[str, float] | None) -> _Case | None:
+    """The metric's case to check; None (with the reason in the report, where one is due) when it is not."""
+    first = recs[0]
+    m: Metric = first.metric
+    if not m.compare or SCALING_TOLERANCE.get(m.kind) is None:
+        return None
+    exempt = next((r for r in recs if r.metric.info.get("scaling") is False), None)
+    if exempt is not None:
+        why = exempt.metric.info.get("scaling_note") or "the workload says its figure does not follow the profile's size"
+        report.skipped.append(f"{first.test}::{m.name}: not scaling-checked ({why})")
+        return None
+    tol = _tolerance(tolerances, m.kind)
+    if tol is None:
+        return None
+    gpu_name = str(first.target.get("gpu_name") or key[0])
+    model = lookup_model(gpu_name, (first.fingerprint or {}).get("memory_total_mib"))
+    label = f"{first.test}::{m.name}" + (" (--mig-quick)" if first.mode == "quick" else "")
+    if len({r.metric.direction for r in recs}) > 1 or len({r.metric.unit for r in recs}) > 1:
+        report.skipped.append(f"{label} on {gpu_name}: direction or unit differs between profiles")
+        return None
+    return _Case(key, recs, fill, gpu_name, model, label, tol)
+
+
+def _check_case(report: ScalingReport, case: _Case, basis: Basis | str,
+                bandwidth: dict[tuple[str, str], float]) -> None:
+    """Check the case's real and emulated ladders, each pair of neighbouring profiles a row."""
+    m = case.metric
+    kind_basis: Basis = KIND_BASIS.get(m.kind, basis)  # type: ignore[assignment]
+    checked_any = False
+    for family in (REAL, EMULATED):
+        rungs = _family_ladder(report, case, family)
+        if len(rungs) < 2:
             continue
-        exempt = next((r for r in recs if r.metric.info.get("scaling") is False), None)
-        if exempt is not None:
-            why = exempt.metric.info.get("scaling_note") or "the workload says its figure does not follow the profile's size"
-            report.skipped.append(f"{first.test}::{m.name}: not scaling-checked ({why})")
-            continue
-        tol = _tolerance(tolerances, m.kind)
-        if tol is None:
-            continue
-        gpu_name = str(first.target.get("gpu_name") or key[0])
-        model = lookup_model(gpu_name, (first.fingerprint or {}).get("memory_total_mib"))
-        kind_basis: Basis = KIND_BASIS.get(m.kind, basis)  # type: ignore[assignment]
-        label = f"{first.test}::{m.name}" + (" (--mig-quick)" if first.mode == "quick" else "")
-        if len({r.metric.direction for r in recs}) > 1 or len({r.metric.unit for r in recs}) > 1:
-            report.skipped.append(f"{label} on {gpu_name}: direction or unit differs between profiles")
-            continue
-        checked_any = False
-        for family in (REAL, EMULATED):
-            if family == EMULATED and m.kind == "memory":
-                if any(EMULATED in _family(r.target) and r.target.get("kind") == "emulated" for r in recs):
-                    report.skipped.append(f"{label} on {gpu_name}: emulated bandwidth left out "
-                                          f"(emulation does not partition memory bandwidth)")
-                continue
-            rungs = _rungs([r for r in recs if family in _family(r.target)], model, family, "run")
-            if not any(not r.is_full for r in rungs):
-                continue  # a whole GPU alone is no ladder
-            have = {r.profile for r in rungs}
-            extra_rungs = [r for r in _rungs([x for x in fill.get(key, []) if family in _family(x.target)
-                                               and x.metric.direction == m.direction and x.metric.unit == m.unit],
-                                              model, family, "baseline") if r.profile not in have]
-            rungs, variants = _main_rungs(sorted(rungs + extra_rungs, key=_order))
-            for v in variants:
-                report.skipped.append(f"{label} {v.profile} on {gpu_name}: a variant of {v.slices}g "
-                                      f"left out of the {family} ladder (one profile per slice count)")
-            if len(rungs) < 2:
-                continue
-            checked_any = True
-            # Emulation partitions SMs only, and the driver rounds them (60 -> 64 on Hopper): the
-            # only ideal it can be held to is the ratio of the SMs the green contexts obtained.
-            fam_basis: Basis = "sms" if family == EMULATED else kind_basis
-            group = ScalingGroup(gpu_name, first.test, m.name, m.unit, m.kind, m.direction, family, fam_basis, rungs)
-            report.groups.append(group)
-            for small, big in zip(rungs, rungs[1:]):
-                ideal, note = _ideal(big, small, fam_basis, model)
-                if family == EMULATED and fam_basis != basis and ideal is not None:
-                    note = (note + "; " if note else "") + "emulated: ideal from the SMs obtained"
-                if ideal is None or small.value == 0 or big.value == 0:
-                    report.skipped.append(f"{label} {big.profile} / {small.profile} on {gpu_name}: {note or 'zero value'}")
-                    continue
-                ratio = big.value / small.value if m.direction == "higher" else small.value / big.value
-                sources = {big.source, small.source} - {"run"}
-                if sources:
-                    note = (note + "; " if note else "") + "other profile from the stored baseline"
-                limited = _power_limited(big, small, ratio, ideal, tol)
-                if limited:
-                    note = (note + "; " if note else "") + f"{big.profile} slower clocked: {limited[0]}"
-                shared: tuple[str, ...] = ()
-                if not limited and family == EMULATED and m.kind in BANDWIDTH_BOUND_KINDS:
-                    shared = _bandwidth_shared(bandwidth.get((key[0], big.profile)),
-                                               bandwidth.get((key[0], small.profile)), ratio, ideal, tol)
-                    if shared:
-                        note = (note + "; " if note else "") + shared[0]
-                report.rows.append(ScalingRow(
-                    gpu_name, first.test, m.name, m.kind, family, fam_basis, big.profile, small.profile,
-                    big.value, small.value, m.unit, ratio, ideal, ratio / ideal - 1, tol, note, limited, shared))
-        if not checked_any and not any(s.startswith(label + " on") for s in report.skipped):
-            profs = sorted({str(r.target.get("baseline_profile") or r.target.get("profile")) for r in recs})
-            report.skipped.append(f"{label} on {gpu_name}: only {', '.join(profs)} measured")
-    return report
+        checked_any = True
+        # Emulation partitions SMs only, and the driver rounds them (60 -> 64 on Hopper): the
+        # only ideal it can be held to is the ratio of the SMs the green contexts obtained.
+        fam_basis: Basis = "sms" if family == EMULATED else kind_basis
+        group = ScalingGroup(case.gpu_name, case.recs[0].test, m.name, m.unit, m.kind, m.direction, family,
+                             fam_basis, rungs)
+        report.groups.append(group)
+        for small, big in zip(rungs, rungs[1:]):
+            _check_pair(report, case, group, small, big, basis, bandwidth)
+    if not checked_any and not any(s.startswith(case.label + " on") for s in report.skipped):
+        profs = sorted({str(r.target.get("baseline_profile") or r.target.get("profile")) for r in case.recs})
+        report.skipped.append(f"{case.label} on {case.gpu_name}: only {', '.join(profs)} measured")
+
+
+def _family_ladder(report: ScalingReport, case: _Case, family: str) -> list[Rung]:
+    """The family's ladder of the case, one profile per slice count, stored profiles filling gaps;
+    empty when there is no ladder (a whole GPU alone, emulated bandwidth)."""
+    m = case.metric
+    if family == EMULATED and m.kind == "memory":
+        if any(EMULATED in _family(r.target) and r.target.get("kind") == "emulated" for r in case.recs):
+            report.skipped.append(f"{case.label} on {case.gpu_name}: emulated bandwidth left out "
+                                  f"(emulation does not partition memory bandwidth)")
+        return []
+    rungs = _rungs([r for r in case.recs if family in _family(r.target)], case.model, family, "run")
+    if not any(not r.is_full for r in rungs):
+        return []  # a whole GPU alone is no ladder
+    have = {r.profile for r in rungs}
+    extra_rungs = [r for r in _rungs([x for x in case.fill if family in _family(x.target)
+                                       and x.metric.direction == m.direction and x.metric.unit == m.unit],
+                                      case.model, family, "baseline") if r.profile not in have]
+    rungs, variants = _main_rungs(sorted(rungs + extra_rungs, key=_order))
+    for v in variants:
+        report.skipped.append(f"{case.label} {v.profile} on {case.gpu_name}: a variant of {v.slices}g "
+                              f"left out of the {family} ladder (one profile per slice count)")
+    return rungs
+
+
+def _check_pair(report: ScalingReport, case: _Case, group: ScalingGroup, small: Rung, big: Rung,
+                basis: Basis | str, bandwidth: dict[tuple[str, str], float]) -> None:
+    """The row of one pair of neighbouring profiles: the measured ratio against the ideal, and why
+    it may fall short (clocks, shared bandwidth); a skip when the ideal or a value is missing."""
+    m, family, fam_basis, gpu_name = case.metric, group.family, group.basis, case.gpu_name
+    ideal, note = _ideal(big, small, fam_basis, case.model)  # type: ignore[arg-type]
+    if family == EMULATED and fam_basis != basis and ideal is not None:
+        note = (note + "; " if note else "") + "emulated: ideal from the SMs obtained"
+    if ideal is None or small.value == 0 or big.value == 0:
+        report.skipped.append(f"{case.label} {big.profile} / {small.profile} on {gpu_name}: {note or 'zero value'}")
+        return
+    ratio = big.value / small.value if m.direction == "higher" else small.value / big.value
+    sources = {big.source, small.source} - {"run"}
+    if sources:
+        note = (note + "; " if note else "") + "other profile from the stored baseline"
+    limited = _power_limited(big, small, ratio, ideal, case.tol)
+    if limited:
+        note = (note + "; " if note else "") + f"{big.profile} slower clocked: {limited[0]}"
+    shared: tuple[str, ...] = ()
+    if not limited and family == EMULATED and m.kind in BANDWIDTH_BOUND_KINDS:
+        shared = _bandwidth_shared(bandwidth.get((case.key[0], big.profile)),
+                                   bandwidth.get((case.key[0], small.profile)), ratio, ideal, case.tol)
+        if shared:
+            note = (note + "; " if note else "") + shared[0]
+    report.rows.append(ScalingRow(
+        gpu_name, case.recs[0].test, m.name, m.kind, family, fam_basis, big.profile, small.profile,
+        big.value, small.value, m.unit, ratio, ideal, ratio / ideal - 1, case.tol, note, limited, shared))
 
 
 def _power_limited(big: Rung, small: Rung, ratio: float, ideal: float, tol: float) -> tuple[str, ...]:

@@ -383,6 +383,9 @@ def run_gemm(target: Target, timer: Timer, *, dtype: str = "bf16", quick: bool =
     return _metrics(target, prec, timing, flops, best_n, rel_err, peak_gb, peak_source, squares, wide)
 
 
+_Shapes = list[tuple[tuple[int, int, int], float, float]]
+
+
 def _metrics(
     target: Target,
     prec: GemmPrecision,
@@ -392,14 +395,37 @@ def _metrics(
     rel_err: float,
     peak_gb: float,
     peak_source: str,
-    squares: list[tuple[tuple[int, int, int], float, float]],
-    wide: list[tuple[tuple[int, int, int], float, float]],
+    squares: _Shapes,
+    wide: _Shapes,
 ) -> list[Metric]:
     p = prec.name
     samples = [r / 1e12 for r in timing.rate_samples(flops)]
     tflops = _median(samples)
     peak_key = next((k for k in prec.peak_keys if target.peak_tflops(k) is not None), None)
     peak = target.peak_tflops(peak_key) if peak_key else None
+    info = _headline_info(prec, timing, best_n, rel_err, squares, peak, peak_key)
+    metrics = [
+        Metric(f"{p}_tflops", tflops, "TFLOPS", "higher", samples, kind=prec.kind, info=info),
+        Metric(f"{p}_size_at_peak", best_n, "n", "higher", [], kind="info", compare=False,
+               info={"candidates": [s[0][0] for s in squares]}),
+        Metric(f"{p}_peak_memory_gb", peak_gb, "GB", "lower", [], kind="info", compare=False,
+               info={"source": peak_source, "size": best_n}),
+    ]
+    if peak:
+        metrics.append(Metric(f"{p}_pct_of_peak", 100.0 * tflops / peak, "%", "higher", [], kind="info",
+                              compare=False, info={"peak_tflops": peak, "peak_key": peak_key,
+                                                   "sms": target.effective_sms}))
+    if prec.wide_sweep:
+        metrics += _sweep_metrics(p, tflops, squares + wide)
+    metrics += _window_metrics(target, prec, timing, flops)
+    metrics.extend(energy_metrics(timing, flops / 1e12, "TFLOP", label=p))
+    return metrics
+
+
+def _headline_info(prec: GemmPrecision, timing: Timing, best_n: int, rel_err: float, squares: _Shapes,
+                   peak: float | None, peak_key: str | None) -> dict[str, Any]:
+    """The headline figure's info: size, error, the sweep, the peak and the clocks."""
+    p = prec.name
     info: dict[str, Any] = {
         "dtype": p,
         "size": best_n,
@@ -417,25 +443,25 @@ def _metrics(
         # TFLOPS in six runs, its sustained rate 53.2-55.4), which failed 7g/4g against the clock-scaled ideal.
         info.update(scaling=False, scaling_note=f"between profiles {p}_{SUSTAINED}tflops is judged: the rate over "
                     f"the whole window, at the clock sampled through it")
-    metrics = [
-        Metric(f"{p}_tflops", tflops, "TFLOPS", "higher", samples, kind=prec.kind, info=info),
-        Metric(f"{p}_size_at_peak", best_n, "n", "higher", [], kind="info", compare=False,
-               info={"candidates": [s[0][0] for s in squares]}),
-        Metric(f"{p}_peak_memory_gb", peak_gb, "GB", "lower", [], kind="info", compare=False,
-               info={"source": peak_source, "size": best_n}),
+    return info
+
+
+def _sweep_metrics(p: str, tflops: float, everything: _Shapes) -> list[Metric]:
+    """The best shape of the whole sweep, and the headline against it."""
+    (shape, best, _) = max(everything, key=lambda r: r[1])
+    return [
+        Metric(f"{p}_best_sweep_tflops", best, "TFLOPS", "higher", [], kind="info", compare=False,
+               info={"shape_mnk": list(shape), "shapes": len(everything)}),
+        Metric(f"{p}_headline_vs_best", tflops / best if best > 0 else float("nan"), "ratio",
+               "higher", [], kind="info", compare=False,
+               info={"target": "headline within 3% of the best shape (ratio >= 0.97)"}),
     ]
-    if peak:
-        metrics.append(Metric(f"{p}_pct_of_peak", 100.0 * tflops / peak, "%", "higher", [], kind="info",
-                              compare=False, info={"peak_tflops": peak, "peak_key": peak_key,
-                                                   "sms": target.effective_sms}))
-    if prec.wide_sweep:
-        everything = squares + wide
-        (shape, best, _) = max(everything, key=lambda r: r[1])
-        metrics.append(Metric(f"{p}_best_sweep_tflops", best, "TFLOPS", "higher", [], kind="info", compare=False,
-                              info={"shape_mnk": list(shape), "shapes": len(everything)}))
-        metrics.append(Metric(f"{p}_headline_vs_best", tflops / best if best > 0 else float("nan"), "ratio",
-                              "higher", [], kind="info", compare=False,
-                              info={"target": "headline within 3% of the best shape (ratio >= 0.97)"}))
+
+
+def _window_metrics(target: Target, prec: GemmPrecision, timing: Timing, flops: float) -> list[Metric]:
+    """The figures of the sustained energy window: its rate, and FLOP per SM per cycle."""
+    p = prec.name
+    metrics: list[Metric] = []
     if timing.window_seconds_per_call:
         # The rate over the whole (sustained) energy window (1.5 s quick, 3 s normal), at the clocks the power cap
         # settles on: on a power-capped H100 its run-to-run sigma was 0.4-0.5% for bf16, fp16 and tf32,
@@ -453,7 +479,6 @@ def _metrics(
                                     "sm_clock_mhz": round(clock_mhz, 1),
                                     "sustained_tflops": round(sustained / 1e12, 3), "sms": target.effective_sms,
                                     "window_s": round(timing.power.seconds, 3) if timing.power else None}))
-    metrics.extend(energy_metrics(timing, flops / 1e12, "TFLOP", label=p))
     return metrics
 
 

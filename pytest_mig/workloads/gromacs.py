@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_mig.device import mps
-from pytest_mig.measure import Metric, Timer
+from pytest_mig.measure import Metric, Timer, Timing
 from pytest_mig.device.target import Target
 from pytest_mig.workloads import DoesNotFit, WorkloadError
 
@@ -206,23 +206,13 @@ def run_gromacs(target: Target, timer: Timer | None = None, *, quick: bool = Fal
     if target.emulated:
         run_env, confinement = mps.confine_engine(target, run_env, "GROMACS's mdrun")
     nb = "cpu" if target.is_cpu else "gpu"
-    version = _run_gmx([gmx, "--version"], Path.cwd(), "gmx --version", run_env).stdout
-    if nb == "gpu" and (gmx_gpu_support(version) or "").lower() in ("disabled", "none"):
-        raise DoesNotFit(f"{gmx} was built without GPU support (its --version says 'GPU support: "
-                         f"{gmx_gpu_support(version)}'): set {GMX_ENV} to a CUDA build of GROMACS")
+    _check_gpu_build(gmx, nb, run_env)
     side = box_nm or (GMX_CPU_BOX_NM if target.is_cpu else GMX_BOX_NM)
     steps = GMX_STEPS[quick] // (10 if target.is_cpu else 1)
     threads = _omp_threads()
     with tempfile.TemporaryDirectory(prefix="pytest-mig-gmx-", dir=workdir) as tmp:
         wd = Path(tmp)
-        files = gromacs_inputs(steps=steps)
-        _run_gmx([gmx, "-quiet", "solvate", "-cs", "spc216.gro", "-box", *[f"{side:g}"] * 3, "-o", "conf.gro"], wd,
-                 "gmx solvate", run_env)
-        waters = waters_in((wd / "conf.gro").read_text(errors="replace"))
-        (wd / "topol.top").write_text(files["topol.top"].replace("{waters}", str(waters)))
-        (wd / "md.mdp").write_text(files["md.mdp"])
-        _run_gmx([gmx, "-quiet", "grompp", "-f", "md.mdp", "-c", "conf.gro", "-p", "topol.top", "-o", "topol.tpr",
-                  "-po", "mdout.mdp"], wd, "gmx grompp", run_env)
+        waters = _prepare_water_box(gmx, wd, side, steps, run_env)
         mdrun = gromacs_command(gmx, nb=nb, threads=threads, steps=steps, maxh=GMX_MAXH[quick])
         timing = (timer or Timer(target.device))(lambda: _run_gmx(mdrun, wd, "gmx mdrun", run_env), warmup=0,
                                                  repeats=1, energy=False)
@@ -234,6 +224,39 @@ def run_gromacs(target: Target, timer: Timer | None = None, *, quick: bool = Fal
     if not perf.ns_per_day > 0:
         raise WorkloadError(f"gmx mdrun reported {perf.ns_per_day} ns/day")
     atoms = 3 * waters
+    info = _mdrun_info(gmx, log, perf, timing, atoms=atoms, nb=nb, threads=threads, steps=steps, side=side)
+    if confinement:
+        info["confinement"] = confinement
+    return [
+        Metric("gmx_ns_per_day", perf.ns_per_day, "ns/day", "higher", [], kind="simulation", info=info),
+        Metric("gmx_atoms", atoms, "atoms", "higher", [], kind="info", compare=False, info={"box_nm": side}),
+    ]
+
+
+def _check_gpu_build(gmx: str, nb: str, run_env: dict[str, str]) -> None:
+    """Refuse (DoesNotFit) a GROMACS built without GPU support for a run on the GPU."""
+    version = _run_gmx([gmx, "--version"], Path.cwd(), "gmx --version", run_env).stdout
+    if nb == "gpu" and (gmx_gpu_support(version) or "").lower() in ("disabled", "none"):
+        raise DoesNotFit(f"{gmx} was built without GPU support (its --version says 'GPU support: "
+                         f"{gmx_gpu_support(version)}'): set {GMX_ENV} to a CUDA build of GROMACS")
+
+
+def _prepare_water_box(gmx: str, wd: Path, side: float, steps: int, run_env: dict[str, str]) -> int:
+    """Solvate a cubic box of ``side`` nm in ``wd`` and preprocess it into topol.tpr; returns the waters."""
+    files = gromacs_inputs(steps=steps)
+    _run_gmx([gmx, "-quiet", "solvate", "-cs", "spc216.gro", "-box", *[f"{side:g}"] * 3, "-o", "conf.gro"], wd,
+             "gmx solvate", run_env)
+    waters = waters_in((wd / "conf.gro").read_text(errors="replace"))
+    (wd / "topol.top").write_text(files["topol.top"].replace("{waters}", str(waters)))
+    (wd / "md.mdp").write_text(files["md.mdp"])
+    _run_gmx([gmx, "-quiet", "grompp", "-f", "md.mdp", "-c", "conf.gro", "-p", "topol.top", "-o", "topol.tpr",
+              "-po", "mdout.mdp"], wd, "gmx grompp", run_env)
+    return waters
+
+
+def _mdrun_info(gmx: str, log: str, perf: GromacsPerformance, timing: Timing, *, atoms: int, nb: str,
+                threads: int, steps: int, side: float) -> dict[str, Any]:
+    """The ns/day figure's info: the binary, the system, and GROMACS's and our own wall times."""
     info: dict[str, Any] = {
         "gmx": gmx,
         "version": _gmx_version(log),
@@ -249,12 +272,7 @@ def run_gromacs(target: Target, timer: Timer | None = None, *, quick: bool = Fal
         "stopped_by_maxh": "Run time exceeded" in log,
         "scaling": False,  # DHFR-size: too small to fill a whole GPU (see openmm_md.MdSystem.scales)
     }
-    if confinement:
-        info["confinement"] = confinement
-    return [
-        Metric("gmx_ns_per_day", perf.ns_per_day, "ns/day", "higher", [], kind="simulation", info=info),
-        Metric("gmx_atoms", atoms, "atoms", "higher", [], kind="info", compare=False, info={"box_nm": side}),
-    ]
+    return info
 
 
 def _gmx_version(log: str) -> str | None:

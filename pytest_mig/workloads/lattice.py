@@ -217,17 +217,21 @@ def _errors(rng: np.random.Generator, main: float, order: int, r0: float, first:
     return knl, ksl
 
 
-def generate_lattice(spec: LatticeSpec = LHC, seed: int = 0) -> Lattice:
-    """Build the lattice: FODO cells (arcs with bends, straight sections with the cavities), then
-    correctors and drift splits until the element counts equal ``spec``'s exactly."""
-    rng = np.random.default_rng(seed)
-    half = spec.length_m / (2 * spec.cells)
-    mu = 2 * math.pi * spec.tune / spec.cells  # phase advance per cell
-    if not 0 < mu < math.pi:
-        raise ValueError(f"tune {spec.tune} over {spec.cells} cells gives an unstable FODO cell")
-    kq = 2 * math.sin(mu / 2) / half  # thin-lens FODO: sin(mu/2) = half-cell length / (2 f)
-    bend_angle = spec.total_bend_rad / spec.thick
+@dataclass(frozen=True)
+class _Layout:
+    """Where things sit, per half-cell: which bend (and how many bends), which hold cavities, and
+    whose quadrupole is shifted or tilted."""
 
+    arc_half: list[bool]
+    bends_per: dict[int, int]
+    cav_per: dict[int, int]
+    shifted: set[int]
+    tilted: set[int]
+
+
+def _layout(spec: LatticeSpec) -> _Layout:
+    """Arcs and straight sections per sector, the bends spread over the arcs, the cavities over the
+    straights of one sector, and the shifted and tilted quadrupoles spread evenly."""
     arc_half: list[bool] = []  # per half-cell: bending or straight
     sector_of: list[int] = []
     for sector, ncell in enumerate(spread(spec.cells, spec.sectors)):
@@ -250,35 +254,32 @@ def generate_lattice(spec: LatticeSpec = LHC, seed: int = 0) -> Lattice:
     tilted = {tilt_pool[int(i)] for i in np.linspace(0, len(tilt_pool) - 1, spec.srotations // 2)} if spec.srotations else set()
     if len(shifted) != spec.xyshifts // 2 or len(tilted) != spec.srotations // 2:
         raise ValueError("too few half-cells for the requested XY shifts or S-rotations")
+    return _Layout(arc_half, bends_per, cav_per, shifted, tilted)
 
-    r0 = spec.reference_radius_m
+
+def generate_lattice(spec: LatticeSpec = LHC, seed: int = 0) -> Lattice:
+    """Build the lattice: FODO cells (arcs with bends, straight sections with the cavities), then
+    correctors and drift splits until the element counts equal ``spec``'s exactly."""
+    rng = np.random.default_rng(seed)
+    half = spec.length_m / (2 * spec.cells)
+    mu = 2 * math.pi * spec.tune / spec.cells  # phase advance per cell
+    if not 0 < mu < math.pi:
+        raise ValueError(f"tune {spec.tune} over {spec.cells} cells gives an unstable FODO cell")
+    kq = 2 * math.sin(mu / 2) / half  # thin-lens FODO: sin(mu/2) = half-cell length / (2 f)
+    bend_angle = spec.total_bend_rad / spec.thick
+    layout = _layout(spec)
+
     elements: list[Element] = []
     cavities_made = 0
     for h in range(2 * spec.cells):
         sign = 1.0 if h % 2 == 0 else -1.0
-        qkn, qks = _errors(rng, kq * r0, spec.quad_order, r0, first=2)
-        qkn[1] += sign * kq
-        quad = [multipole(qkn, qks)]
-        if h in shifted:
-            dx, dy = rng.normal(0.0, 2e-5, 2)
-            quad = [xyshift(dx, dy), *quad, xyshift(-dx, -dy)]
-        if h in tilted:
-            angle = rng.uniform(-0.05, 0.05)
-            quad = [srotation(angle), *quad, srotation(-angle)]
-        elements += quad
-        if arc_half[h]:
-            elements.append(multipole([0.0, 0.0, sign * 0.04 * (1 + 0.05 * rng.normal())]))  # sextupole
-            elements.append(multipole([0.0, 0.0, 0.0, 0.3 * rng.normal()]))  # octupole (Landau)
-            nb = bends_per[h]
-            step = half / (nb + 1)
-            for _ in range(nb):
-                elements.append(drift(step))
-                bkn, bks = _errors(rng, bend_angle, spec.bend_order, r0, first=1)
-                bkn[0] = bend_angle
-                elements.append(multipole(bkn, bks, length=0.8 * step, hxl=bend_angle))
+        elements += _quadrupole(rng, spec, layout, h, kq, sign)
+        if layout.arc_half[h]:
+            arc, step = _arc_magnets(rng, spec, sign, layout.bends_per[h], half, bend_angle)
+            elements += arc
         else:
             step = half
-        nc = cav_per.get(h, 0)  # the half-cell's last drift holds its cavities
+        nc = layout.cav_per.get(h, 0)  # the half-cell's last drift holds its cavities
         for _ in range(nc):
             elements.append(drift(step / (nc + 1)))
             volt = spec.cavity_voltage_v if cavities_made < spec.active_cavities else 0.0
@@ -286,6 +287,39 @@ def generate_lattice(spec: LatticeSpec = LHC, seed: int = 0) -> Lattice:
             cavities_made += 1
         elements.append(drift(step / (nc + 1)))
     return pack(_fill(elements, spec, rng), spec, seed)
+
+
+def _quadrupole(rng: np.random.Generator, spec: LatticeSpec, layout: _Layout, h: int, kq: float,
+                sign: float) -> list[Element]:
+    """Half-cell ``h``'s quadrupole (focusing or defocusing by ``sign``) with its field errors,
+    inside its XY shift and S-rotation where it has them."""
+    r0 = spec.reference_radius_m
+    qkn, qks = _errors(rng, kq * r0, spec.quad_order, r0, first=2)
+    qkn[1] += sign * kq
+    quad = [multipole(qkn, qks)]
+    if h in layout.shifted:
+        dx, dy = rng.normal(0.0, 2e-5, 2)
+        quad = [xyshift(dx, dy), *quad, xyshift(-dx, -dy)]
+    if h in layout.tilted:
+        angle = rng.uniform(-0.05, 0.05)
+        quad = [srotation(angle), *quad, srotation(-angle)]
+    return quad
+
+
+def _arc_magnets(rng: np.random.Generator, spec: LatticeSpec, sign: float, nb: int, half: float,
+                 bend_angle: float) -> tuple[list[Element], float]:
+    """An arc half-cell's sextupole, octupole and ``nb`` bends between drifts; returns them and the
+    length of the drift that closes the half-cell."""
+    r0 = spec.reference_radius_m
+    elements = [multipole([0.0, 0.0, sign * 0.04 * (1 + 0.05 * rng.normal())]),  # sextupole
+                multipole([0.0, 0.0, 0.0, 0.3 * rng.normal()])]  # octupole (Landau)
+    step = half / (nb + 1)
+    for _ in range(nb):
+        elements.append(drift(step))
+        bkn, bks = _errors(rng, bend_angle, spec.bend_order, r0, first=1)
+        bkn[0] = bend_angle
+        elements.append(multipole(bkn, bks, length=0.8 * step, hxl=bend_angle))
+    return elements, step
 
 
 def _corrector(rng: np.random.Generator, i: int) -> Element:

@@ -257,6 +257,37 @@ def simulate(request: dict[str, Any]) -> dict[str, Any]:
     mm_system, positions_nm, from_cache = md_systems.cached_build(system, BUILD_SETTINGS, lambda: _built(system))
     positions = [openmm.Vec3(*p) for p in positions_nm] * unit.nanometer
     system_s = time.perf_counter() - t0
+    integrator = _integrator()
+    context = openmm.Context(mm_system, integrator, platform, props)
+    resources = _resources(device)
+    context.setPositions(positions)
+    openmm.LocalEnergyMinimizer.minimize(context, 10.0, effort.minimize_iterations)
+    built_s = time.perf_counter() - t0
+
+    forces = _checked_forces(mm_system, context, precision)
+    context.setVelocitiesToTemperature(TEMPERATURE_K * unit.kelvin, SEED)
+    integrator.setCurrentIntegrator(0)
+    chunk, samples, window = _timed_chunks(context, integrator, effort)
+    integrator.setCurrentIntegrator(1)
+    deviation = _checked_nve(context, integrator, effort, precision)
+    return {
+        "system": system.name, "description": system.description, "atoms": mm_system.getNumParticles(),
+        "precision": precision, "platform": platform.getName(),
+        "platform_properties": {k: platform.getPropertyValue(context, k) for k in platform.getPropertyNames()
+                                if k in ("Precision", "DeviceIndex", "DeviceName", "Threads")},
+        "openmm": openmm.__version__, "steps_per_chunk": chunk, "chunk_seconds": samples, "timed_window": window,
+        "timestep_fs": TIMESTEP_FS, "build_s": round(built_s, 2), "resources": resources,
+        "system_s": round(system_s, 2), "system_from_cache": from_cache,
+        "checks": {**forces, "nve_deviation": deviation, "nve_steps": effort.nve_steps,
+                   "nve_timestep_fs": NVE_TIMESTEP_FS},
+    }
+
+
+def _integrator() -> Any:
+    """Langevin dynamics (integrator 0) for the timed steps and velocity Verlet (integrator 1) for the NVE check."""
+    import openmm
+    import openmm.unit as unit
+
     langevin = openmm.LangevinMiddleIntegrator(TEMPERATURE_K * unit.kelvin, FRICTION_PER_PS / unit.picosecond,
                                                TIMESTEP_FS * unit.femtosecond)
     langevin.setRandomNumberSeed(SEED)
@@ -264,20 +295,22 @@ def simulate(request: dict[str, Any]) -> dict[str, Any]:
     integrator = openmm.CompoundIntegrator()
     integrator.addIntegrator(langevin)
     integrator.addIntegrator(verlet)
-    context = openmm.Context(mm_system, integrator, platform, props)
-    resources = _resources(device)
-    context.setPositions(positions)
-    openmm.LocalEnergyMinimizer.minimize(context, 10.0, effort.minimize_iterations)
-    built_s = time.perf_counter() - t0
+    return integrator
 
+
+def _checked_forces(mm_system: Any, context: Any, precision: str) -> dict[str, float]:
+    """Forces and potential energy against the Reference platform's; a WorkloadError beyond the limits."""
     state = context.getState(getForces=True, getEnergy=True, getPositions=True)
     forces = compare_to_reference(mm_system, state.getPositions(), state)
     check("relative RMS force error against the Reference platform", forces["force_rel_rms"], FORCE_LIMIT[precision], "forces")
     check("relative potential-energy error against the Reference platform", forces["energy_rel"], ENERGY_LIMIT[precision],
           "energy")
+    return forces
 
-    context.setVelocitiesToTemperature(TEMPERATURE_K * unit.kelvin, SEED)
-    integrator.setCurrentIntegrator(0)
+
+def _timed_chunks(context: Any, integrator: Any, effort: MdEffort) -> tuple[int, list[float], list[float]]:
+    """Probe the step time, warm up for ``effort.warmup_s`` in chunks of about ``effort.chunk_s``,
+    then time ``effort.repeats`` chunks: (steps per chunk, seconds per chunk, the timed window)."""
 
     def run(steps: int) -> float:
         start = time.perf_counter()
@@ -298,8 +331,14 @@ def simulate(request: dict[str, Any]) -> dict[str, Any]:
     window_start = time.perf_counter()  # CLOCK_MONOTONIC: the parent reads board energy on the same clock
     samples = [run(chunk) for _ in range(effort.repeats)]
     window = [window_start, time.perf_counter()]
+    return chunk, samples, window
 
-    integrator.setCurrentIntegrator(1)
+
+def _checked_nve(context: Any, integrator: Any, effort: MdEffort, precision: str) -> float:
+    """Run the NVE steps, reading the total energy every ``effort.nve_every``; returns its largest
+    deviation (share of the kinetic energy), a WorkloadError beyond the limit."""
+    import openmm.unit as unit
+
     energies: list[float] = []
     kinetic = float("nan")
     for i in range(effort.nve_steps // effort.nve_every + 1):
@@ -314,18 +353,7 @@ def simulate(request: dict[str, Any]) -> dict[str, Any]:
     deviation = nve_deviation(energies, kinetic)
     check(f"NVE total-energy deviation over {effort.nve_steps} steps of {NVE_TIMESTEP_FS:g} fs (share of kinetic energy)",
           deviation, NVE_LIMIT[precision], "energy conservation")
-    return {
-        "system": system.name, "description": system.description, "atoms": mm_system.getNumParticles(),
-        "precision": precision, "platform": platform.getName(),
-        "platform_properties": {k: platform.getPropertyValue(context, k) for k in platform.getPropertyNames()
-                                if k in ("Precision", "DeviceIndex", "DeviceName", "Threads")},
-        "openmm": openmm.__version__, "steps_per_chunk": chunk, "chunk_seconds": samples, "timed_window": window,
-        "timestep_fs": TIMESTEP_FS, "build_s": round(built_s, 2), "resources": resources,
-        "system_s": round(system_s, 2), "system_from_cache": from_cache,
-        "checks": {**forces, "nve_deviation": deviation, "nve_steps": effort.nve_steps,
-                   "nve_timestep_fs": NVE_TIMESTEP_FS},
-    }
-
+    return deviation
 
 def _resources(device: str) -> dict[str, Any]:
     if device == "cpu":

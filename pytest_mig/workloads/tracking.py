@@ -169,75 +169,116 @@ def _decoded(lattice: Lattice) -> list[tuple[int, tuple[float, ...]]]:
     return out
 
 
+@dataclass
+class _Coords:
+    """The particles' eight coordinates and lost flags as arrays of ``xp``, updated element by element."""
+
+    x: Any
+    px: Any
+    y: Any
+    py: Any
+    zeta: Any
+    delta: Any
+    rpp: Any
+    rvv: Any
+    lost: Any
+
+
 def track_reference(lattice: Lattice, particles: Particles, turns: int, beam: Beam = Beam(), xp: ModuleType = np) -> Particles:
     """Track ``particles`` for ``turns`` turns with array module ``xp`` (numpy or torch).
 
     The maps and their order of operations are those of reference/simpletrack.md and of the
     Triton kernel; a lost particle (|x| or |y| >= 1 m after a drift) keeps its coordinates."""
-    beta0, p0c, charge0, chi, inv_beta0_sq, mratio_sq = beam.constants()
+    constants = beam.constants()
     c = particles.coords
-    x, px, y, py, zeta, delta, rpp, rvv = (c[i] * 1.0 for i in range(NCOORD))
-    lost = particles.lost * 1
+    s = _Coords(*(c[i] * 1.0 for i in range(NCOORD)), lost=particles.lost * 1)
     turn = particles.turn * 1
-    where = xp.where
     elements = _decoded(lattice)
     for _ in range(turns):
         for kind, p in elements:
-            alive = lost == 0
-            if kind == DRIFT:
-                length = p[0]
-                xpr = px * rpp
-                ypr = py * rpp
-                x = where(alive, x + xpr * length, x)
-                y = where(alive, y + ypr * length, y)
-                zeta = where(alive, zeta + length * (rvv - (1.0 + (xpr * xpr + ypr * ypr) * 0.5)), zeta)
-                out = (xp.abs(x) >= APERTURE_M) | (xp.abs(y) >= APERTURE_M)
-                lost = where(alive & out, lost * 0 + 1, lost)
-            elif kind == MULTIPOLE:
-                order = int(p[0])
-                length, hxl, hyl = p[1], p[2], p[3]
-                bal = p[MULTIPOLE_HEADER:]
-                dpx = x * 0.0 + bal[2 * order]
-                dpy = x * 0.0 + bal[2 * order + 1]
-                for i in range(order - 1, -1, -1):
-                    zre = dpx * x - dpy * y
-                    zim = dpx * y + dpy * x
-                    dpx = bal[2 * i] + zre
-                    dpy = bal[2 * i + 1] + zim
-                dpx = -chi * dpx
-                dpy = chi * dpy
-                if length > 0.0:
-                    hxx = hxl / length * x
-                    hyy = hyl / length * y
-                    dpx = dpx + (hxl + hxl * delta - chi * bal[0] * hxx)
-                    dpy = dpy - (hyl + hyl * delta - chi * bal[1] * hyy)
-                    zeta = where(alive, zeta - chi * (hxx - hyy) * length, zeta)
-                px = where(alive, px + dpx, px)
-                py = where(alive, py + dpy, py)
-            elif kind == CAVITY:
-                volt, kfreq, lag = p
-                tau = zeta / (rvv * beta0)
-                phase = lag - kfreq * tau
-                de = chi * charge0 * volt * xp.sin(phase)
-                rep = xp.sqrt(delta * delta + 2.0 * delta + inv_beta0_sq) + de / p0c
-                irpp = xp.sqrt(rep * rep - mratio_sq)
-                beta = irpp / rep
-                delta = where(alive, irpp - 1.0, delta)
-                rpp = where(alive, 1.0 / irpp, rpp)
-                rvv = where(alive, beta / beta0, rvv)
-                zeta = where(alive, tau * beta, zeta)
-            elif kind == XYSHIFT:
-                x = where(alive, x - p[0], x)
-                y = where(alive, y - p[1], y)
-            elif kind == SROTATION:
-                cs, sn = p
-                x, y = where(alive, cs * x + sn * y, x), where(alive, -sn * x + cs * y, y)
-                px, py = where(alive, cs * px + sn * py, px), where(alive, -sn * px + cs * py, py)
-            else:
-                raise ValueError(f"unknown element type {kind}")
-        turn = where(lost == 0, turn + 1, turn)
+            _track_element(s, kind, p, constants, xp)
+        turn = xp.where(s.lost == 0, turn + 1, turn)
     stack = np.stack if xp is np else xp.stack
-    return Particles(stack([x, px, y, py, zeta, delta, rpp, rvv]), lost, turn)
+    return Particles(stack([s.x, s.px, s.y, s.py, s.zeta, s.delta, s.rpp, s.rvv]), s.lost, turn)
+
+
+def _track_element(s: _Coords, kind: int, p: tuple[float, ...], constants: tuple[float, ...], xp: ModuleType) -> None:
+    """Apply one element's map to the particles not lost."""
+    alive = s.lost == 0
+    if kind == DRIFT:
+        _drift(s, alive, p[0], xp)
+    elif kind == MULTIPOLE:
+        _multipole(s, alive, p, constants[3], xp)
+    elif kind == CAVITY:
+        _cavity(s, alive, p, constants, xp)
+    elif kind == XYSHIFT:
+        where = xp.where
+        s.x = where(alive, s.x - p[0], s.x)
+        s.y = where(alive, s.y - p[1], s.y)
+    elif kind == SROTATION:
+        where = xp.where
+        cs, sn = p
+        x, y, px, py = s.x, s.y, s.px, s.py
+        s.x, s.y = where(alive, cs * x + sn * y, x), where(alive, -sn * x + cs * y, y)
+        s.px, s.py = where(alive, cs * px + sn * py, px), where(alive, -sn * px + cs * py, py)
+    else:
+        raise ValueError(f"unknown element type {kind}")
+
+
+def _drift(s: _Coords, alive: Any, length: float, xp: ModuleType) -> None:
+    """The exact drift; a particle outside the aperture after it is lost."""
+    where = xp.where
+    xpr = s.px * s.rpp
+    ypr = s.py * s.rpp
+    s.x = where(alive, s.x + xpr * length, s.x)
+    s.y = where(alive, s.y + ypr * length, s.y)
+    s.zeta = where(alive, s.zeta + length * (s.rvv - (1.0 + (xpr * xpr + ypr * ypr) * 0.5)), s.zeta)
+    out = (xp.abs(s.x) >= APERTURE_M) | (xp.abs(s.y) >= APERTURE_M)
+    s.lost = where(alive & out, s.lost * 0 + 1, s.lost)
+
+
+def _multipole(s: _Coords, alive: Any, p: tuple[float, ...], chi: float, xp: ModuleType) -> None:
+    """The thin multipole kick (Horner's scheme over the field's orders), with the dipole's
+    curvature terms where it has a length."""
+    where = xp.where
+    x, y = s.x, s.y
+    order = int(p[0])
+    length, hxl, hyl = p[1], p[2], p[3]
+    bal = p[MULTIPOLE_HEADER:]
+    dpx = x * 0.0 + bal[2 * order]
+    dpy = x * 0.0 + bal[2 * order + 1]
+    for i in range(order - 1, -1, -1):
+        zre = dpx * x - dpy * y
+        zim = dpx * y + dpy * x
+        dpx = bal[2 * i] + zre
+        dpy = bal[2 * i + 1] + zim
+    dpx = -chi * dpx
+    dpy = chi * dpy
+    if length > 0.0:
+        hxx = hxl / length * x
+        hyy = hyl / length * y
+        dpx = dpx + (hxl + hxl * s.delta - chi * bal[0] * hxx)
+        dpy = dpy - (hyl + hyl * s.delta - chi * bal[1] * hyy)
+        s.zeta = where(alive, s.zeta - chi * (hxx - hyy) * length, s.zeta)
+    s.px = where(alive, s.px + dpx, s.px)
+    s.py = where(alive, s.py + dpy, s.py)
+
+
+def _cavity(s: _Coords, alive: Any, p: tuple[float, ...], constants: tuple[float, ...], xp: ModuleType) -> None:
+    """The RF cavity's energy kick, and the momentum-dependent factors it changes."""
+    beta0, p0c, charge0, chi, inv_beta0_sq, mratio_sq = constants
+    where = xp.where
+    volt, kfreq, lag = p
+    tau = s.zeta / (s.rvv * beta0)
+    phase = lag - kfreq * tau
+    de = chi * charge0 * volt * xp.sin(phase)
+    rep = xp.sqrt(s.delta * s.delta + 2.0 * s.delta + inv_beta0_sq) + de / p0c
+    irpp = xp.sqrt(rep * rep - mratio_sq)
+    beta = irpp / rep
+    s.delta = where(alive, irpp - 1.0, s.delta)
+    s.rpp = where(alive, 1.0 / irpp, s.rpp)
+    s.rvv = where(alive, beta / beta0, s.rvv)
+    s.zeta = where(alive, tau * beta, s.zeta)
 
 
 # ---------------------------------------------------------------------------------------------

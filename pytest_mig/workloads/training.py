@@ -48,22 +48,26 @@ tiny model of the same layout in fp32.
 
 from __future__ import annotations
 
-import gc
 import importlib.util
-import math
 import statistics
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from pytest_mig.measure import Metric, Timer, Timing, energy_metrics, percentile
 from pytest_mig.device.target import Target
-from pytest_mig.workloads import DoesNotFit, WorkloadError, batch_search, hf
+from pytest_mig.workloads import DoesNotFit, batch_search, hf
 from pytest_mig.workloads.batch_search import OOM_ERROR, BatchGrowth, BatchSearch, grow_batch, is_oom, max_batch_search
 from pytest_mig.workloads.hf import CONFIG_NAMES, CONFIGS, LORA, LoraSpec, ModelConfig
+from pytest_mig.workloads.training_plan import (LOGIT_BYTES, MEMORY_SHARE, MFU_FORMULA, OVERHEAD_BYTES,
+    MemoryEstimate, activation_bytes_per_token, check_fits, estimate_memory, lora_params, mfu_percent,
+    model_flops_per_token, usable_bytes)
+from pytest_mig.workloads.trainer import (ALPHABET, BETAS, DATA_POOL, GRAPH_WARMUP_STEPS, INITIAL_LOSS_TOLERANCE, LR,
+    LR_CPU, MAX_GRAD_NORM, MIN_LOSS_DROP, SEED, WEIGHT_DECAY, CycleTask, check_initial_loss, check_loss,
+    clip_gradients, optimizer_step, _Trainer, _release)
 
 MODES: tuple[str, ...] = ("full", "lora", "qlora")
 BATCH_POLICIES: tuple[str, ...] = ("fixed", "maxbatch")
@@ -94,429 +98,11 @@ EFFORT: dict[tuple[str, bool, str], Effort] = {
     ("cpu", True, "maxbatch"): Effort(warmup=1, repeats=6, max_batch=8, search_resolution=0.25),
 }
 
-#: Learning rates (constant, no schedule: the run is tens of steps).  On a GPU they keep the loss
-#: falling through the first few tens of steps for both configs (higher rates reach the
-#: next-token-frequency plateau within the warm-up, or diverge); the CPU-sized models learn at higher rates.
-LR = {"full": 3e-4, "lora": 5e-4, "qlora": 5e-4}
-LR_CPU = {"full": 3e-3, "lora": 3e-3, "qlora": 3e-3}
-WEIGHT_DECAY = 0.1
-BETAS = (0.9, 0.95)
-#: The gradients' global norm is clipped to this before each optimizer step (transformers' Trainer
-#: default).  Without it, Qwen2.5-1.5B's full fine-tune at the batch of 5 that a 40 GB slice holds
-#: diverged under torch.compile (the loss fell from 6.4 to 4.3, then rose: the last 3 of 10 measured
-#: steps averaged 7.25).
-MAX_GRAD_NORM = 1.0
-#: The loss must fall by this share between the first and the last third of the measured steps.
-MIN_LOSS_DROP = 0.05
-#: The first loss must lie within this share of ln(vocab): the model starts at chance.
-INITIAL_LOSS_TOLERANCE = 0.2
-#: Tokens of the hidden cycle the data follows (at most half the vocabulary).
-ALPHABET = 64
-#: Distinct batches cycled through the timed steps (made before timing: no data loading is timed).
-DATA_POOL = 4
 #: Modes whose fixed-batch steps on a GPU replay a CUDA graph of the whole step (:func:`uses_graph`).
 GRAPH_MODES: tuple[str, ...] = ("full", "lora", "qlora")
-#: Eager steps on a side stream before the step is captured (:meth:`_Trainer.graphed_step_fn`).
-GRAPH_WARMUP_STEPS = 3
-SEED = 20240611
-
-
-# --------------------------------------------------------------------------- memory planning
-
-#: Share of the Target's memory a case may plan to use, and what the CUDA context, cuBLAS
-#: workspaces and the allocator's rounding take besides (outside torch's own accounting).
-MEMORY_SHARE = 0.92
-OVERHEAD_BYTES = 768 * 2**20
-#: Bytes per token per vocabulary entry at the loss: under autocast the bf16 logits are cast to
-#: fp32 for the cross-entropy, whose log-probabilities are kept for backward, and backward makes
-#: an fp32 and a bf16 gradient; not all of them are live at once.
-LOGIT_BYTES = 12
-
-
-@dataclass(frozen=True)
-class MemoryEstimate:
-    """Bytes a training case needs, by part; what is checked against the budget before allocating."""
-
-    weights: float
-    gradients: float
-    optimizer: float
-    activations: float
-    logits: float
-
-    @property
-    def total(self) -> float:
-        return self.weights + self.gradients + self.optimizer + self.activations + self.logits
-
-    def to_dict(self) -> dict[str, float]:
-        parts = {"weights": self.weights, "gradients": self.gradients, "optimizer": self.optimizer,
-                 "activations": self.activations, "logits": self.logits, "total": self.total}
-        return {k: round(v / 1e9, 3) for k, v in parts.items()}
-
-
-def lora_params(cfg: ModelConfig, lora: LoraSpec = LORA) -> int:
-    """Adapter weights: rank x (in + out) for every projection of every block."""
-    return cfg.n_layers * sum(lora.rank * (i + o) for i, o in cfg.projections())
-
-
-def activation_bytes_per_token(cfg: ModelConfig, mode: str, *, cpu: bool = False) -> float:
-    """Bytes one token's activations keep for backward, over all layers.
-
-    Per layer, the tensors autograd saves: the two norm inputs (the residual stream, fp32 under
-    autocast with fp32 weights) and their fp32 statistics, the bf16 inputs of the projections,
-    q, k and v (and, with RoPE, their rotated copies), the attention output and the output
-    projection's input, and the MLP's hidden activations (GPT-2's GELU: its input, output and the
-    intermediates of transformers' elementwise tanh approximation; SwiGLU: gate and up outputs, the
-    activated gate and their product).  With LoRA each adapter keeps its
-    rank-r intermediate.  QLoRA runs with gradient checkpointing (``prepare_model_for_kbit_training``):
-    only each layer's fp32 input is kept, and one layer's activations are rebuilt at a time.  On
-    the CPU everything is fp32.
-    """
-    d, ff = cfg.d_model, cfg.d_ff
-    a = 4 if cpu else 2  # bytes per activation element
-    per_layer = 2 * 4 * d + 2 * a * d  # norm inputs (fp32); projection inputs
-    per_layer += a * cfg.qkv_dim + (a * (d + cfg.kv_dim) if cfg.layout == "qwen2" else 0)
-    per_layer += 2 * a * d  # attention output and the output projection's input
-    # MLP.  GPT-2's tanh GELU is a chain of elementwise ops in transformers, each saving its input:
-    # on the H100 a GPT-2 step at batch 48 x 1024 held 20.7 GB more than two ff-wide tensors per
-    # layer explain, about six more.  SwiGLU: gate and up outputs, the activated gate, their product.
-    per_layer += a * (8 * ff if cfg.layout == "gpt2" else 4 * ff)
-    if mode in ("lora", "qlora"):  # each adapter keeps its rank-r intermediate
-        per_layer += a * LORA.rank * len(cfg.projections())
-    if mode == "qlora":  # checkpointed: every layer's input, plus one layer rebuilt for its backward
-        return float(cfg.n_layers * 4 * d + per_layer)
-    return float(cfg.n_layers * per_layer)
-
-
-def estimate_memory(cfg: ModelConfig, mode: str, batch: int, *, cpu: bool = False) -> MemoryEstimate:
-    """What a step of ``batch`` sequences needs at its peak (weights resident, optimizer state built)."""
-    n_all = cfg.param_count()
-    n_proj = cfg.matmul_params() - cfg.vocab * cfg.d_model  # block projections
-    tokens = batch * cfg.seq_len
-    if mode == "full":
-        # fp32 master weights, fp32 gradients, AdamW's two moments, and autocast's bf16 weight copies.
-        weights = 4.0 * n_all + (0 if cpu else 2.0 * cfg.matmul_params())
-        grads, optim = 4.0 * n_all, 8.0 * n_all
-    else:
-        n_lora = lora_params(cfg)
-        if mode == "qlora":
-            # NF4 projections (half a byte per weight plus block scales) and one dequantised weight;
-            # prepare_model_for_kbit_training casts every other weight (embedding, norms) to fp32.
-            largest = max(i * o for i, o in cfg.projections())
-            base = (n_all - n_proj) * 4.0 + n_proj * (0.5 + 4 / 64) + 2.0 * largest
-        else:
-            base = n_all * (4.0 if cpu else 2.0)
-        weights = base + 4.0 * n_lora
-        grads, optim = 4.0 * n_lora, 8.0 * n_lora
-    acts = tokens * activation_bytes_per_token(cfg, mode, cpu=cpu)
-    logits = float(tokens * cfg.vocab * LOGIT_BYTES)
-    return MemoryEstimate(weights, grads, optim, acts, logits)
-
-
-def usable_bytes(budget: int) -> float:
-    """What a case may plan to use of a Target's memory budget."""
-    return MEMORY_SHARE * budget - OVERHEAD_BYTES
-
-
-def check_fits(cfg: ModelConfig, mode: str, batch: int, budget: int, *, cpu: bool = False) -> MemoryEstimate:
-    """Raise DoesNotFit, with the estimate and the budget, where ``batch`` sequences cannot fit."""
-    est = estimate_memory(cfg, mode, batch, cpu=cpu)
-    room = usable_bytes(budget)
-    if est.total > room:
-        parts = ", ".join(f"{k} {v:.1f}" for k, v in est.to_dict().items() if k != "total")
-        raise DoesNotFit(f"{cfg.name} {mode} fine-tune at batch {batch} x {cfg.seq_len} needs about "
-                         f"{est.total / 1e9:.1f} GB ({parts} GB) but this Target has {budget / 2**30:.1f} GiB "
-                         f"(about {max(room, 0) / 1e9:.1f} GB usable)")
-    return est
-
-
-# --------------------------------------------------------------------------- FLOPs and MFU
-
-
-def model_flops_per_token(cfg: ModelConfig, mode: str, *, lora: LoraSpec = LORA) -> float:
-    """Model FLOPs of one training token (forward and backward), the numerator of MFU.
-
-    Full: ``6 N + 12 L d T`` with N the matmul weights (blocks and LM head).  LoRA/QLoRA: frozen
-    weights need no weight gradient, so ``4 N + 6 N_lora + 12 L d T``.
-    """
-    n = cfg.matmul_params()
-    attention = 12.0 * cfg.n_layers * cfg.d_model * cfg.seq_len
-    if mode == "full":
-        return 6.0 * n + attention
-    return 4.0 * n + 6.0 * lora_params(cfg, lora) + attention
-
-
-MFU_FORMULA = "6 N + 12 L d T FLOPs per token (LoRA: 4 N + 6 N_lora + 12 L d T); N = matmul weights incl. LM head"
-
-
-def mfu_percent(tokens_per_s: float, flops_per_token: float, peak_tflops: float) -> float:
-    """Model FLOPs utilisation in percent of the peak."""
-    return 100.0 * tokens_per_s * flops_per_token / (peak_tflops * 1e12)
-
-
-# --------------------------------------------------------------------------- data
-
-
-class CycleTask:
-    """Sequences that walk a hidden cycle over ``alphabet`` tokens of the vocabulary.
-
-    Every token is followed by its successor on the cycle, so the next token is a function of the
-    current one: chance loss is ln(vocab), the floor is zero, and a model that trains at all
-    learns it within a few steps.  Batches start at random points of the cycle.
-    """
-
-    def __init__(self, vocab: int, seq_len: int, device: str, *, alphabet: int | None = None, seed: int = SEED) -> None:
-        self.gen = torch.Generator(device="cpu")
-        self.gen.manual_seed(seed)
-        self.alphabet = max(2, min(ALPHABET if alphabet is None else alphabet, vocab // 2))
-        self.cycle = torch.randperm(vocab, generator=self.gen)[: self.alphabet].to(device)
-        self.seq_len = seq_len
-        self.device = device
-
-    def batch(self, n: int) -> torch.Tensor:
-        """(n, T) token ids, int64 on the device: inputs, and labels (the model shifts them itself)."""
-        starts = torch.randint(self.alphabet, (n, 1), generator=self.gen).to(self.device)
-        pos = (starts + torch.arange(self.seq_len, device=self.device)) % self.alphabet
-        return self.cycle[pos].contiguous()
 
 
 # --------------------------------------------------------------------------- the run
-
-
-def check_loss(losses: list[float], *, min_drop: float = MIN_LOSS_DROP) -> float:
-    """Relative drop of the loss from the first third of the measured steps to the last third.
-
-    Raises WorkloadError where a loss is not finite or the drop is below ``min_drop``.
-    """
-    if len(losses) < 3:
-        raise ValueError(f"need at least 3 measured losses to judge training, got {len(losses)}")
-    if not all(math.isfinite(x) for x in losses):
-        raise WorkloadError(f"training produced a non-finite loss: {[round(x, 4) for x in losses]}")
-    third = max(1, len(losses) // 3)
-    first, last = statistics.fmean(losses[:third]), statistics.fmean(losses[-third:])
-    drop = (first - last) / first if first > 0 else float("nan")
-    if not (drop >= min_drop):
-        raise WorkloadError(f"the loss did not fall over the {len(losses)} measured steps "
-                            f"({first:.4f} -> {last:.4f}, {100 * drop:.1f}% where at least {100 * min_drop:.0f}% "
-                            f"is expected): the model or the optimizer is not training")
-    return drop
-
-
-def check_initial_loss(loss: float, vocab: int, *, tolerance: float = INITIAL_LOSS_TOLERANCE) -> None:
-    """The untrained model must predict at chance: its loss near ln(vocab)."""
-    chance = math.log(vocab)
-    if not (abs(loss - chance) <= tolerance * chance):
-        raise WorkloadError(f"the loss of the untrained model is {loss:.4f} where chance is ln({vocab}) = {chance:.4f}: "
-                            "the loss or the forward pass is wrong")
-
-
-def clip_gradients(params: list[torch.nn.Parameter], opt: torch.optim.Optimizer, max_grad_norm: float | None, *,
-                   fused: bool) -> None:
-    """Clip the gradients' global norm to ``max_grad_norm``, as ``clip_grad_norm_`` does, with no host sync
-    (None: no clip).  Every trainer here calls it between backward and the optimizer step, the DDP ranks too.
-
-    With fused AdamW the scaling is left to the optimizer's kernel: it divides every gradient by
-    its ``grad_scale`` tensor (what ``GradScaler`` sets to unscale fp16 gradients), so the clip
-    costs one read of the gradients for the norm.  ``clip_grad_norm_`` reads them twice more and
-    writes them once to scale them (it cost a Qwen2.5-1.5B step at batch 12 on an H100 3.5% on one
-    board and 0.6% on another; docs/benchmarks.md).
-    """
-    if max_grad_norm is None:
-        opt.grad_scale = None  # type: ignore[attr-defined]  # no scale left from an earlier step
-        return
-    if not fused:
-        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-        return
-    norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-    coef = torch.clamp(max_grad_norm / (norm.float() + 1e-6), max=1.0)  # clip_grad_norm_'s coefficient
-    opt.grad_scale = 1.0 / coef  # type: ignore[attr-defined]
-
-
-def optimizer_step(model: Callable[..., Any], opt: torch.optim.Optimizer, tokens: torch.Tensor, *, amp: bool,
-                   clip: Callable[[], None], autocast_cache: bool = True) -> torch.Tensor:
-    """One training step as every trainer here takes it, the DDP ranks too: the gradients zeroed, the
-    forward under bf16 autocast (``amp``), backward, ``clip()`` (:func:`clip_gradients`), the optimizer
-    step.  Returns the loss, detached, with no host sync.  ``autocast_cache`` False: autocast casts a
-    weight at each use instead of once per step (what a step captured in a CUDA graph needs)."""
-    opt.zero_grad(set_to_none=True)
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp, cache_enabled=autocast_cache):
-        loss = model(input_ids=tokens, labels=tokens).loss
-    loss.backward()
-    clip()
-    opt.step()
-    return loss.detach()
-
-
-class _Trainer:
-    """A transformers model (with peft adapters for LoRA/QLoRA), its optimizer, the task, one step."""
-
-    def __init__(self, cfg: ModelConfig, mode: str, device: str, *, fused: bool | None = None) -> None:
-        self.cfg, self.mode, self.device = cfg, mode, device
-        cuda = device.startswith("cuda")
-        self.fused = cuda if fused is None else fused  # fused AdamW on a GPU (one kernel for every tensor)
-        self.amp = cuda  # bf16 autocast on a GPU; fp32 on the CPU
-        if mode == "qlora":
-            model = hf.build_qlora(cfg, device, seed=SEED)
-            gc.collect()
-            torch.cuda.empty_cache()
-        else:
-            base_dtype = torch.bfloat16 if (cuda and mode == "lora") else torch.float32
-            model = hf.build_model(cfg, device, base_dtype, seed=SEED)
-            if mode == "lora":
-                model = hf.add_lora(model, cfg)
-        model.train()
-        self.trainable = hf.trainable_count(model)
-        self.gradient_checkpointing = hf.checkpointing(model)
-        self.model = model
-        self.step_model: Callable[..., Any] = model
-        params = [p for p in model.parameters() if p.requires_grad]
-        self.params = params
-        self.max_grad_norm: float | None = MAX_GRAD_NORM
-        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": WEIGHT_DECAY},
-                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-        self.lr = (LR if cuda else LR_CPU)[mode]
-        self.opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=self.lr, betas=BETAS,
-                                     **({"fused": True} if self.fused else {}))
-        self.task = CycleTask(cfg.vocab, cfg.seq_len, device)
-        self.losses: list[torch.Tensor] = []
-        self.first_loss: float | None = None
-        self._graph: torch.cuda.CUDAGraph | None = None  # the captured step of graphed_step_fn
-
-    def step(self, tokens: torch.Tensor, *, autocast_cache: bool = True) -> torch.Tensor:
-        loss = optimizer_step(self.step_model, self.opt, tokens, amp=self.amp, clip=self.clip_gradients,
-                              autocast_cache=autocast_cache)
-        if self.first_loss is None:
-            self.first_loss = float(loss)
-        return loss
-
-    def clip_gradients(self) -> None:
-        """Clip the gradients' global norm to ``max_grad_norm`` (:func:`clip_gradients`)."""
-        clip_gradients(self.params, self.opt, self.max_grad_norm, fused=self.fused)
-
-    def compile(self) -> None:
-        """Run the model through torch.compile from the next step on, a static graph for each batch size
-        (``dynamic=False``: a second size compiles its own graph).  A symbolic batch, one graph for
-        every size, was measured on an H100 and not taken: compiled GPT-2 small's step held 18% more
-        memory per sequence, so its largest batch fell from 126 to 107 and its tokens/s by 2.9%, and
-        the first night's compilation took longer, not shorter (docs/benchmarks.md, "The night's time").
-        """
-        self.step_model = torch.compile(self.model, dynamic=False)
-
-    def uncompile(self) -> None:
-        """Eager steps again (a remembered compiled batch that no longer fits: the search runs eager)."""
-        self.step_model = self.model
-
-    def set_lr(self, lr: float) -> None:
-        for g in self.opt.param_groups:
-            g["lr"] = lr
-
-    def probe(self, batch: int, limit_bytes: float | None = None, *, steps: int = 1) -> None:
-        """``steps`` steps at ``batch`` with the learning rate at zero: memory as in training, weights unchanged.
-
-        On a GPU a probe whose peak reserved memory exceeds ``limit_bytes`` counts as out of memory:
-        a batch that fills the device to the last byte fails later, on a fragmented cache.
-        """
-        cuda = self.device.startswith("cuda")
-        if cuda:
-            _release(self.device)
-            torch.cuda.reset_peak_memory_stats()
-        tokens = self.task.batch(batch)
-        self.set_lr(0.0)
-        try:
-            for _ in range(steps):
-                self.step(tokens)
-            if cuda:
-                torch.cuda.synchronize()
-        finally:
-            self.set_lr(self.lr)
-            self.opt.zero_grad(set_to_none=True)
-        if cuda and limit_bytes is not None:
-            reserved = torch.cuda.max_memory_reserved()
-            if reserved > limit_bytes:
-                raise OOM_ERROR(f"batch {batch} reserved {reserved / 1e9:.1f} GB, over the "
-                                 f"{limit_bytes / 1e9:.1f} GB a step may fill")
-
-    def reset_moments(self) -> None:
-        """AdamW's state as a fresh optimizer makes it (zero moments, step 0), zeroed where it lies:
-        the measured run's memory stays laid out as the probes' was (a state made anew among the
-        first step's freed blocks fragmented GPT-2's compiled batch of 126 into running out of memory)."""
-        with torch.no_grad():
-            for state in self.opt.state.values():
-                for value in state.values():
-                    if isinstance(value, torch.Tensor):
-                        value.zero_()
-
-    def after_oom(self) -> None:
-        """After a probe ran out of memory: its gradients dropped and the allocator's cache emptied."""
-        self.opt.zero_grad(set_to_none=True)
-        _release(self.device)
-
-    def timed_step_fn(self, batch: int, *, graph: bool = False) -> Callable[[], None]:
-        """One training step per call over :data:`DATA_POOL` batches made here, its loss kept in
-        ``losses`` with no host sync; ``graph``: the whole step replayed as one CUDA graph
-        (:meth:`graphed_step_fn`)."""
-        pool = [self.task.batch(batch) for _ in range(DATA_POOL)]
-        if graph:
-            return self.graphed_step_fn(pool)
-        counter = [0]
-
-        def step() -> None:
-            tokens = pool[counter[0] % len(pool)]
-            counter[0] += 1
-            self.losses.append(self.step(tokens))  # no host sync inside the timed step
-
-        return step
-
-    def graphed_step_fn(self, pool: list[torch.Tensor]) -> Callable[[], None]:
-        """The whole training step (gradients zeroed, forward, backward, clip, fused AdamW) captured
-        once in a CUDA graph; each call copies the next batch of ``pool`` into the graph's input,
-        replays it and keeps a copy of its loss.
-
-        A small batch's eager step is bound by the host: on a whole H100 Qwen2.5-1.5B's LoRA step
-        at batch 2 took 0.15-0.19 s eager and 0.045 s replayed, so the eager tokens/s measured the
-        host's Python and moved by 5-17% between runs (docs/benchmarks.md, "Fixed-batch training:
-        the step as one CUDA graph").  Replayed, the step is the GPU's work alone.  Before the capture,
-        :data:`GRAPH_WARMUP_STEPS` eager steps run on the capture stream (what capture needs: the
-        optimizer's state, cuBLAS's workspaces and autograd's streams are made there); they train.
-        The capture stream is a new one where the current stream is the legacy default stream (which
-        cannot capture), else the current stream itself: under emulation that is the green context's
-        own stream, where a new stream could be the whole GPU's (:mod:`..emulation`).
-        """
-        static = pool[0].clone()
-        current = torch.cuda.current_stream()
-        side = torch.cuda.Stream() if current == torch.cuda.default_stream() else current
-        side.wait_stream(current)
-        with torch.cuda.stream(side):
-            for i in range(GRAPH_WARMUP_STEPS):
-                static.copy_(pool[i % len(pool)])
-                self.losses.append(self.step(static, autocast_cache=False))
-        current.wait_stream(side)
-        for group in self.opt.param_groups:  # fused AdamW keeps its step count on the GPU already
-            group["capturable"] = True
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
-            loss = self.step(static, autocast_cache=False)
-        counter = [GRAPH_WARMUP_STEPS]
-
-        def step() -> None:
-            static.copy_(pool[counter[0] % len(pool)])
-            counter[0] += 1
-            graph.replay()
-            self.losses.append(loss.clone())  # the graph's loss is overwritten by the next replay
-
-        self._graph = graph  # kept alive (and released in close) with the trainer
-        return step
-
-    def close(self) -> None:
-        self.opt.zero_grad(set_to_none=True)
-        self._graph = None
-        del self.opt, self.model, self.step_model, self.losses, self.params
-
-
-def _release(device: str) -> None:
-    gc.collect()
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
 
 
 def resolve_config(config: str, target: Target) -> ModelConfig:
@@ -603,32 +189,9 @@ def run_training(
                 raise
             out_of_memory = str(exc).split("\n")[0][:300]
         if out_of_memory is not None:  # raised here, where the failed step's tensors are gone
-            raise DoesNotFit(f"{cfg.name} {mode} fine-tune ran out of memory on this Target ({budget / 2**30:.1f} GiB; "
-                             f"{estimate.total / 1e9:.1f} GB estimated for the smallest batch; if this case ran here "
-                             f"before, its memory use grew): {out_of_memory}")
+            raise _out_of_memory(cfg, mode, budget, estimate, out_of_memory)
         assert trainer is not None and trainer.first_loss is not None
-        check_initial_loss(trainer.first_loss, cfg.vocab)
-        measured = run.losses
-        drop = check_loss(measured)
-        info: dict[str, Any] = {
-            "config": cfg.name, "mode": mode, "batch_policy": batch, "batch": run.batch, "seq_len": cfg.seq_len,
-            "tokens_per_step": run.batch * cfg.seq_len, "layers": cfg.n_layers, "d_model": cfg.d_model,
-            "vocab": cfg.vocab, "params": cfg.param_count(), "trainable_params": trainer.trainable,
-            "precision": "fp32" if target.is_cpu else "bf16 autocast", "compiled": compile_model,
-            "cuda_graph": uses_graph(device, mode, batch, compile_model),
-            "initial_loss": round(trainer.first_loss, 4), "loss_first": round(measured[0], 4),
-            "loss_last": round(measured[-1], 4), "loss_drop": round(drop, 4), "steps": len(measured),
-            "warmup": effort.warmup, "lr": trainer.lr, "engine": _engine_versions(mode),
-            "attention": "SDPA, is_causal, no mask tensor", "gradient_checkpointing": trainer.gradient_checkpointing,
-            "phases_s": run.phases_s,
-        }
-        if compile_model:  # graphs dynamo compiled for this case: a first night's growth compiles a second batch
-            info["compiled_graphs"] = _compiled_graphs() - graphs
-        if mode != "full":
-            info["lora_rank"] = LORA.rank
-            info["lora_targets"] = list(hf.LORA_TARGETS[cfg.layout])
-        if mode == "qlora":
-            info["quantization"] = "bitsandbytes NF4, bf16 compute"
+        info = _checked_info(trainer, target, run, batch, effort, compile_model, graphs)
         trainable = trainer.trainable
     finally:
         if trainer is not None:
@@ -636,6 +199,43 @@ def run_training(
         del trainer
         _release(device)
     return _metrics(target, cfg, mode, run, info, trainable)
+
+
+def _out_of_memory(cfg: ModelConfig, mode: str, budget: int, estimate: MemoryEstimate, error: str) -> DoesNotFit:
+    """The skip of a case that ran out of memory, with the budget, the estimate and the error's first line."""
+    return DoesNotFit(f"{cfg.name} {mode} fine-tune ran out of memory on this Target ({budget / 2**30:.1f} GiB; "
+                      f"{estimate.total / 1e9:.1f} GB estimated for the smallest batch; if this case ran here "
+                      f"before, its memory use grew): {error}")
+
+
+def _checked_info(trainer: _Trainer, target: Target, run: _Run, batch: str, effort: Effort, compile_model: bool,
+                  graphs: int) -> dict[str, Any]:
+    """Check that the model started at chance and learned (WorkloadError otherwise); the run's info."""
+    cfg, mode, device = trainer.cfg, trainer.mode, target.device
+    assert trainer.first_loss is not None
+    check_initial_loss(trainer.first_loss, cfg.vocab)
+    measured = run.losses
+    drop = check_loss(measured)
+    info: dict[str, Any] = {
+        "config": cfg.name, "mode": mode, "batch_policy": batch, "batch": run.batch, "seq_len": cfg.seq_len,
+        "tokens_per_step": run.batch * cfg.seq_len, "layers": cfg.n_layers, "d_model": cfg.d_model,
+        "vocab": cfg.vocab, "params": cfg.param_count(), "trainable_params": trainer.trainable,
+        "precision": "fp32" if target.is_cpu else "bf16 autocast", "compiled": compile_model,
+        "cuda_graph": uses_graph(device, mode, batch, compile_model),
+        "initial_loss": round(trainer.first_loss, 4), "loss_first": round(measured[0], 4),
+        "loss_last": round(measured[-1], 4), "loss_drop": round(drop, 4), "steps": len(measured),
+        "warmup": effort.warmup, "lr": trainer.lr, "engine": _engine_versions(mode),
+        "attention": "SDPA, is_causal, no mask tensor", "gradient_checkpointing": trainer.gradient_checkpointing,
+        "phases_s": run.phases_s,
+    }
+    if compile_model:  # graphs dynamo compiled for this case: a first night's growth compiles a second batch
+        info["compiled_graphs"] = _compiled_graphs() - graphs
+    if mode != "full":
+        info["lora_rank"] = LORA.rank
+        info["lora_targets"] = list(hf.LORA_TARGETS[cfg.layout])
+    if mode == "qlora":
+        info["quantization"] = "bitsandbytes NF4, bf16 compute"
+    return info
 
 
 def _compiled_graphs() -> int:
@@ -845,19 +445,36 @@ def _metrics(target: Target, cfg: ModelConfig, mode: str, run: _Run, info: dict[
 
 
 __all__ = [
+    "ALPHABET",
     "BATCH_POLICIES",
+    "BETAS",
     "CONFIGS",
     "CONFIG_NAMES",
+    "DATA_POOL",
+    "GRAPH_WARMUP_STEPS",
+    "INITIAL_LOSS_TOLERANCE",
+    "LOGIT_BYTES",
+    "LR",
+    "LR_CPU",
+    "MAX_GRAD_NORM",
+    "MEMORY_SHARE",
+    "MFU_FORMULA",
+    "MIN_LOSS_DROP",
     "MODES",
+    "OVERHEAD_BYTES",
+    "SEED",
+    "WEIGHT_DECAY",
     "BatchGrowth",
     "BatchSearch",
     "CycleTask",
     "LoraSpec",
     "MemoryEstimate",
     "ModelConfig",
+    "activation_bytes_per_token",
     "check_fits",
     "check_initial_loss",
     "check_loss",
+    "clip_gradients",
     "estimate_memory",
     "grow_batch",
     "is_oom",
@@ -866,5 +483,7 @@ __all__ = [
     "measured_losses",
     "mfu_percent",
     "model_flops_per_token",
+    "optimizer_step",
     "run_training",
+    "usable_bytes",
 ]
