@@ -8,6 +8,7 @@ reports in report.py.  Precedence of settings: marker > command line > environme
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import re
@@ -57,6 +58,7 @@ from pytest_mig.device.target import Options, Plan, SelectionError, Target, pin,
 from pytest_mig.common.text import SHOWN, printable, quoted
 from pytest_mig.night.window import window_arg
 from pytest_mig.workloads import DoesNotFit
+from pytest_mig.workloads.caches import Caches
 
 HELP_PROFILE = ("MIG profile to pin the run to: 1g.10gb, 1g.10gb+me, 1c.3g.40gb, ..., 'full' (a whole GPU with MIG "
                 "off) or 'all' (every profile of this GPU, with --mig-emulate). Env: PYTEST_MIG_PROFILE.")
@@ -128,7 +130,7 @@ class RunState:
     saved: bool = False  # this run's figures were added to the baseline history
     durations: dict[str, float] = field(default_factory=dict)  # node id -> seconds (setup, call, teardown)
     progress: Any = None  # night.Progress of the run's tests
-    compile_cache: Path | None = None  # Inductor's and Triton's caches for this stack (night.compile_caches)
+    caches: Caches | None = None  # this stack's cache folders, for the header and the workloads (night.compile_caches)
     window: Any = None  # window.Guard of --mig-window
     last_runs: tuple[dict[str, float], dict[str, float]] | None = None  # night.last_runs, read once per run
     sigterm: Any = None  # checkpoint.SigtermStop: SIGTERM stops the run as Ctrl-C does (from the first benchmark)
@@ -193,6 +195,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="also draw the scaling checks against ideal to this image (.png, .svg, .pdf; needs matplotlib).")
     g.addoption("--mig-scaling-basis", dest="mig_scaling_basis", choices=("slices", "sms", "memory"),
                 default="slices", help=HELP_SCALING_BASIS)
+    # Given by node mode's runner to each worker (night/node.run_workers), not by a user: hidden from --help.
+    g.addoption("--mig-node-worker", dest="mig_node_worker", type=int, default=None, help=argparse.SUPPRESS)
+    g.addoption("--mig-nights", dest="mig_nights", default=None, help=argparse.SUPPRESS)
     parser.addini("mig_profile", HELP_PROFILE, default=None)
     parser.addini("mig_require_gpu", HELP_REQUIRE_GPU, default="")  # read by _ini_bool, to name the option
     parser.addini("mig_baseline_dir", HELP_BASELINE_DIR, default="baselines")
@@ -307,8 +312,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     from pytest_mig.night.nights import compile_caches
 
     try:
-        state.compile_cache = compile_caches(baseline_dir(session.config), state.fingerprint,  # before anything compiles
-                                             references=state.references.root if state.references is not None else None)
+        state.caches = compile_caches(baseline_dir(session.config), state.fingerprint,  # before anything compiles
+                                      references=state.references.root if state.references is not None else None)
     except FileProblem as exc:
         raise pytest.UsageError(f"{exc}.") from None
     from pytest_mig.device.health import Reader, Watch
@@ -385,8 +390,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     slow = config.getoption("mig_slowdown_sms")
     if state.health is not None:
         lines.extend(f"pytest-mig: {line}" for line in state.health.header())
-    if state.compile_cache is not None:
-        lines.append(f"pytest-mig: compile cache: {state.compile_cache} (Inductor, Triton and OpenMM, this software "
+    if state.caches is not None and state.caches.stack is not None:
+        lines.append(f"pytest-mig: compile cache: {state.caches.stack} (Inductor, Triton and OpenMM, this software "
                      f"stack's: a second night compiles nothing the first did)")
     if slow:
         lines.append(f"pytest-mig: SLOWED ON PURPOSE: every test runs on {slow} of the GPU's {t.sms} SMs (a green "
@@ -482,13 +487,12 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def _last_runs(config: pytest.Config, state: RunState) -> tuple[dict[str, float], dict[str, float]]:
     """Each test's seconds (the median of its last three runs) and when it last ran, on this Target and
     mode (night.last_runs), from this run's results folder, or the node's for a node-mode worker
-    (window.NIGHTS_ENV); read once."""
+    (``--mig-nights``, given by the node's runner); read once."""
     if state.last_runs is None:
         from pytest_mig.night.nights import last_runs
-        from pytest_mig.night.window import NIGHTS_ENV
 
         current = state.checkpoint.path if state.checkpoint is not None else None
-        folder = os.environ.get(NIGHTS_ENV) or (current.parent if current is not None else None)
+        folder = config.getoption("mig_nights") or (current.parent if current is not None else None)
         passed_over: list[str] = []
         state.last_runs = last_runs(Path(folder) if folder else None, current, _where(config, state), passed_over)
         state.messages.extend(f"earlier results passed over (their times are not used): {why}"
@@ -641,7 +645,8 @@ def mig_bench(request: pytest.FixtureRequest, benchmark: Any, mig_device: Target
         state.records.append(rec)
 
     bench = MigBench(benchmark, mig_device, telemetry, sink, quick=mode == "quick", su=state.su,
-                     allocation=state.allocation, read_link=state.board.pcie if state.board is not None else None)
+                     allocation=state.allocation, read_link=state.board.pcie if state.board is not None else None,
+                     caches=state.caches)
     item.stash[BENCH] = bench
     return bench
 
