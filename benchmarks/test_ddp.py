@@ -28,9 +28,9 @@ def allocated_gpus(plan: Plan, model: str | None) -> list[str]:
 
 
 @pytest.mark.filterwarnings("ignore::pytest_benchmark.logger.PytestBenchmarkWarning")  # timed in its ranks
-def test_ddp_scaling(mig_bench: MigBench, mig_plan: Plan, tmp_path) -> None:
+def test_ddp_scaling(mig_bench: MigBench, mig_plan: Plan, tmp_path, pytestconfig: pytest.Config) -> None:
     t = mig_bench.target
-    if t.is_cpu or t.kind != "full" or os.environ.get("PYTEST_MIG_NODE_WORKER"):
+    if t.is_cpu or t.kind != "full" or pytestconfig.getoption("mig_node_worker") is not None:
         pytest.skip("DDP scaling trains on whole GPUs of this job: not on the CPU, a MIG slice, an emulated "
                     "profile, or inside --mig-device all (whose workers hold every GPU)")
     gpus = allocated_gpus(mig_plan, t.gpu_name)

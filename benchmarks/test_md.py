@@ -49,7 +49,8 @@ def test_openmm(mig_bench: MigBench, case: Case) -> None:
     if mig_bench.quick and not case.in_quick:
         pytest.skip(f"{case.id} is not run in quick mode (--mig-quick runs the DHFR-size box at mixed precision)")
     metrics = mig_bench.record_all(run_openmm(mig_bench.target, system=case.system, precision=case.precision,
-                                              quick=mig_bench.quick, telemetry=mig_bench.timer.telemetry))
+                                              quick=mig_bench.quick, telemetry=mig_bench.timer.telemetry,
+                                              caches=mig_bench.caches))
     rate = next(m for m in metrics if m.name == "ns_per_day")
     assert rate.value > 0 and rate.samples
     mig_bench.cost(rate.value / 86400.0, "ns", rate_samples=[r / 86400.0 for r in rate.samples], unit_count=1)

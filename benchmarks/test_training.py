@@ -73,7 +73,7 @@ def test_training(mig_bench: MigBench, case: Case) -> None:
         pytest.skip(f"{case.id} is not run in quick mode (--mig-quick trains GPT-2-small's lighter cases only)")
     metrics = mig_bench.record_all(run_training(mig_bench.target, mig_bench.timer, config=case.config, mode=case.mode,
                                                 batch=case.batch, quick=mig_bench.quick,
-                                                compile_model=case.compiled))
+                                                compile_model=case.compiled, caches=mig_bench.caches))
     tokens = next(m for m in metrics if m.name == "tokens_per_s")
     assert tokens.value > 0 and tokens.samples
     mig_bench.cost(tokens.value, "token", rate_samples=tokens.samples, unit_count=1e6)

@@ -29,6 +29,7 @@ def rounds_iterations(seconds_per_call: float, min_round_s: float = MIN_ROUND_S)
         return 1
     return max(1, min(MAX_ITERATIONS, math.ceil(min_round_s / seconds_per_call)))
 from pytest_mig.device.target import Target
+from pytest_mig.workloads.caches import Caches
 
 
 def drop_failed_test() -> bool:
@@ -95,6 +96,7 @@ class MigBench:
         su: SUCoefficients = WULVER,
         allocation: tuple[float, float] = (1.0, 4.0),
         read_link: Callable[[], dict[str, int] | None] | None = None,
+        caches: Caches | None = None,
     ) -> None:
         self.benchmark = benchmark
         self.read_link = read_link  # the board's PCIe link now (gen, width, max_gen, max_width), or None
@@ -102,6 +104,10 @@ class MigBench:
         self.quick = quick
         self.su = su
         self.allocation = allocation  # (CPUs, RAM GB) billed with the GPU slice
+        #: Where the workloads keep what they found from one night to the next (batches, built
+        #: systems); a benchmark passes it on (``run_training(..., caches=mig_bench.caches)``).
+        #: None keeps nothing.
+        self.caches = caches
         self.timer = BenchTimer(benchmark, target.device, telemetry)
         self.metrics: list[Metric] = []
         self._sink = sink

@@ -7,6 +7,8 @@ Precedence of a setting: marker > command line > environment > ini.
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 from pytest_mig.night.window import window_arg
@@ -97,6 +99,9 @@ def add_options(parser: pytest.Parser) -> None:
                 help="also draw the scaling checks against ideal to this image (.png, .svg, .pdf; needs matplotlib).")
     g.addoption("--mig-scaling-basis", dest="mig_scaling_basis", choices=("slices", "sms", "memory"),
                 default="slices", help=HELP_SCALING_BASIS)
+    # Given by node mode's runner to each worker (night/node.run_workers), not by a user: hidden from --help.
+    g.addoption("--mig-node-worker", dest="mig_node_worker", type=int, default=None, help=argparse.SUPPRESS)
+    g.addoption("--mig-nights", dest="mig_nights", default=None, help=argparse.SUPPRESS)
     parser.addini("mig_profile", HELP_PROFILE, default=None)
     parser.addini("mig_require_gpu", HELP_REQUIRE_GPU, default="")  # read by _ini_bool, to name the option
     parser.addini("mig_baseline_dir", HELP_BASELINE_DIR, default="baselines")

@@ -42,6 +42,7 @@ from pytest_mig.store.baselines import BaselineError, BaselineStore
 from pytest_mig.store.checkpoint import Checkpoint, SigtermStop
 from pytest_mig.store.results import ResultRecord, ResultsFileError, default_results_path
 from pytest_mig.workloads import preload
+from pytest_mig.workloads.caches import Caches
 
 #: Seconds of back-to-back work over which board energy is read after each timing (normal, quick):
 #: many ticks of the energy counter (tens of milliseconds apart; the power is read between the
@@ -87,7 +88,7 @@ class MigSession:
         self.emulator: Any = None  # emulation.Emulator
         self.health: Any = None  # health.Watch of the device (None on the CPU or without NVML)
         self.checkpoint: Checkpoint | None = None  # the results file, written as the run goes
-        self.compile_cache: Path | None = None  # the software stack's cache folder (night.nights.compile_caches)
+        self.caches: Caches | None = None  # this stack's cache folders, for the header and the workloads
         self.window: Any = None  # night.window.Guard of --mig-window
         self.progress: Any = None  # night.nights.Progress of the run's tests
         self.sigterm: SigtermStop | None = None  # SIGTERM stops the run as Ctrl-C does, from the first benchmark
@@ -147,7 +148,7 @@ class MigSession:
 
         refs = self.references.root if self.references is not None else None
         try:  # before anything compiles
-            self.compile_cache = compile_caches(self.settings.baseline_dir, self.fingerprint, references=refs)
+            self.caches = compile_caches(self.settings.baseline_dir, self.fingerprint, references=refs)
         except FileProblem as exc:
             raise pytest.UsageError(f"{exc}.") from None
 
@@ -220,8 +221,8 @@ class MigSession:
         lines += judged_against(self.plan.targets, self.store, self.references, self.settings.mode)
         if self.health is not None:
             lines += self.health.header()
-        if self.compile_cache is not None:
-            lines.append(f"compile cache: {self.compile_cache} (Inductor, Triton and OpenMM, this software stack's: "
+        if self.caches is not None and self.caches.stack is not None:
+            lines.append(f"compile cache: {self.caches.stack} (Inductor, Triton and OpenMM, this software stack's: "
                          f"a second night compiles nothing the first did)")
         slow = self.settings.slowdown_sms
         if slow:
@@ -292,13 +293,12 @@ class MigSession:
     def last_runs(self) -> tuple[dict[str, float], dict[str, float]]:
         """Each test's seconds (the median of its last three runs) and when it last ran, on this Target
         and mode (night.nights.last_runs), from this run's results folder, or the node's for a node-mode
-        worker (window.NIGHTS_ENV); read once."""
+        worker (``--mig-nights``, given by the node's runner); read once."""
         if self._last_runs is None:
             from pytest_mig.night.nights import last_runs
-            from pytest_mig.night.window import NIGHTS_ENV
 
             current = self.checkpoint.path if self.checkpoint is not None else None
-            folder = os.environ.get(NIGHTS_ENV) or (current.parent if current is not None else None)
+            folder = self.config.getoption("mig_nights") or (current.parent if current is not None else None)
             t = self.plan.targets[0]
             where = (t.gpu_slug, None if self.plan.sweep else t.baseline_profile, self.settings.mode)
             passed_over: list[str] = []
@@ -339,7 +339,7 @@ class MigSession:
 
         return MigBench(benchmark, target, telemetry, sink, quick=mode == "quick", su=self.settings.su,
                         allocation=self.settings.allocation,
-                        read_link=self.board.pcie if self.board is not None else None)
+                        read_link=self.board.pcie if self.board is not None else None, caches=self.caches)
 
     def judge(self, item: pytest.Item, bench: MigBench | None) -> list[str]:
         """Judge this test's records through the pipeline, re-measuring a figure beyond its threshold

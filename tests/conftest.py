@@ -179,9 +179,7 @@ def machine(
 
 
 @pytest.fixture
-def stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The stack's cache folder, where the largest batches are remembered (workloads.batch_search)."""
-    from pytest_mig.workloads import batch_search
-
-    monkeypatch.setenv(batch_search.ENV, str(tmp_path / "stack"))
+def stack(tmp_path: Path) -> Path:
+    """The stack's cache folder, where the largest batches are remembered (workloads.batch_search,
+    given as ``Caches(stack=stack)``)."""
     return tmp_path / "stack"

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from pytest_mig.workloads import batch_search as bs
 from pytest_mig.workloads import training as tr
+from pytest_mig.workloads.caches import Caches
 
 
 def _oom_above(threshold: int, calls: list[int]):
@@ -23,25 +24,26 @@ def _oom_above(threshold: int, calls: list[int]):
 
 
 def test_batches_are_kept_per_case_and_an_unreadable_file_is_no_answer(stack: Path) -> None:
-    assert bs.recall("gpt2|full") == {}  # nothing yet: the search runs
-    bs.remember("gpt2|full", eager=48, compiled=126)
-    bs.remember("qwen|full", eager=18, compiled=None)
-    assert bs.recall("gpt2|full") == {"eager": 48, "compiled": 126}
-    assert bs.recall("qwen|full") == {"eager": 18}
-    bs.remember("gpt2|full", eager=50)  # a new eager batch keeps the compiled one
-    assert bs.recall("gpt2|full") == {"eager": 50, "compiled": 126}
+    caches = Caches(stack=stack)
+    assert bs.recall("gpt2|full", caches) == {}  # nothing yet: the search runs
+    bs.remember("gpt2|full", caches=caches, eager=48, compiled=126)
+    bs.remember("qwen|full", caches=caches, eager=18, compiled=None)
+    assert bs.recall("gpt2|full", caches) == {"eager": 48, "compiled": 126}
+    assert bs.recall("qwen|full", caches) == {"eager": 18}
+    bs.remember("gpt2|full", caches=caches, eager=50)  # a new eager batch keeps the compiled one
+    assert bs.recall("gpt2|full", caches) == {"eager": 50, "compiled": 126}
     for text in ('{"gpt2|full": {"eager": 48, "eager": 1}}', '{"gpt2|full": {"eager": true}}', "[1]", "{"):
         (stack / bs.FILE).write_text(text)
-        assert bs.recall("gpt2|full") == {}  # never an error: the search runs
-    bs.remember("gpt2|full", eager=48)  # and an unreadable cache is rebuilt
-    assert bs.recall("gpt2|full") == {"eager": 48}
+        assert bs.recall("gpt2|full", caches) == {}  # never an error: the search runs
+    bs.remember("gpt2|full", caches=caches, eager=48)  # and an unreadable cache is rebuilt
+    assert bs.recall("gpt2|full", caches) == {"eager": 48}
 
 
 def test_nothing_is_kept_without_a_stack_folder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.delenv(bs.ENV, raising=False)
     monkeypatch.chdir(tmp_path)
-    bs.remember("gpt2|full", eager=48)
-    assert bs.recall("gpt2|full") == {} and not list(tmp_path.iterdir())
+    for caches in (None, Caches(), Caches(built_systems=tmp_path / "built", references=tmp_path / "refs")):
+        bs.remember("gpt2|full", caches=caches, eager=48)
+        assert bs.recall("gpt2|full", caches) == {} and not list(tmp_path.iterdir())
 
 
 def test_a_remembered_batch_is_confirmed_with_two_probes_or_searched_again() -> None:
@@ -121,51 +123,54 @@ EFFORT = tr.Effort(warmup=1, repeats=3, max_batch=256, search_resolution=0.125)
 
 
 def test_the_second_night_confirms_what_the_first_found(stack: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    caches = Caches(stack=stack)
     monkeypatch.setattr(tr, "_grow_compiled", _grow_to_projection)
     first = _Trainer(eager=50, compiled=200)
-    search, growth = tr._find_batch(first, TARGET, EFFORT, compile_model=True)
+    search, growth = tr._find_batch(first, TARGET, EFFORT, compile_model=True, caches=caches)
     assert (search.batch, growth.batch, search.remembered, growth.remembered) == (48, 96, False, False)
     second = _Trainer(eager=50, compiled=200)
-    search, growth = tr._find_batch(second, TARGET, EFFORT, compile_model=True)
+    search, growth = tr._find_batch(second, TARGET, EFFORT, compile_model=True, caches=caches)
     assert (search.batch, growth.batch, search.remembered, growth.remembered) == (48, 96, True, True)
     assert second.probes == [(1, False), (96, True)]  # the optimizer state's probe, then one compiled probe
     eager = _Trainer(eager=50, compiled=200)
-    assert tr._find_batch(eager, TARGET, EFFORT, compile_model=False)[0].batch == 48
+    assert tr._find_batch(eager, TARGET, EFFORT, compile_model=False, caches=caches)[0].batch == 48
     eager = _Trainer(eager=50, compiled=200)
-    search, growth = tr._find_batch(eager, TARGET, EFFORT, compile_model=False)
+    search, growth = tr._find_batch(eager, TARGET, EFFORT, compile_model=False, caches=caches)
     assert (search.batch, search.remembered, growth, eager.probes) == (48, True, None, [(1, False), (48, False), (54, False)])
 
 
 def test_a_night_with_less_memory_does_not_shrink_the_next(stack: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    caches = Caches(stack=stack)
     monkeypatch.setattr(tr, "_grow_compiled", _grow_to_projection)
-    tr._find_batch(_Trainer(eager=50, compiled=200), TARGET, EFFORT, compile_model=True)
+    tr._find_batch(_Trainer(eager=50, compiled=200), TARGET, EFFORT, compile_model=True, caches=caches)
     crowded = _Trainer(eager=50, compiled=60)  # another process holds memory: the compiled batch no longer fits
-    search, growth = tr._find_batch(crowded, TARGET, EFFORT, compile_model=True)
+    search, growth = tr._find_batch(crowded, TARGET, EFFORT, compile_model=True, caches=caches)
     assert (96, True) in crowded.probes and (search.remembered, growth.remembered) == (True, False)
     assert growth.batch == 48  # the projection (96) and halfway (72) ran out of memory: the eager batch
     # the fallback is not remembered: the projection did not fit, so the next night tries it again
     case = bs.key("gpt2-small", "full", True, "max 256, resolution 0.125", TARGET)
-    assert bs.recall(case) == {"eager": 48, "compiled": 96}
+    assert bs.recall(case, caches) == {"eager": 48, "compiled": 96}
     free = _Trainer(eager=50, compiled=200)
-    search, growth = tr._find_batch(free, TARGET, EFFORT, compile_model=True)
+    search, growth = tr._find_batch(free, TARGET, EFFORT, compile_model=True, caches=caches)
     assert (growth.batch, growth.remembered) == (96, True)
 
 
 def test_a_first_night_compiled_case_confirms_the_eager_cases_batch(stack: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    caches = Caches(stack=stack)
     monkeypatch.setattr(tr, "_grow_compiled", _grow_to_projection)
     eager = _Trainer(eager=50, compiled=200)
-    assert tr._find_batch(eager, TARGET, EFFORT, compile_model=False)[0].batch == 48  # the eager case, searched
+    assert tr._find_batch(eager, TARGET, EFFORT, compile_model=False, caches=caches)[0].batch == 48  # the eager case, searched
     assert len(eager.probes) > 4
     compiled = _Trainer(eager=50, compiled=200)
-    search, growth = tr._find_batch(compiled, TARGET, EFFORT, compile_model=True)
+    search, growth = tr._find_batch(compiled, TARGET, EFFORT, compile_model=True, caches=caches)
     # its eager search is the eager case's batch, confirmed with two probes; the growth still runs
     assert (search.batch, search.remembered, growth.batch, growth.remembered) == (48, True, 96, False)
     assert compiled.probes[:3] == [(1, False), (48, False), (54, False)]
     # where the eager case's batch no longer holds (less memory tonight), the search runs as before
     (stack / bs.FILE).unlink()
-    bs.remember(bs.key("gpt2-small", "full", False, "max 256, resolution 0.125", TARGET), eager=48)
+    bs.remember(bs.key("gpt2-small", "full", False, "max 256, resolution 0.125", TARGET), caches=caches, eager=48)
     crowded = _Trainer(eager=30, compiled=200)
-    search = tr._find_batch(crowded, TARGET, EFFORT, compile_model=True)[0]
+    search = tr._find_batch(crowded, TARGET, EFFORT, compile_model=True, caches=caches)[0]
     assert (48, False) in crowded.probes and not search.remembered and search.batch <= 30
 
 
@@ -174,12 +179,16 @@ CASE = bs.key("gpt2-small", "full", True, "max 256, resolution 0.125", TARGET)
 
 
 @pytest.fixture
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def cache(tmp_path: Path) -> Path:
     """This stack's folder in ``.mig-compile-cache/`` (other stacks' folders beside it); the references
-    in ``tmp_path / "refs"``."""
-    monkeypatch.setenv(bs.ENV, str(tmp_path / ".mig-compile-cache" / "b7f8eb5d4f"))
-    monkeypatch.setenv(bs.SEEDS_ENV, str(tmp_path / "refs"))
+    in ``tmp_path / "refs"`` (:func:`_caches`)."""
     return tmp_path / ".mig-compile-cache" / "b7f8eb5d4f"
+
+
+def _caches(cache: Path) -> Caches:
+    """The caches of a run whose stack's folder is ``cache`` and whose references are in ``refs`` beside
+    the cache folder."""
+    return Caches(stack=cache, references=cache.parent.parent / "refs")
 
 
 def _write(path: Path, doc: object) -> Path:
@@ -189,49 +198,52 @@ def _write(path: Path, doc: object) -> Path:
 
 
 def test_a_seed_is_a_compiled_batch_found_under_the_same_versions(cache: Path) -> None:
-    assert bs.seed(CASE, VERSIONS) is None  # nothing anywhere
+    caches = _caches(cache)
+    assert bs.seed(CASE, VERSIONS, caches) is None  # nothing anywhere
     old = _write(cache.parent / "0a1b2c3d4e" / bs.FILE, {CASE: {"eager": 48, "compiled": 126, **VERSIONS}})
-    assert bs.seed(CASE, VERSIONS) == (126, "stack 0a1b2c3d4e")  # the stack before a driver update
-    assert bs.seed(CASE, {**VERSIONS, "torch": "2.12.0"}) is None  # a compiled step's memory is torch's
-    assert bs.seed(CASE, {}) is None
-    assert bs.seed(bs.key("qwen1.5b", "full", True, "max 256, resolution 0.125", TARGET), VERSIONS) is None
+    assert bs.seed(CASE, VERSIONS, caches) == (126, "stack 0a1b2c3d4e")  # the stack before a driver update
+    assert bs.seed(CASE, {**VERSIONS, "torch": "2.12.0"}, caches) is None  # a compiled step's memory is torch's
+    assert bs.seed(CASE, {}, caches) is None
+    assert bs.seed(bs.key("qwen1.5b", "full", True, "max 256, resolution 0.125", TARGET), VERSIONS, caches) is None
     _write(old, {CASE: {"eager": 48, "compiled": 126}})  # remembered before versions were kept: no seed
-    assert bs.seed(CASE, VERSIONS) is None
+    assert bs.seed(CASE, VERSIONS, caches) is None
     _write(cache / bs.FILE, {CASE: {"compiled": 130, **VERSIONS}})  # this stack's own file is recall's, not a seed
-    assert bs.seed(CASE, VERSIONS) is None
+    assert bs.seed(CASE, VERSIONS, caches) is None
     _write(cache.parent.parent / "refs" / bs.SEEDS, {CASE: {"compiled": 120, **VERSIONS}})
-    assert bs.seed(CASE, VERSIONS) == (120, "reference")
+    assert bs.seed(CASE, VERSIONS, caches) == (120, "reference")
     _write(cache.parent / "9f8e7d6c5b" / bs.FILE, {CASE: {"compiled": 124, **VERSIONS}})
-    assert bs.seed(CASE, VERSIONS) == (124, "stack 9f8e7d6c5b")  # a site's own stacks before the references
+    assert bs.seed(CASE, VERSIONS, caches) == (124, "stack 9f8e7d6c5b")  # a site's own stacks before the references
 
 
 @pytest.mark.parametrize("bad", ["{not json", "[]", json.dumps({CASE: {"compiled": True, **VERSIONS}}),
                                  json.dumps({CASE: {"compiled": -3, **VERSIONS}}), json.dumps({CASE: "126"}),
                                  json.dumps({CASE: {"compiled": 126.0, **VERSIONS}})])
 def test_a_seed_file_that_holds_no_valid_batch_is_passed_over(cache: Path, bad: str) -> None:
+    caches = _caches(cache)
     _write(cache.parent / "0a1b2c3d4e" / bs.FILE, bad)
     _write(cache.parent.parent / "refs" / bs.SEEDS, {CASE: {"compiled": 120, **VERSIONS}})
-    assert bs.seed(CASE, VERSIONS) == (120, "reference")  # never an error: the next place is read
+    assert bs.seed(CASE, VERSIONS, caches) == (120, "reference")  # never an error: the next place is read
 
 
 def test_a_seeded_first_night_compiles_once_and_a_wrong_seed_costs_the_growth(
         cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    caches = _caches(cache)
     monkeypatch.setattr(tr, "_grow_compiled", _grow_to_projection)
     monkeypatch.setattr(tr, "_batch_versions", lambda: dict(VERSIONS))
     _write(cache.parent / "0a1b2c3d4e" / bs.FILE, {CASE: {"eager": 48, "compiled": 96, **VERSIONS}})
-    assert tr._find_batch(_Trainer(eager=50, compiled=200), TARGET, EFFORT, compile_model=False)[0].batch == 48
+    assert tr._find_batch(_Trainer(eager=50, compiled=200), TARGET, EFFORT, compile_model=False, caches=caches)[0].batch == 48
     first = _Trainer(eager=50, compiled=200)
-    search, growth = tr._find_batch(first, TARGET, EFFORT, compile_model=True)
+    search, growth = tr._find_batch(first, TARGET, EFFORT, compile_model=True, caches=caches)
     assert (search.batch, growth.batch, growth.remembered, growth.seeded_from) == (48, 96, True, "stack 0a1b2c3d4e")
     assert first.probes == [(1, False), (96, True)]  # no eager confirmation, one compiled size: one compilation
     assert growth.to_dict()["seeded_from"] == "stack 0a1b2c3d4e"
     assert json.loads((cache / bs.FILE).read_text())[CASE] == {"eager": 48, "compiled": 96, **VERSIONS}  # now its own
     (cache / bs.FILE).unlink()
-    bs.remember(bs.key("gpt2-small", "full", False, "max 256, resolution 0.125", TARGET), eager=48)
+    bs.remember(bs.key("gpt2-small", "full", False, "max 256, resolution 0.125", TARGET), caches=caches, eager=48)
     small = _Trainer(eager=50, compiled=80)  # the seed does not fit here: grown as on any first night
-    search, growth = tr._find_batch(small, TARGET, EFFORT, compile_model=True)
+    search, growth = tr._find_batch(small, TARGET, EFFORT, compile_model=True, caches=caches)
     assert (96, True) in small.probes and not growth.seeded_from and growth.batch == 72  # halfway to the projection
-    assert bs.recall(CASE) == {"eager": 48}  # the projection did not fit: no compiled batch is kept
+    assert bs.recall(CASE, caches) == {"eager": 48}  # the projection did not fit: no compiled batch is kept
 
 
 def test_the_shipped_seeds_are_compiled_batches_of_models_and_gpus_the_suite_knows() -> None:

@@ -253,14 +253,15 @@ def test_a_gpu_slug_from_a_results_file_never_reaches_the_file_system(tmp_path, 
     assert not any((tmp_path / "ref").rglob("*.json")) if (tmp_path / "ref").exists() else True
 
 
-def test_a_batches_file_naming_a_huge_batch_is_passed_over(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_batches_file_naming_a_huge_batch_is_passed_over(tmp_path) -> None:
     from pytest_mig.workloads import batch_search
+    from pytest_mig.workloads.caches import Caches
 
-    monkeypatch.setenv(batch_search.ENV, str(tmp_path))
+    caches = Caches(stack=tmp_path)
     (tmp_path / batch_search.FILE).write_text('{"case": {"eager": 48, "compiled": 1' + "0" * 400 + "}}")
-    assert batch_search.recall("case") == {}  # OverflowError, or a batch of 10**400, before
+    assert batch_search.recall("case", caches) == {}  # OverflowError, or a batch of 10**400, before
     (tmp_path / batch_search.FILE).write_text('{"case": {"eager": 48, "compiled": 100000000000000000000}}')
-    assert batch_search.recall("case") == {"eager": 48}
+    assert batch_search.recall("case", caches) == {"eager": 48}
 
 
 # --------------------------------------------------------------------------- long and odd strings

@@ -14,6 +14,7 @@ from pytest_mig.store.baselines import BaselineEntry, Run
 from pytest_mig.night.nights import CACHE_FOLDER, Progress, compile_caches, gates_nothing, last_runs, stack_key
 from pytest_mig.judge.reference import ReferenceStore, build
 from pytest_mig.store.results import read_results_file
+from pytest_mig.workloads.caches import Caches
 
 Run_ = Callable[..., pytest.RunResult]
 FP = {"gpu_name": "NVIDIA H100 80GB HBM3", "driver": "580.159.04", "cuda_driver": 13000, "torch": "2.11.0"}
@@ -21,14 +22,17 @@ FP = {"gpu_name": "NVIDIA H100 80GB HBM3", "driver": "580.159.04", "cuda_driver"
 
 def test_compile_caches_live_beside_the_baselines_one_folder_per_stack(tmp_path: Path) -> None:
     env: dict[str, str] = {}
-    folder = compile_caches(tmp_path / "baselines", FP, env)
+    caches = compile_caches(tmp_path / "baselines", FP, env, references=tmp_path / "refs")
+    folder = caches.stack
     assert folder == tmp_path / CACHE_FOLDER / stack_key(FP) and folder.is_dir()
     assert env == {"TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor"), "TRITON_CACHE_DIR": str(folder / "triton"),
-                   "OPENMM_CACHE_DIR": str(folder / "openmm"),  # not $TMPDIR, which a batch job loses each night
-                   "PYTEST_MIG_STACK_CACHE": str(folder),
-                   "PYTEST_MIG_BUILT_SYSTEMS": str(tmp_path / CACHE_FOLDER / "openmm-systems")}  # beside the stacks
-    assert compile_caches(tmp_path / "baselines", {**FP, "driver": "590.10.02"}, env) != folder
-    assert env["PYTEST_MIG_BUILT_SYSTEMS"] == str(tmp_path / CACHE_FOLDER / "openmm-systems")  # kept across stacks
+                   "OPENMM_CACHE_DIR": str(folder / "openmm")}  # not $TMPDIR, which a batch job loses each night
+    # the workloads' folders are handed on as arguments, never through the environment
+    assert caches == Caches(stack=folder, built_systems=tmp_path / CACHE_FOLDER / "openmm-systems",  # beside the stacks
+                            references=tmp_path / "refs")
+    other = compile_caches(tmp_path / "baselines", {**FP, "driver": "590.10.02"}, env)
+    assert other.stack != folder and other.references is None
+    assert other.built_systems == tmp_path / CACHE_FOLDER / "openmm-systems"  # kept across stacks
     assert not (tmp_path / "baselines").exists()  # the reviewed folder gets nothing
     assert stack_key({**FP, "driver": "590.10.02"}) != stack_key(FP)  # a new driver starts a fresh cache
     assert stack_key({**FP, "gpu_uuid": "GPU-other"}) == stack_key(FP)  # another board of the model shares it
@@ -38,6 +42,41 @@ def test_compile_caches_live_beside_the_baselines_one_folder_per_stack(tmp_path:
     assert site["TORCHINDUCTOR_CACHE_DIR"] == "/site/cache"  # a site's own setting is left alone
     assert site["OPENMM_CACHE_DIR"] == "/site/openmm"
     assert not (tmp_path / "site" / CACHE_FOLDER / stack_key(FP) / "openmm").exists()
+
+
+CACHES_BENCH = """
+import json
+import os
+from pathlib import Path
+
+from pytest_mig.measure import Metric
+
+
+def test_rate(mig_bench):
+    c = mig_bench.caches
+    seen = {"stack": str(c.stack), "built_systems": str(c.built_systems),
+            "references": str(c.references) if c.references is not None else None,
+            "environ": sorted(k for k in os.environ if k.startswith("PYTEST_MIG_") and k != "PYTEST_MIG_FAKE_NVML")}
+    Path("caches.json").write_text(json.dumps(seen))
+    mig_bench.record(Metric("rate", 100.0, "items/s", "higher", [100.0] * 3, kind="compute"))
+"""
+
+
+def test_the_benchmarks_get_the_runs_caches_from_mig_bench(h200: Run_, pytester: pytest.Pytester,  # noqa: F811
+                                                            mig_env: pytest.MonkeyPatch) -> None:
+    import json
+
+    from pytest_mig.judge.reference import SHIPPED
+
+    mig_env.delenv("PYTEST_MIG_PROFILE", raising=False)
+    pytester.makepyfile(test_bench=CACHES_BENCH)
+    h200().assert_outcomes(passed=1)
+    seen = json.loads((pytester.path / "caches.json").read_text())
+    (stack,) = [p for p in (pytester.path / CACHE_FOLDER).iterdir() if p.name != "openmm-systems"]
+    assert seen == {"stack": str(stack), "built_systems": str(pytester.path / CACHE_FOLDER / "openmm-systems"),
+                    "references": str(SHIPPED), "environ": []}  # handed on, never through the environment
+    h200("--mig-reference", "none").assert_outcomes(passed=1)
+    assert json.loads((pytester.path / "caches.json").read_text())["references"] is None
 
 
 def _entry(test: str, metric: str, values: list[float]) -> BaselineEntry:

@@ -70,7 +70,10 @@ def test_a_worker_gets_the_user_s_options_pinned_to_its_device() -> None:
             "--junitxml=out/junit.xml", "--mig-quick", "--mig-export", "prometheus=n.prom", "--mig-export=github=gab"]
     assert worker_args(args, d, Path("/tmp/d2.json"), 2) == [
         "benchmarks", "-k", "gemm", "--junitxml=out/junit.device2.xml", "--mig-quick",
-        "--mig-device", "MIG-abc", "--mig-results", "/tmp/d2.json"]
+        "--mig-device", "MIG-abc", "--mig-results", "/tmp/d2.json", "--mig-node-worker", "2"]
+    # the worker's index and the node's nights folder are options, never the environment
+    assert worker_args([*args, "--mig-node-worker", "7", "--mig-nights=x"], d, Path("/tmp/d2.json"), 2,
+                       Path("/site/nights"))[-3:] == ["--mig-node-worker", "2", "--mig-nights=/site/nights"]
 
 
 # --------------------------------------------------------------------------- a node run, end to end
@@ -86,9 +89,9 @@ import os
 from pytest_mig.measure import Metric
 
 
-def test_rate(mig_bench):
+def test_rate(mig_bench, pytestconfig):
     slow = os.environ["CUDA_VISIBLE_DEVICES"] == {topo.H100_1G[3]!r}
-    rate = 30.0 if slow else 100.0 + int(os.environ["PYTEST_MIG_NODE_WORKER"]) * 0.1
+    rate = 30.0 if slow else 100.0 + pytestconfig.getoption("mig_node_worker") * 0.1
     mig_bench.record(Metric("rate", rate, "items/s", "higher", [rate] * 3, kind="compute"))
 '''
 SLOW_PLUGINS = ("-p", "no:cacheprovider", "-p", "no:hypothesispytest",

@@ -176,36 +176,36 @@ def _reference_energy(system, positions_nm) -> float:
     return ctx.getState(getEnergy=True).getPotentialEnergy().value_in_unit(openmm.unit.kilojoule_per_mole)
 
 
-def test_a_built_system_is_kept_and_read_back_the_same(tmp_path, monkeypatch):
+def test_a_built_system_is_kept_and_read_back_the_same(tmp_path):
     from pytest_mig.workloads import md_systems
 
-    monkeypatch.setenv(md_systems.ENV, str(tmp_path / "built"))
+    folder = tmp_path / "built"
     built = []
 
     def build():
         built.append(1)
         return om._built(om.CPU_SYSTEM)
 
-    first, pos1, cached1 = md_systems.cached_build(om.CPU_SYSTEM, om.BUILD_SETTINGS, build)
-    second, pos2, cached2 = md_systems.cached_build(om.CPU_SYSTEM, om.BUILD_SETTINGS, build)
+    first, pos1, cached1 = md_systems.cached_build(om.CPU_SYSTEM, om.BUILD_SETTINGS, build, folder)
+    second, pos2, cached2 = md_systems.cached_build(om.CPU_SYSTEM, om.BUILD_SETTINGS, build, folder)
     assert (cached1, cached2, len(built)) == (False, True, 1)  # built once, then read back
     assert pos1 == pos2 and second.getNumParticles() == first.getNumParticles() == len(pos1)
     assert _reference_energy(second, pos2) == pytest.approx(_reference_energy(first, pos1), rel=1e-9)
     # another build (other settings, another OpenMM) has a file of its own: never read as this one's
     other = {**om.BUILD_SETTINGS, "cutoff_nm": 1.0}
-    assert md_systems.cached_build(om.CPU_SYSTEM, other, build)[2] is False and len(built) == 2
+    assert md_systems.cached_build(om.CPU_SYSTEM, other, build, folder)[2] is False and len(built) == 2
     assert len(list((tmp_path / "built").glob("*.json"))) == 2
 
 
 @pytest.mark.parametrize("damage", ["truncated", "not json", "other key", "nan", "fewer positions", "bad xml",
                                     "link"])
-def test_a_damaged_system_file_is_built_again_and_rewritten(tmp_path, monkeypatch, damage):
+def test_a_damaged_system_file_is_built_again_and_rewritten(tmp_path, damage):
     import json
 
     from pytest_mig.workloads import md_systems
 
-    monkeypatch.setenv(md_systems.ENV, str(tmp_path / "built"))
-    md_systems.cached_build(om.CPU_SYSTEM, om.BUILD_SETTINGS, lambda: om._built(om.CPU_SYSTEM))
+    folder = tmp_path / "built"
+    md_systems.cached_build(om.CPU_SYSTEM, om.BUILD_SETTINGS, lambda: om._built(om.CPU_SYSTEM), folder)
     (path,) = (tmp_path / "built").glob("*.json")
     text = path.read_text()
     doc = json.loads(text)
@@ -229,10 +229,11 @@ def test_a_damaged_system_file_is_built_again_and_rewritten(tmp_path, monkeypatc
         path.symlink_to(elsewhere)
     built = []
     system, positions, cached = md_systems.cached_build(
-        om.CPU_SYSTEM, om.BUILD_SETTINGS, lambda: built.append(1) or om._built(om.CPU_SYSTEM))
+        om.CPU_SYSTEM, om.BUILD_SETTINGS, lambda: built.append(1) or om._built(om.CPU_SYSTEM), folder)
     assert cached is False and built == [1] and system.getNumParticles() == len(positions)
     # the file is whole again (a link is written through, never replaced): the next night reads it
-    assert md_systems.cached_build(om.CPU_SYSTEM, om.BUILD_SETTINGS, lambda: pytest.fail("built again"))[2] is True
+    assert md_systems.cached_build(om.CPU_SYSTEM, om.BUILD_SETTINGS, lambda: pytest.fail("built again"),
+                                   folder)[2] is True
     if damage == "link":
         assert path.is_symlink() and len(elsewhere.read_text()) == len(text)
 
@@ -240,7 +241,6 @@ def test_a_damaged_system_file_is_built_again_and_rewritten(tmp_path, monkeypatc
 def test_without_a_folder_the_system_is_built_every_time(tmp_path, monkeypatch):
     from pytest_mig.workloads import md_systems
 
-    monkeypatch.delenv(md_systems.ENV, raising=False)
     monkeypatch.chdir(tmp_path)
     built = []
     for _ in range(2):
@@ -249,11 +249,11 @@ def test_without_a_folder_the_system_is_built_every_time(tmp_path, monkeypatch):
     assert built == [1, 1] and not list(tmp_path.iterdir())
 
 
-def test_the_worker_reads_the_kept_system_on_a_second_run(cpu, tmp_path, monkeypatch):
-    from pytest_mig.workloads import md_systems
+def test_the_worker_reads_the_kept_system_on_a_second_run(cpu, tmp_path):
+    from pytest_mig.workloads.caches import Caches
 
-    monkeypatch.setenv(md_systems.ENV, str(tmp_path / "built"))
-    first = {m.name: m for m in om.run_openmm(cpu, quick=True)}["ns_per_day"]
-    second = {m.name: m for m in om.run_openmm(cpu, quick=True)}["ns_per_day"]
+    caches = Caches(built_systems=tmp_path / "built")
+    first = {m.name: m for m in om.run_openmm(cpu, quick=True, caches=caches)}["ns_per_day"]
+    second = {m.name: m for m in om.run_openmm(cpu, quick=True, caches=caches)}["ns_per_day"]
     assert (first.info["system_from_cache"], second.info["system_from_cache"]) == (False, True)
     assert second.value > 0 and second.info["checks"]["force_rel_rms"] <= om.FORCE_LIMIT["mixed"]

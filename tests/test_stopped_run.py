@@ -173,13 +173,13 @@ from pathlib import Path
 from pytest_mig.measure import Metric
 
 
-def test_rate(mig_bench):
+def test_rate(mig_bench, pytestconfig):
     mig_bench.record(Metric("rate", 100.0, "items/s", "higher", [100.0] * 3, kind="compute"))
-    Path(f"done-{os.environ['PYTEST_MIG_NODE_WORKER']}").write_text("")
+    Path(f"done-{pytestconfig.getoption('mig_node_worker')}").write_text("")
 
 
-def test_long(mig_bench):
-    if os.environ["PYTEST_MIG_NODE_WORKER"] == "0":  # Kubernetes: SIGTERM to the container's first process only
+def test_long(mig_bench, pytestconfig):
+    if pytestconfig.getoption("mig_node_worker") == 0:  # Kubernetes: SIGTERM to the container's first process only
         while len(list(Path().glob("done-*"))) < 7:
             time.sleep(0.1)
         os.kill(os.getppid(), signal.SIGTERM)

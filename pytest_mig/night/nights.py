@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from pytest_mig.workloads.batch_search import SEEDS_ENV
+from pytest_mig.workloads.caches import Caches
 
 #: Fingerprint keys that make compiled code stale when they change.
 STACK_KEYS = ("gpu_name", "driver", "cuda_driver", "cuda_runtime", "torch", "triton")
@@ -57,21 +57,20 @@ def stack_key(fingerprint: Mapping[str, Any]) -> str:
 
 
 def compile_caches(baselines: Path, fingerprint: Mapping[str, Any], environ: Any = os.environ, *,
-                   references: Path | None = None) -> Path | None:
-    """Point Inductor's, Triton's and OpenMM's kernel caches at ``.mig-compile-cache/<stack>`` beside the baseline folder
-    (made if need be), unless the site set them itself; the folder, or None where it cannot be made
-    (the caches stay where torch puts them).  ``references``, the folder of references in use, is
-    where compiled batches may be seeded from (:func:`pytest_mig.workloads.batch_search.seed`)."""
-    if references is not None:
-        environ[SEEDS_ENV] = str(references)
-    else:
-        environ.pop(SEEDS_ENV, None)
+                   references: Path | None = None) -> Caches:
+    """Point Inductor's, Triton's and OpenMM's kernel caches at ``.mig-compile-cache/<stack>`` beside the
+    baseline folder (made if need be), unless the site set them itself in ``environ``; the run's
+    :class:`~pytest_mig.workloads.caches.Caches`: that folder (``stack``, the largest batches found,
+    :mod:`pytest_mig.workloads.batch_search`), the built OpenMM systems' folder beside it, and
+    ``references``, the folder of references in use, where compiled batches may be seeded from
+    (:func:`pytest_mig.workloads.batch_search.seed`).  Where the folder cannot be made, the caches stay
+    where the libraries put them and only ``references`` is given."""
     folder = Path(baselines).parent / CACHE_FOLDER / stack_key(fingerprint)
     check_cache(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError:
-        return None
+        return Caches(references=references)
     environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(folder / "inductor"))
     environ.setdefault("TRITON_CACHE_DIR", str(folder / "triton"))
     # OpenMM's CUDA platform keeps the kernels it compiles in OPENMM_CACHE_DIR, else in its temporary
@@ -79,12 +78,10 @@ def compile_caches(baselines: Path, fingerprint: Mapping[str, Any], environ: Any
     # kernel compiled by a newer NVRTC may not load under an older driver.
     if environ.setdefault("OPENMM_CACHE_DIR", str(folder / "openmm")) == str(folder / "openmm"):
         (folder / "openmm").mkdir(exist_ok=True)  # OpenMM writes its files there, it makes no folder
-    environ["PYTEST_MIG_STACK_CACHE"] = str(folder)  # the largest batches found (workloads.batch_search)
     # Built OpenMM systems depend on OpenMM and the system, not on the driver, CUDA or torch
     # (workloads.md_systems names each file by what it does depend on): kept across stacks, so that
     # the first night after a driver update does not build them again.
-    environ["PYTEST_MIG_BUILT_SYSTEMS"] = str(folder.parent / BUILT_SYSTEMS)
-    return folder
+    return Caches(stack=folder, built_systems=folder.parent / BUILT_SYSTEMS, references=references)
 
 
 def check_cache(folder: Path) -> None:

@@ -43,7 +43,8 @@ from pytest_mig.device.target import SelectionError
 from pytest_mig.common.text import shown
 
 #: Options a worker must not get from the command line: the node runner writes these itself.
-OWN_OPTIONS = ("--mig-device", "--mig-results", "--mig-report", "--mig-scaling-plot", "--mig-export")
+OWN_OPTIONS = ("--mig-device", "--mig-results", "--mig-report", "--mig-scaling-plot", "--mig-export",
+               "--mig-node-worker", "--mig-nights")
 #: Options whose file each worker gets its own copy of (the device's index in the name).
 PER_WORKER_FILES = ("--junitxml", "--junit-xml", "--benchmark-json")
 #: Seconds a stopped worker has to write its figures and end, before it is killed (inside the 30 s
@@ -95,8 +96,10 @@ def devices(inv: Inventory, profile: str | None, emulate: bool, cvd: str | None)
     return out
 
 
-def worker_args(args: Sequence[str], device: Device, results: Path, n: int) -> list[str]:
-    """The command line of one worker: the user's, pinned to ``device``, writing ``results``."""
+def worker_args(args: Sequence[str], device: Device, results: Path, n: int, nights: Path | None = None) -> list[str]:
+    """The command line of one worker: the user's, pinned to ``device``, writing ``results``, told it is
+    worker ``n`` (``--mig-node-worker``) and where the node's earlier results files are
+    (``--mig-nights``: the folder of ``nights``, where there is one)."""
     out: list[str] = []
     skip = False
     for a in args:
@@ -112,7 +115,8 @@ def worker_args(args: Sequence[str], device: Device, results: Path, n: int) -> l
             out.append(f"{name}={p.with_name(f'{p.stem}.device{n}{p.suffix}')}")
             continue
         out.append(a)
-    return [*out, "--mig-device", device.uuid, "--mig-results", str(results)]
+    return [*out, "--mig-device", device.uuid, "--mig-results", str(results), "--mig-node-worker", str(n),
+            *([f"--mig-nights={nights}"] if nights is not None else [])]
 
 
 @dataclass
@@ -138,10 +142,8 @@ def run_workers(args: Sequence[str], devs: Sequence[Device], folder: Path, out: 
         if d.busy_pids:
             print(f"pytest-mig node: {d.label} is busy (pids {', '.join(map(str, d.busy_pids))}): not run", file=out)
             continue
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES=d.uuid, PYTEST_MIG_NODE_WORKER=str(n))
-        if nights is not None:
-            env[window.NIGHTS_ENV] = str(nights)
-        cmd = [python, "-m", "pytest", *worker_args(args, d, w.results, n)]
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=d.uuid)
+        cmd = [python, "-m", "pytest", *worker_args(args, d, w.results, n, nights)]
         with open(w.log, "wb") as log:
             w.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         w.seconds = time.monotonic()

@@ -34,9 +34,6 @@ from typing import Any, Iterable
 from pytest_mig.night.nights import duration_text as _short
 from pytest_mig.common.text import SHOWN, quoted
 
-#: The folder of earlier nights' results files, where it is not this run's own results folder: node
-#: mode's workers write theirs to a scratch folder and read the node's merged files from here.
-NIGHTS_ENV = "PYTEST_MIG_NIGHTS"
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 
 
@@ -167,4 +164,4 @@ def _name(nodeid: str) -> str:
     return nodeid.split("::")[-1]
 
 
-__all__ = ["NIGHTS_ENV", "Guard", "Plan", "merge_meta", "parse_window", "plan", "window_arg"]
+__all__ = ["Guard", "Plan", "merge_meta", "parse_window", "plan", "window_arg"]

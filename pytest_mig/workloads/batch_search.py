@@ -6,8 +6,8 @@
   projects the larger batch it holds, which is tried.
 - Remembered batches (:func:`recall`, :func:`remember`, :func:`confirm_batch`,
   :func:`confirm_growth`): on the same GPU model, profile and software stack the answer is the same
-  every night, so it is kept in ``batches.json`` in the stack's folder (``$PYTEST_MIG_STACK_CACHE``,
-  set by :func:`pytest_mig.night.nights.compile_caches`: a new driver, CUDA or torch starts a fresh one).
+  every night, so it is kept in ``batches.json`` in the stack's folder (``Caches.stack``, made by
+  :func:`pytest_mig.night.nights.compile_caches`: a new driver, CUDA or torch starts a fresh one).
   The next night confirms it with the probes that give the search's own guarantee (it fits, and
   the next size the search would have tried does not) instead of the whole search; where it fails
   either, the search runs as before.  A compiled batch is remembered only where the projection
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -36,6 +35,7 @@ from typing import Any, Callable
 import torch
 
 from pytest_mig.workloads import DoesNotFit
+from pytest_mig.workloads.caches import Caches
 
 #: The exception torch raises when the device runs out of memory.
 OOM_ERROR: type[BaseException] = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
@@ -222,14 +222,12 @@ def confirm_growth(
 
 # --------------------------------------------------------------------------- remembered batches
 
-#: The stack's cache folder, where the plugin set one up.
-ENV = "PYTEST_MIG_STACK_CACHE"
 FILE = "batches.json"
 
 
-def _path() -> Path | None:
-    folder = os.environ.get(ENV)
-    return Path(folder) / FILE if folder else None
+def _path(caches: Caches | None) -> Path | None:
+    """``batches.json`` in the stack's folder of ``caches``; None where there is none (nothing is kept)."""
+    return caches.stack / FILE if caches is not None and caches.stack is not None else None
 
 
 def key(config: str, mode: str, compiled: bool, search: str, target: Any) -> str:
@@ -239,11 +237,12 @@ def key(config: str, mode: str, compiled: bool, search: str, target: Any) -> str
                                      target.baseline_profile, target.effective_sms, target.memory_budget()))
 
 
-def recall(case: str) -> dict[str, int]:
-    """The batches remembered for ``case`` (``{"eager": 48, "compiled": 126}``); empty when none."""
+def recall(case: str, caches: Caches | None = None) -> dict[str, int]:
+    """The batches remembered for ``case`` (``{"eager": 48, "compiled": 126}``) in the stack's folder of
+    ``caches``; empty when none."""
     from pytest_mig.common.files import FileProblem, read_json
 
-    path = _path()
+    path = _path(caches)
     if path is None or not path.exists():
         return {}
     try:
@@ -267,13 +266,15 @@ def _batches(doc: Any, case: str) -> dict[str, int]:
             and not isinstance(v, bool) and 0 < v <= MAX_BATCH}
 
 
-def remember(case: str, versions: dict[str, str] | None = None, **batches: int | None) -> None:
-    """Keep the batches found for ``case`` (under the folder's lock: node mode's workers share the file),
-    with the ``versions`` they were found under (what :func:`seed` matches in another stack's file)."""
+def remember(case: str, versions: dict[str, str] | None = None, *, caches: Caches | None = None,
+             **batches: int | None) -> None:
+    """Keep the batches found for ``case`` in the stack's folder of ``caches`` (under the folder's lock:
+    node mode's workers share the file), with the ``versions`` they were found under (what :func:`seed`
+    matches in another stack's file).  Without a stack's folder nothing is kept."""
     from pytest_mig.common.files import folder_lock
     from pytest_mig.common.files import FileProblem, atomic_write_text, read_json
 
-    path = _path()
+    path = _path(caches)
     found = {k: v for k, v in batches.items() if v}
     if path is None or not found:
         return
@@ -289,8 +290,7 @@ def remember(case: str, versions: dict[str, str] | None = None, **batches: int |
             atomic_write_text(path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
 
 
-#: The references' seeds: ``SEEDS`` in the folder of ``--mig-reference`` (set by the plugin).
-SEEDS_ENV = "PYTEST_MIG_REFERENCE_DIR"
+#: The references' seeds: ``SEEDS`` in the folder of references in use (``Caches.references``).
 SEEDS = "batches.json"
 
 
@@ -302,24 +302,24 @@ def _entry(doc: Any, case: str, versions: dict[str, str]) -> int | None:
     return _batches(doc, case).get("compiled")
 
 
-def seed(case: str, versions: dict[str, str]) -> tuple[int, str] | None:
+def seed(case: str, versions: dict[str, str], caches: Caches | None = None) -> tuple[int, str] | None:
     """A compiled batch for ``case`` found elsewhere under the same ``versions`` (torch, transformers),
-    and where: another stack's folder beside this one (the newest first), else the references'
-    ``batches.json``.  None where neither has one; a file that cannot be read is passed over."""
+    and where: another stack's folder beside the stack's folder of ``caches`` (the newest first), else
+    the ``batches.json`` of its references.  None where neither has one; a file that cannot be read is
+    passed over."""
     from pytest_mig.common.files import FileProblem, read_json
 
     if not versions:
         return None
-    own = _path()
+    own = _path(caches)
     places: list[tuple[Path, str]] = []
     if own is not None and own.parent.parent.is_dir():
         others = [p for p in own.parent.parent.glob(f"*/{FILE}") if p.parent != own.parent]
         with contextlib.suppress(OSError):
             others.sort(key=lambda p: p.stat().st_mtime, reverse=True)
         places += [(p, f"stack {p.parent.name}") for p in others]
-    refs = os.environ.get(SEEDS_ENV)
-    if refs:
-        places.append((Path(refs) / SEEDS, "reference"))
+    if caches is not None and caches.references is not None:
+        places.append((caches.references / SEEDS, "reference"))
     for path, name in places:
         try:
             found = _entry(read_json(path), case, versions) if path.is_file() else None
@@ -330,5 +330,5 @@ def seed(case: str, versions: dict[str, str]) -> tuple[int, str] | None:
     return None
 
 
-__all__ = ["BatchGrowth", "BatchSearch", "COMPILED_MARGIN", "ENV", "FILE", "MAX_BATCH", "OOM_ERROR", "SEEDS", "SEEDS_ENV", "confirm_batch",
+__all__ = ["BatchGrowth", "BatchSearch", "COMPILED_MARGIN", "FILE", "MAX_BATCH", "OOM_ERROR", "SEEDS", "confirm_batch",
            "confirm_growth", "grow_batch", "is_oom", "key", "max_batch_search", "recall", "remember", "seed"]

@@ -5,7 +5,7 @@ Building a benchmark system is pure Python that gives the same System every nigh
 of the three 23.5k-atom runs (mixed, single and double precision build the same box) on the CPU-only
 development machine, and 15.8 s and 5.1 s on an H100 host's CPU.  The built System (OpenMM's own XML serialisation) and its
 positions are kept in one JSON file in ``.mig-compile-cache/openmm-systems/``
-(``$PYTEST_MIG_BUILT_SYSTEMS``, set by :func:`pytest_mig.night.nights.compile_caches`), named by a digest of
+(``Caches.built_systems``, made by :func:`pytest_mig.night.nights.compile_caches`), named by a digest of
 everything the build depends on (the system, the force field and its settings, OpenMM's version).
 A new driver, CUDA or torch changes none of that, so the first night after one reads them too.
 
@@ -21,14 +21,11 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any, Callable
 
 #: Bumped when the file's layout changes: an older file is then rebuilt, never misread.
 FORMAT = 1
-#: The folder of built systems (set by the plugin: night.compile_caches).
-ENV = "PYTEST_MIG_BUILT_SYSTEMS"
 
 
 def build_key(system: Any, settings: dict[str, Any], openmm_version: str) -> str:
@@ -38,9 +35,10 @@ def build_key(system: Any, settings: dict[str, Any], openmm_version: str) -> str
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def cache_path(name: str, key: str, environ: Any = os.environ) -> Path | None:
-    folder = environ.get(ENV)
-    return Path(folder) / f"{name}-{key}.json" if folder else None
+def cache_path(name: str, key: str, folder: Path | None) -> Path | None:
+    """The file of the system ``name`` built as ``key`` in ``folder`` (the built systems' folder); None
+    where there is no folder."""
+    return Path(folder) / f"{name}-{key}.json" if folder is not None else None
 
 
 def load(path: Path | None, key: str) -> tuple[Any, list[tuple[float, float, float]]] | None:
@@ -93,15 +91,17 @@ def store(path: Path | None, key: str, system: Any, positions_nm: list[tuple[flo
     return True
 
 
-def cached_build(system: Any, settings: dict[str, Any],
-                 build: Callable[[], tuple[Any, Any]]) -> tuple[Any, list[tuple[float, float, float]], bool]:
-    """(System, positions in nm, read from the cache) for ``system``: the kept copy where it holds,
-    else ``build()`` (returning the System and positions as an OpenMM Quantity), stored for next time."""
+def cached_build(system: Any, settings: dict[str, Any], build: Callable[[], tuple[Any, Any]],
+                 folder: Path | None = None) -> tuple[Any, list[tuple[float, float, float]], bool]:
+    """(System, positions in nm, read from the cache) for ``system``: the copy kept in ``folder`` (the
+    built systems' folder, ``Caches.built_systems``) where it holds, else ``build()`` (returning the
+    System and positions as an OpenMM Quantity), stored there for next time.  Without a folder the
+    system is built and nothing is kept."""
     import openmm
     import openmm.unit as unit
 
     key = build_key(system, settings, openmm.__version__)
-    path = cache_path(system.name, key)
+    path = cache_path(system.name, key, folder)
     found = load(path, key)
     if found is not None:
         return found[0], found[1], True

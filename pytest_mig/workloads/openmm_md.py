@@ -62,6 +62,7 @@ from pytest_mig.measure import (
 )
 from pytest_mig.device.target import Target
 from pytest_mig.workloads import DoesNotFit, WorkloadError, md_systems
+from pytest_mig.workloads.caches import Caches
 
 
 @dataclass(frozen=True)
@@ -254,7 +255,8 @@ def simulate(request: dict[str, Any]) -> dict[str, Any]:
     effort = MD_EFFORT[("cpu" if device == "cpu" else "gpu", quick)]
     t0 = time.perf_counter()
     platform, props = platform_for(device, precision)
-    mm_system, positions_nm, from_cache = md_systems.cached_build(system, BUILD_SETTINGS, lambda: _built(system))
+    built = Path(request["built_systems"]) if request.get("built_systems") else None
+    mm_system, positions_nm, from_cache = md_systems.cached_build(system, BUILD_SETTINGS, lambda: _built(system), built)
     positions = [openmm.Vec3(*p) for p in positions_nm] * unit.nanometer
     system_s = time.perf_counter() - t0
     integrator = _integrator()
@@ -388,8 +390,13 @@ def worker_main(argv: list[str]) -> int:
 
 
 def run_openmm(target: Target, *, system: str = "water-23k", precision: str = "mixed", quick: bool = False,
-               env: dict[str, str] | None = None, telemetry: Telemetry | None = None) -> list[Metric]:
+               env: dict[str, str] | None = None, telemetry: Telemetry | None = None,
+               caches: Caches | None = None) -> list[Metric]:
     """Run ``system`` at ``precision`` on the Target in a worker process and report ns/day.
+
+    The worker reads the built System from the built systems' folder of ``caches`` where it was kept
+    there, and keeps it there otherwise (:mod:`pytest_mig.workloads.md_systems`); without one it builds
+    the System and keeps nothing.
 
     With ``telemetry`` that reads the board's energy counter, this process polls it while the worker
     runs, and the board energy between the first and last counter tick inside the worker's timed
@@ -410,7 +417,9 @@ def run_openmm(target: Target, *, system: str = "water-23k", precision: str = "m
     confinement: dict[str, Any] = {}
     if target.emulated:
         base, confinement = mps.confine_engine(target, base, "OpenMM")
-    request = {"device": "cpu" if target.is_cpu else "cuda", "system": system, "precision": precision, "quick": quick}
+    built = caches.built_systems if caches is not None else None
+    request = {"device": "cpu" if target.is_cpu else "cuda", "system": system, "precision": precision, "quick": quick,
+               "built_systems": str(built) if built is not None else None}
     # this process only waits: the imports a later test needs are made meanwhile (pytest_mig.workloads.preload)
     with EnergyTicks(telemetry.read_energy_mj if telemetry is not None else None) as ticks, preload.while_waiting():
         result = _run_worker(request, base)

@@ -61,6 +61,7 @@ from pytest_mig.measure import Metric, Timer, Timing, energy_metrics, percentile
 from pytest_mig.device.target import Target
 from pytest_mig.workloads import DoesNotFit, batch_search, hf
 from pytest_mig.workloads.batch_search import OOM_ERROR, BatchGrowth, BatchSearch, grow_batch, is_oom, max_batch_search
+from pytest_mig.workloads.caches import Caches
 from pytest_mig.workloads.hf import CONFIG_NAMES, CONFIGS, LORA, LoraSpec, ModelConfig
 from pytest_mig.workloads.training_plan import (LOGIT_BYTES, MEMORY_SHARE, MFU_FORMULA, OVERHEAD_BYTES,
     MemoryEstimate, activation_bytes_per_token, check_fits, estimate_memory, lora_params, mfu_percent,
@@ -153,6 +154,7 @@ def run_training(
     batch: str = "fixed",
     quick: bool = False,
     compile_model: bool = False,
+    caches: Caches | None = None,
 ) -> list[Metric]:
     """Train ``config`` on ``target`` (``mode``: full, lora, qlora; ``batch``: fixed, maxbatch) and report its speed.
 
@@ -160,7 +162,9 @@ def run_training(
     model does not train.  ``compile_model`` runs the measured steps through torch.compile; with
     ``maxbatch`` the batch search runs eagerly first, and the compiled step's memory there projects
     the larger batch it holds (:func:`grow_batch`: one or two more compilations).  Compiling takes
-    longer than the measurement, so it is off by default.
+    longer than the measurement, so it is off by default.  ``maxbatch`` remembers the batches it finds
+    in the stack's folder of ``caches`` (:mod:`pytest_mig.workloads.batch_search`); without one it
+    searches in full every time.
     """
     if mode not in MODES:
         raise ValueError(f"unknown training mode '{mode}': use one of {', '.join(MODES)}")
@@ -182,7 +186,7 @@ def run_training(
             started = time.perf_counter()
             trainer = _Trainer(cfg, mode, device)
             built_s = time.perf_counter() - started
-            run = _train(trainer, target, timer, batch, effort, compile_model)
+            run = _train(trainer, target, timer, batch, effort, compile_model, caches)
             run.phases_s = {"build": round(built_s, 2), **run.phases_s}
         except Exception as exc:
             if not is_oom(exc):
@@ -255,7 +259,8 @@ def _engine_versions(mode: str) -> dict[str, str]:
     return {name: installed.get(name, "unknown") for name in names}
 
 
-def _train(trainer: _Trainer, target: Target, timer: Timer, batch: str, effort: Effort, compile_model: bool) -> _Run:
+def _train(trainer: _Trainer, target: Target, timer: Timer, batch: str, effort: Effort, compile_model: bool,
+           caches: Caches | None = None) -> _Run:
     """Find the batch (maxbatch), then time warm-up and measured steps through the timer."""
     cfg, mode, device = trainer.cfg, trainer.mode, trainer.device
     cuda = device.startswith("cuda")
@@ -263,7 +268,7 @@ def _train(trainer: _Trainer, target: Target, timer: Timer, batch: str, effort: 
     growth: BatchGrowth | None = None
     started = time.perf_counter()
     if batch == "maxbatch":
-        search, growth = _find_batch(trainer, target, effort, compile_model)
+        search, growth = _find_batch(trainer, target, effort, compile_model, caches)
         n_batch = growth.batch if growth is not None else search.batch
         trainer.reset_moments()  # the measured run starts with fresh moments, as the fixed one does
         _release(device)
@@ -308,27 +313,27 @@ def measured_losses(losses: list[float], repeats: int, energy_calls: int) -> lis
     return losses[end - repeats:end]
 
 
-def _find_batch(trainer: _Trainer, target: Target, effort: Effort,
-                compile_model: bool) -> tuple[BatchSearch, BatchGrowth | None]:
+def _find_batch(trainer: _Trainer, target: Target, effort: Effort, compile_model: bool,
+                caches: Caches | None = None) -> tuple[BatchSearch, BatchGrowth | None]:
     """The largest batch (eager search, then the compiled step's growth), last night's where the
-    stack's folder remembers it and it is confirmed (:mod:`.batch_search`)."""
+    stack's folder of ``caches`` remembers it and it is confirmed (:mod:`.batch_search`)."""
     cfg, mode, cuda = trainer.cfg, trainer.mode, trainer.device.startswith("cuda")
     trainer.probe(1)  # builds the optimizer state, which every later probe must fit beside
     room = usable_bytes(target.memory_budget())
     limits = f"max {effort.max_batch}, resolution {effort.search_resolution}"
     case = batch_search.key(cfg.name, mode, compile_model, limits, target) if cuda else ""
-    known = batch_search.recall(case) if case else {}
+    known = batch_search.recall(case, caches) if case else {}
     versions = _batch_versions() if case else {}  # kept with the batches; a seed must match them
     if compile_model and case and not known.get("eager"):
         # The eager case of the same model and limits (run before this one, tonight or earlier)
         # searched the same eager steps: its batch, confirmed, is this search's answer.
-        eager = batch_search.recall(batch_search.key(cfg.name, mode, False, limits, target)).get("eager")
+        eager = batch_search.recall(batch_search.key(cfg.name, mode, False, limits, target), caches).get("eager")
         known = {**known, "eager": eager} if eager else known
     seeded = None
     if compile_model and case and known.get("eager") and not known.get("compiled"):
         # nothing compiled remembered on this stack: a batch found under the same torch and
         # transformers elsewhere (another stack's folder, the references) spares one compilation
-        seeded = batch_search.seed(case, versions)
+        seeded = batch_search.seed(case, versions, caches)
         known = {**known, "compiled": seeded[0]} if seeded else known
     if compile_model and known.get("compiled") and known.get("eager"):
         trainer.compile()
@@ -337,7 +342,7 @@ def _find_batch(trainer: _Trainer, target: Target, effort: Effort,
         if growth is not None:
             if seeded:
                 growth.seeded_from = seeded[1]
-                batch_search.remember(case, versions, eager=known["eager"], compiled=growth.batch)
+                batch_search.remember(case, versions, caches=caches, eager=known["eager"], compiled=growth.batch)
             return BatchSearch(known["eager"], remembered=True), growth
         trainer.uncompile()  # it no longer fits: search again, eager steps first
     search = None
@@ -351,7 +356,7 @@ def _find_batch(trainer: _Trainer, target: Target, effort: Effort,
         if cuda:  # the compiled step holds more: grow the batch, the optimizer state still built
             growth = _grow_compiled(trainer, search.batch, room, effort.max_batch)
     if case:  # a compiled batch only where its projection fitted: a fallback may be another process's doing
-        batch_search.remember(case, versions, eager=search.batch,
+        batch_search.remember(case, versions, caches=caches, eager=search.batch,
                               compiled=growth.batch if growth is not None and growth.batch == growth.projected else None)
     return search, growth
 
