@@ -102,9 +102,9 @@ def test_the_command_writes_the_page_and_refuses_bad_input_in_one_sentence(
     assert main(["history", str(files[0]), "--out", str(tmp_path / "x.txt")]) == 2
     assert main(["history", "--baselines", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x.html")]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert err == ["pytest-mig: error: give results files, --baselines DIR, or both: the page is made from them",
+    assert err == ["pytest-mig: error: give results files, --mig-baseline-dir DIR, or both: the page is made from them",
                    f"pytest-mig: error: --out {tmp_path / 'x.txt'}: the trend page is HTML, name it .html",
-                   f"pytest-mig: error: --baselines {tmp_path / 'nowhere'}: no such folder"]
+                   f"pytest-mig: error: --mig-baseline-dir {tmp_path / 'nowhere'}: no such folder"]
 
 
 #: What a results file could hold to run script in the page: each breaks out of an attribute, of an
