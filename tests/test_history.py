@@ -241,3 +241,16 @@ def test_a_night_stopped_partway_is_named_in_the_summary(tmp_path: Path) -> None
     write_results(last, [rec], meta={"complete": False, "stopped": "SIGTERM"})
     page = render(collect(None, [*files, last]), "night")
     assert re.search(r"<td>2026-11-20T02:00:00\+00:00 \(stopped\.json\) stopped \(SIGTERM\): incomplete</td>", page)
+
+
+@pytest.mark.parametrize("spelling", ["--mig-baseline-dir", "--baselines"])
+def test_the_page_takes_the_plugins_baseline_dir_and_the_old_spelling(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], spelling: str) -> None:
+    """A relative folder is the working directory's; ``--baselines`` still names it, unlisted in --help."""
+    nights(tmp_path, [100.0, 101.0, 99.0])
+    monkeypatch.chdir(tmp_path)
+    assert main(["history", spelling, "baselines", "--out", "trend.html"]) == 0
+    assert capsys.readouterr().out == "trend page written: trend.html (2 figure(s))\n"
+    with pytest.raises(SystemExit):
+        main(["history", "--help"])
+    assert "--baselines" not in capsys.readouterr().out
