@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Sequence, TextIO
 
 from pytest_mig.cli.common import CliError, Command, path_arg
-from pytest_mig.common.text import shown
 from pytest_mig.device.profiles import model_slug
 from pytest_mig.judge.reference import SHIPPED, ReferenceStore, UnknownTestError, build, count_range
 
