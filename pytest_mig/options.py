@@ -12,7 +12,18 @@ import argparse
 import pytest
 
 from pytest_mig.night.window import window_arg
-from pytest_mig.settings import count_arg, export_arg, positive_int_arg, tolerance_arg
+from pytest_mig.settings import (
+    HELP_BASELINE_DIR,
+    HELP_KEEP,
+    HELP_REFERENCE,
+    HELP_SHRINK,
+    HELP_TOLERANCE,
+    count_arg,
+    export_arg,
+    ini_help,
+    positive_int_arg,
+    tolerance_arg,
+)
 
 HELP_PROFILE = ("MIG profile to pin the run to: 1g.10gb, 1g.10gb+me, 1c.3g.40gb, ..., 'full' (a whole GPU with MIG "
                 "off) or 'all' (every profile of this GPU, with --mig-emulate). Env: PYTEST_MIG_PROFILE.")
@@ -26,18 +37,10 @@ HELP_SAVE = ("add this run's figures to the baseline history of this GPU model a
              "passed; the last N runs are kept, see --mig-baseline-keep).")
 HELP_SAVE_IF_PASSED = ("judge this run as usual and, only if every test passed, add it to the baseline history: a "
                        "nightly's rolling history that never learns a failing night.")
-HELP_KEEP = "runs a baseline keeps per figure (default 10): the history its noise and thresholds come from."
 HELP_CONFIRM = ("re-measure a figure beyond its threshold this many times before the test fails (default 2; 0: "
                 "fail on the first measurement); it fails only if every re-measurement is beyond it too.")
 HELP_SLOWDOWN = ("detection experiments only: run a whole GPU's tests on just N of its SMs (a green context) and "
                  "judge them as the whole GPU, a real slowdown for measuring what the verdicts catch.")
-HELP_BASELINE_DIR = "folder of baselines/<gpu-model>/<profile>.json (default: baselines)."
-HELP_REFERENCE = ("what a figure with no local baseline is judged against: 'shipped' (default: the references "
-                  "measured for this GPU model and profile, in a 10%% band), a folder made by 'pytest-mig reference', "
-                  "or 'none'.")
-HELP_TOLERANCE = ("the largest change a figure may hide, as a fraction or percent (0.05 or 5%). Unset (default), "
-                  "each figure's threshold comes from its run-to-run noise and a figure that cannot hold 5% is "
-                  "reported as too noisy to gate; set, it caps every threshold.")
 HELP_IMPROVEMENT = "fail a test whose figure improved beyond tolerance: a stale baseline hides regressions."
 HELP_REPORT = "write a report of this run's figures and verdicts: .md, .csv or .json by suffix."
 HELP_RESULTS = "where this run's results JSON goes (default: .mig-results/results-<time>.json; 'none' to skip)."
@@ -80,11 +83,11 @@ def add_options(parser: pytest.Parser) -> None:
     g.addoption("--mig-reference", dest="mig_reference", default=None, help=HELP_REFERENCE)
     g.addoption("--mig-baseline-keep", dest="mig_baseline_keep", type=positive_int_arg, default=None, help=HELP_KEEP)
     g.addoption("--mig-baseline-shrink", dest="mig_baseline_shrink", action="store_true", default=False,
-                help="consent to a --mig-baseline-keep below the runs a history holds: its oldest runs are dropped.")
+                help=HELP_SHRINK)
     g.addoption("--mig-confirm", dest="mig_confirm", type=count_arg, default=None, help=HELP_CONFIRM)
     g.addoption("--mig-slowdown-sms", dest="mig_slowdown_sms", type=positive_int_arg, default=None, help=HELP_SLOWDOWN)
     g.addoption("--mig-tolerance", dest="mig_tolerance", type=tolerance_arg, default=None,
-                help=HELP_TOLERANCE.replace("%", "%%"))  # argparse %-formats option help (not ini help)
+                help=HELP_TOLERANCE)
     g.addoption("--mig-fail-on-improvement", dest="mig_fail_on_improvement", action="store_true", default=False,
                 help=HELP_IMPROVEMENT)
     g.addoption("--mig-report", dest="mig_report", default=None, help=HELP_REPORT)
@@ -105,8 +108,8 @@ def add_options(parser: pytest.Parser) -> None:
     parser.addini("mig_profile", HELP_PROFILE, default=None)
     parser.addini("mig_require_gpu", HELP_REQUIRE_GPU, default="")  # read by _ini_bool, to name the option
     parser.addini("mig_baseline_dir", HELP_BASELINE_DIR, default="baselines")
-    parser.addini("mig_tolerance", HELP_TOLERANCE, default="")
-    parser.addini("mig_reference", HELP_REFERENCE.replace("%%", "%"), default="")
+    parser.addini("mig_tolerance", ini_help(HELP_TOLERANCE), default="")
+    parser.addini("mig_reference", ini_help(HELP_REFERENCE), default="")
     parser.addini("mig_baseline_keep", HELP_KEEP, default="")
     parser.addini("mig_confirm", HELP_CONFIRM, default="")
     parser.addini("mig_su_coefficients", HELP_SU, default="")

@@ -22,6 +22,23 @@ from pytest_mig.common.text import SHOWN, printable, quoted, shown
 #: Image formats --mig-scaling-plot writes.
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 
+#: The help of the options the plugin and the ``pytest-mig`` command share (argparse %-formats an
+#: option's help: a literal percent sign is written ``%%``; :func:`ini_help` gives the ini's text).
+HELP_BASELINE_DIR = "folder of baselines/<gpu-model>/<profile>.json (default: baselines)."
+HELP_KEEP = "runs a baseline keeps per figure (default 10): the history its noise and thresholds come from."
+HELP_SHRINK = "consent to a --mig-baseline-keep below the runs a history holds: its oldest runs are dropped."
+REFERENCE_VALUES = ("'shipped' (the references measured for this GPU model and profile, in a 10%% band) or a "
+                    "folder made by 'pytest-mig reference'")
+HELP_REFERENCE = f"what a figure with no local baseline is judged against (default: shipped): {REFERENCE_VALUES}, or 'none'."
+HELP_TOLERANCE = ("the largest change a figure may hide, as a fraction or percent (0.05 or 5%%). Unset (default), "
+                  "each figure's threshold comes from its run-to-run noise and a figure that cannot hold 5%% is "
+                  "reported as too noisy to gate; set, it caps every threshold.")
+
+
+def ini_help(text: str) -> str:
+    """An option's help as an ini value's (pytest does not %-format an ini's help)."""
+    return text.replace("%%", "%")
+
 
 def tolerance_arg(text: str) -> float:
     """verdict.parse_tolerance's reading ('5%' or '0.05', below 100%) as an argparse type (the plugin's

@@ -52,7 +52,7 @@ if [ "${#old[@]}" -gt 0 ]; then
     rm -f -- "${old[@]}"
 fi
 mapfile -t nights < <(find "$state/results" -maxdepth 1 -name '*.json' | sort)
-"$python" -m pytest_mig.cli history "${nights[@]}" --baselines "$state/baselines" --out "$state/trend.html" \
+"$python" -m pytest_mig.cli history "${nights[@]}" --mig-baseline-dir "$state/baselines" --out "$state/trend.html" \
     --title "pytest-mig nightly: $host" || { [ "$status" -ne 0 ] || status=1; }
 
 if [ -n "${MIG_PUBLISH:-}" ]; then

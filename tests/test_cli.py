@@ -384,3 +384,60 @@ def test_the_console_script_entry_point(tmp_path: Path) -> None:
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr == f"pytest-mig: error: {missing}: no such results file\n"
     assert json.loads(Path(results(tmp_path / "r.json", rec(1.0))).read_text())["schema"] == "pytest-mig/results/1"
+
+
+def test_every_subcommand_module_is_in_the_dispatch_table_and_answers_help(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Each module of pytest_mig/cli (but the shared one) holds a Command listed in COMMANDS, and
+    ``pytest-mig NAME --help`` works for each."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    from pytest_mig.cli.common import Command
+
+    modules = [m.name for m in pkgutil.iter_modules(cli.__path__) if m.name not in ("common", "__main__")]
+    listed = set(cli.COMMANDS.values())
+    for name in modules:
+        module = importlib.import_module(f"pytest_mig.cli.{name}")
+        own = [c for _, c in inspect.getmembers(module, inspect.isclass)
+               if issubclass(c, Command) and c is not Command and c.__module__ == module.__name__]
+        assert own and set(own) <= listed, f"pytest_mig.cli.{name}: {own} not in COMMANDS"
+    assert len(modules) == len(cli.COMMANDS) == 9
+    for name in cli.COMMANDS:
+        with pytest.raises(SystemExit) as exc:
+            cli.main([name, "--help"])
+        assert exc.value.code == 0
+        assert capsys.readouterr().out.startswith(f"usage: pytest-mig {name} ")
+
+
+@pytest.mark.parametrize("dir_option,keep_option,shrink_option", [
+    ("--mig-baseline-dir", "--mig-baseline-keep", "--mig-baseline-shrink"),
+    ("--baseline-dir", "--keep", "--shrink")])
+def test_calibrate_takes_the_plugins_spellings_and_the_old_ones(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        dir_option: str, keep_option: str, shrink_option: str) -> None:
+    """The baseline folder, relative to the working directory, reaches each run as an absolute path;
+    the old spellings work and --help lists only the plugin's."""
+    from pytest_mig.night import calibrate
+
+    seen: dict[str, Any] = {}
+
+    def fake(pytest_args: list[str], runs: int, baseline_dir: Path, work_dir: Path, keep: int | None, out: Any,
+             shrink: bool) -> int:
+        seen.update(args=pytest_args, runs=runs, baseline_dir=baseline_dir, keep=keep, shrink=shrink)
+        return 0
+
+    monkeypatch.setattr(calibrate, "cmd_calibrate", fake)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["calibrate", "-n", "2", dir_option, "site/hist", keep_option, "4", shrink_option,
+                     "--", "benchmarks"]) == 0
+    assert seen == {"args": ["benchmarks"], "runs": 2, "baseline_dir": tmp_path.resolve() / "site" / "hist", "keep": 4,
+                    "shrink": True}
+    assert cli.main(["calibrate", "--", "benchmarks"]) == 0
+    assert seen["baseline_dir"] == tmp_path.resolve() / "baselines" and seen["keep"] is None and not seen["shrink"]
+    with pytest.raises(SystemExit):
+        cli.main(["calibrate", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "--mig-baseline-dir" in shown and "relative to the working directory" in shown
+    assert not re.search(r"--baseline-dir|--keep|--shrink\b", shown)

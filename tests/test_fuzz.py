@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from pytest_mig import cli  # noqa: E402
+from pytest_mig.cli.common import factor_arg, path_arg, runs_arg  # noqa: E402
 from pytest_mig.store.baselines import BaselineError, BaselineStore, load_baseline_file  # noqa: E402
 from pytest_mig.measure.cost import SUCoefficients  # noqa: E402
 from pytest_mig.report.exports import parse_export  # noqa: E402
@@ -241,8 +242,8 @@ PARSERS: list[tuple[Callable[[str], Any], tuple[type[BaseException], ...]]] = [
     (tolerance_arg, (argparse.ArgumentTypeError,)),
     (positive_int_arg, (argparse.ArgumentTypeError,)),
     (count_arg, (argparse.ArgumentTypeError,)),
-    (cli._factor_arg, (argparse.ArgumentTypeError,)),
-    (cli._runs_arg, (argparse.ArgumentTypeError,)),
+    (factor_arg, (argparse.ArgumentTypeError,)),
+    (runs_arg, (argparse.ArgumentTypeError,)),
     (parse_export, (ValueError,)),
     (SUCoefficients.from_string, (ValueError,)),
     (parse_profile, (ProfileError,)),
@@ -279,7 +280,7 @@ def test_hostile_tolerances_are_refused(text: str) -> None:
 @pytest.mark.parametrize("text", ["nan", "inf", "1", "0.5"])
 def test_hostile_outlier_factors_are_refused(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError):
-        cli._factor_arg(text)
+        factor_arg(text)
 
 
 def test_su_coefficients_that_would_make_figures_infinite_are_refused() -> None:
@@ -307,7 +308,7 @@ def test_every_path_option_takes_the_path_or_says_why(text: str, tmp_path_factor
     assert why is None
     Path(text).exists()  # no ENAMETOOLONG, no embedded NUL
     try:
-        cli._path_arg(text)
+        path_arg(text)
     except argparse.ArgumentTypeError:
         raise AssertionError(f"{text!r}: passed check_path, refused by the CLI") from None
 

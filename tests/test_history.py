@@ -102,9 +102,9 @@ def test_the_command_writes_the_page_and_refuses_bad_input_in_one_sentence(
     assert main(["history", str(files[0]), "--out", str(tmp_path / "x.txt")]) == 2
     assert main(["history", "--baselines", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x.html")]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert err == ["pytest-mig: error: give results files, --baselines DIR, or both: the page is made from them",
+    assert err == ["pytest-mig: error: give results files, --mig-baseline-dir DIR, or both: the page is made from them",
                    f"pytest-mig: error: --out {tmp_path / 'x.txt'}: the trend page is HTML, name it .html",
-                   f"pytest-mig: error: --baselines {tmp_path / 'nowhere'}: no such folder"]
+                   f"pytest-mig: error: --mig-baseline-dir {tmp_path / 'nowhere'}: no such folder"]
 
 
 #: What a results file could hold to run script in the page: each breaks out of an attribute, of an
@@ -241,3 +241,16 @@ def test_a_night_stopped_partway_is_named_in_the_summary(tmp_path: Path) -> None
     write_results(last, [rec], meta={"complete": False, "stopped": "SIGTERM"})
     page = render(collect(None, [*files, last]), "night")
     assert re.search(r"<td>2026-11-20T02:00:00\+00:00 \(stopped\.json\) stopped \(SIGTERM\): incomplete</td>", page)
+
+
+@pytest.mark.parametrize("spelling", ["--mig-baseline-dir", "--baselines"])
+def test_the_page_takes_the_plugins_baseline_dir_and_the_old_spelling(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], spelling: str) -> None:
+    """A relative folder is the working directory's; ``--baselines`` still names it, unlisted in --help."""
+    nights(tmp_path, [100.0, 101.0, 99.0])
+    monkeypatch.chdir(tmp_path)
+    assert main(["history", spelling, "baselines", "--out", "trend.html"]) == 0
+    assert capsys.readouterr().out == "trend page written: trend.html (2 figure(s))\n"
+    with pytest.raises(SystemExit):
+        main(["history", "--help"])
+    assert "--baselines" not in capsys.readouterr().out

@@ -62,13 +62,8 @@ def test_modules_use_absolute_imports() -> None:
     assert not relative, relative
 
 
-#: What the size checks leave out: cli.py or the cli/ package.
-_SIZE_CHECK_SKIPS = ("cli",)
-
-
 def _checked_modules() -> list[Path]:
-    return [p for p in sorted(PACKAGE.rglob("*.py"))
-            if not p.relative_to(PACKAGE).parts[0].startswith(_SIZE_CHECK_SKIPS)]
+    return sorted(PACKAGE.rglob("*.py"))
 
 
 def _jit_names(tree: ast.Module) -> set[str]:

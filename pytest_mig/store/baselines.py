@@ -239,7 +239,7 @@ class BaselineStore:
             raise BaselineError(
                 f"{path} keeps {most} runs per figure and a keep of {self.keep} would drop {lost} older "
                 f"run(s) of its {len(existing.entries)} figure(s); nothing is saved: confirm with "
-                f"--mig-baseline-shrink (pytest-mig calibrate --shrink), or leave the keep as it is")
+                f"--mig-baseline-shrink (to pytest or to pytest-mig calibrate), or leave the keep as it is")
         return existing
 
     def records(self, gpu_slug: str | None = None) -> tuple[list[ResultRecord], list[str]]:

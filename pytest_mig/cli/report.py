@@ -1,0 +1,87 @@
+"""``pytest-mig report``: results files of many runs or nodes merged into one table, a node far
+worse than the others flagged."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Sequence, TextIO
+
+from pytest_mig.cli.common import Command, factor_arg, kept_folders, path_arg
+from pytest_mig.common.files import check_output, output_file
+from pytest_mig.report.tables import (
+    OUTLIER_FACTOR,
+    find_outliers,
+    frame_table,
+    merged_frame,
+    report_format,
+    write_report,
+)
+from pytest_mig.store.results import ResultRecord, read_results
+
+#: Columns the merged report prints on the terminal (files get every column).
+REPORT_COLUMNS = ("test", "metric", "gpu", "profile", "node", "value", "unit", "verdict", "outlier")
+
+
+def _read_all(files: Sequence[Path]) -> list[ResultRecord]:
+    records: list[ResultRecord] = []
+    for f in files:
+        records.extend(read_results(f))
+    return records
+
+
+def cmd_report(files: Sequence[Path], out_path: Path | None, factor: float, fail_on_outlier: bool, out: TextIO) -> int:
+    if out_path is not None:
+        report_format(out_path)  # a wrong suffix is said before anything is read or printed
+        output_file(str(out_path), "report.md", "--out")
+        check_output(out_path, "--out", kept_folders(None))  # never a results file, history or reference
+    records = _read_all(files)
+    if not records:
+        print(f"no metrics in {len(files)} file(s)", file=out)
+        return 0
+    outliers = find_outliers(records, factor)
+    frame = merged_frame(records, outliers)
+    if not outliers:
+        frame_cols = [c for c in REPORT_COLUMNS if c != "outlier"]
+    else:
+        frame_cols = list(REPORT_COLUMNS)
+    print(frame_table(frame, frame_cols), file=out)
+    nodes = sorted({r.node for r in records})
+    print(f"{len(records)} metric(s) from {len(files)} file(s), {len(nodes)} node(s): {', '.join(nodes)}", file=out)
+    for o in outliers:
+        print(o.line(), file=out)
+    from pytest_mig.report.fleet import find_device_outliers, slices_vs_one
+
+    # a board far off the others of its model and profile (records that name their board; a node
+    # already flagged as a whole is not flagged again as its device)
+    flagged = {(o.node, o.test, o.metric) for o in outliers}
+    devices = [d for d in find_device_outliers(r for r in records if r.target.get("gpu_index") is not None)
+               if (d.node, d.test, d.metric) not in flagged]
+    for d in devices:
+        print(d.line(), file=out)
+    for row in slices_vs_one(records):  # Wulver's 1g.10gb:3 against 3g.40gb
+        print(row.line(), file=out)
+    outliers = [*outliers, *devices]
+    if out_path is not None:
+        write_report(out_path, frame)
+        print(f"report written to {out_path}", file=out)
+    return 1 if (outliers and fail_on_outlier) else 0
+
+
+class Report(Command):
+    name = "report"
+    help = "merge results files from many runs or nodes into one table"
+    description = "Merge pytest-mig results files into one table and flag outlier nodes."
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("files", nargs="+", type=path_arg, metavar="FILE",
+                            help="results JSON files (from --mig-results)")
+        parser.add_argument("--out", type=path_arg, metavar="PATH", help="also write the table: .md, .csv or .json")
+        parser.add_argument("--outlier-factor", type=factor_arg, default=OUTLIER_FACTOR, metavar="X",
+                            help=f"flag a node X times worse than the median of the others (default {OUTLIER_FACTOR})")
+        parser.add_argument("--fail-on-outlier", action="store_true", help="exit 1 when a node is flagged")
+
+    @classmethod
+    def run(cls, args: argparse.Namespace, out: TextIO) -> int:
+        return cmd_report(args.files, args.out, args.outlier_factor, args.fail_on_outlier, out)
