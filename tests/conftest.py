@@ -183,3 +183,22 @@ def stack(tmp_path: Path) -> Path:
     """The stack's cache folder, where the largest batches are remembered (workloads.batch_search,
     given as ``Caches(stack=stack)``)."""
     return tmp_path / "stack"
+
+
+#: Test files whose tests run real processes (pytest runs, the recipes, the example, node workers, the
+#: docs build): all of them end to end.
+END_TO_END_FILES = {"test_stopped_run.py", "test_recipes.py", "test_examples.py", "test_node.py", "test_docs.py",
+                    "test_calibrate_detection.py", "test_shared_store.py", "test_kept_outputs.py"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "e2e: an end-to-end test (a real pytest run or another process); "
+                                       "python -m pytest tests -m 'not e2e' runs the fast tests of objects alone")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the end-to-end tests: those that drive a real pytest run (``pytester``) and the files of
+    :data:`END_TO_END_FILES`."""
+    for item in items:
+        if "pytester" in getattr(item, "fixturenames", ()) or item.path.name in END_TO_END_FILES:
+            item.add_marker(pytest.mark.e2e)
