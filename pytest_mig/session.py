@@ -476,9 +476,8 @@ class MigSession:
                 self.errors.append(f"report not written: {exc}")
 
     def _save_baseline(self) -> None:
-        runs = [(nodeid, run) for nodeid, run in self.tests.items() if run.records]
-        passed = [r for _, run in runs if run.saveable for r in run.records]
-        left_out = sorted({r.test for _, run in runs if not run.saveable for r in run.records})
+        passed = [r for run in self.tests.values() if run.saveable for r in run.records]
+        left_out = sorted({r.test for run in self.tests.values() if not run.saveable for r in run.records})
         if left_out:
             self.messages.append(f"baseline: the figures of {len(left_out)} test(s) that failed or did not finish "
                                  f"were not saved: " + ", ".join(left_out[:5]) + (", ..." if len(left_out) > 5 else ""))

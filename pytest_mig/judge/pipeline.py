@@ -170,16 +170,20 @@ class Pipeline:
         for idx in by_test.values():
             mine = [records[i] for i in idx]
             taken = {r.metric.name: list((r.verdict or {}).get("confirmations") or []) for r in mine}
-            for i, v in zip(idx, self.judge(mine, tolerance=tolerance, remeasure=lambda: taken)):
+            for i, v in zip(idx, self.judge(mine, tolerance=tolerance, remeasure=lambda taken=taken: taken)):
                 out[i] = v
         return [v for v in out if v is not None]
 
-    def reference(self, rec: ResultRecord) -> Reference | None:
-        """The reference this record is judged against when it has no history of its own (None: none)."""
+    def history(self, rec: ResultRecord) -> Baseline | None:
+        """The histories of the record's GPU model and profile (None: there are none)."""
+        meta = meta_from_record(rec)
+        return self.histories.load(meta.gpu_slug, meta.profile)
+
+    def reference(self, rec: ResultRecord, base: Baseline | None) -> Reference | None:
+        """The reference this record is judged against when ``base``, its GPU model and profile's
+        histories, holds no history of its own (None: none)."""
         if self.references is None:
             return None
-        meta = meta_from_record(rec)
-        base = self.histories.load(meta.gpu_slug, meta.profile)
         if base is not None and base.get(rec.test, rec.metric.name, rec.mode) is not None:
             return None
         return self.references.holding(rec)
@@ -188,11 +192,10 @@ class Pipeline:
         """The verdict on the first measurement."""
         if not rec.metric.compare:
             return compare(rec, None, None)
-        ref = self.reference(rec)
+        base = self.history(rec)
+        ref = self.reference(rec, base)
         if ref is not None:
             return compare_reference(rec, ref, improvement_fails=self.improvement_fails)
-        meta = meta_from_record(rec)
-        base = self.histories.load(meta.gpu_slug, meta.profile)
         tol = _tolerance_for(tolerance, rec.metric.name)
         if base is None or base.get(rec.test, rec.metric.name, rec.mode) is None:
             alt = self.histories.elsewhere(rec)
@@ -205,12 +208,10 @@ class Pipeline:
 
     def confirm(self, rec: ResultRecord, verdict: Verdict, values: Sequence[float]) -> Verdict:
         """The verdict re-judged on the median of the first measurement and ``values``."""
-        ref = self.reference(rec) if verdict.source == "reference" else None
+        history = self.history(rec)
+        ref = self.reference(rec, history) if verdict.source == "reference" else None
         if ref is not None:
-            history: Baseline | None = ref.baseline
-        else:
-            meta = meta_from_record(rec)
-            history = self.histories.load(meta.gpu_slug, meta.profile)
+            history = ref.baseline
         entry = history.get(rec.test, rec.metric.name, rec.mode) if history is not None else None
         if entry is None:
             return verdict
