@@ -20,7 +20,7 @@ from pytest_mig.judge.scaling import check_scaling
 @pytest.mark.mig_scaling
 def test_scaling_against_ideal(mig_run_results: list[ResultRecord], request: pytest.FixtureRequest) -> None:
     basis = request.config.getoption("mig_scaling_basis", default="slices") or "slices"
-    slugs = {str(r.target.get("gpu_slug")) for r in mig_run_results if r.target.get("gpu_slug")}
+    slugs = {str(r.target.gpu_slug) for r in mig_run_results if r.target.gpu_slug}
     store = BaselineStore(baseline_dir(request.config))  # the option, else the ini, from the rootdir
     stored: list[ResultRecord] = []
     for slug in sorted(slugs):

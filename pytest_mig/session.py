@@ -329,9 +329,9 @@ class MigSession:
             escaped = self.emulator.escaped() if self.emulator is not None else None
             if escaped:  # measured outside the profile's green context: never recorded as the profile's
                 pytest.fail(f"{escaped}; this test's figures are not recorded", pytrace=False)
-            where = target.to_dict()
+            where = target.info()
             if self.settings.slowdown_sms:
-                where["slowed_to_sms"] = int(self.settings.slowdown_sms)
+                where = replace(where, extra={**where.extra, "slowed_to_sms": int(self.settings.slowdown_sms)})
             rec = ResultRecord(test=self.key(item, target), metric=metric, target=where,
                                fingerprint=dict(self.fingerprint), mode=mode)
             run.records.append(rec)

@@ -23,6 +23,8 @@ from pytest_mig.store.baselines import (
     load_baseline_file,
 )
 from pytest_mig.measure import Metric
+from pytest_mig.device.target import TargetInfo
+from pytest_mig.store.verdicts import Verdict
 from pytest_mig.store.results import ResultRecord
 from pytest_mig.judge.pipeline import Pipeline, StoreHistories
 from pytest_mig.judge.verdict import compare
@@ -57,7 +59,7 @@ def rec(
               "gpu_name": gpu, "gpu_slug": slug, "emulated": emulated}
     xs = [value * (1 + 0.002 * (i % 5 - 2)) for i in range(12)] if samples is None else samples
     metric = Metric(name, value, unit, direction, xs, kind, {}, compare_)  # type: ignore[arg-type]
-    return ResultRecord(test, metric, target, dict(FP if fingerprint is None else fingerprint), timestamp, node="n1",
+    return ResultRecord(test, metric, TargetInfo.from_dict(target), dict(FP if fingerprint is None else fingerprint), timestamp, node="n1",
                         mode=mode)
 
 
@@ -126,9 +128,9 @@ def test_a_run_that_re_measured_a_figure_adds_the_median_of_its_readings(store: 
     """Transient (a dip, re-measured twice near the history) or confirmed (every reading low), the
     history gains the median of the run's readings; a non-finite re-measurement is left out."""
     dip = rec(64.0)
-    dip.verdict = {"outcome": "transient", "confirmations": [151.9, 151.5, float("nan")]}
+    dip.verdict = Verdict.from_dict({"outcome": "transient", "confirmations": [151.9, 151.5, float("nan")]})
     low = rec(95.2, name="bf16_tflops")
-    low.verdict = {"outcome": "regressed", "confirmations": [94.8, 95.0]}
+    low.verdict = Verdict.from_dict({"outcome": "regressed", "confirmations": [94.8, 95.0]})
     plain = rec(20.0, name="tf32_tflops")
     path = saved(store, dip, low, plain)
     assert runs_of(path)[0]["value"] == 151.5
@@ -333,9 +335,9 @@ def test_other_files_of_the_store_are_still_read(store: BaselineStore) -> None:
     store.save([rec(), rec(40.0, profile="1g.18gb")])
     (store.root / "nvidia-h200" / "1g.18gb.json").write_text("{")
     records, problems = store.records("nvidia-h200")
-    assert [(r.target["profile"], r.metric.value) for r in records] == [("3g.71gb", 151.7)]
+    assert [(r.target.profile, r.metric.value) for r in records] == [("3g.71gb", 151.7)]
     assert len(problems) == 1 and "1g.18gb.json: not valid JSON" in problems[0]
-    assert records[0].node == "baseline" and records[0].target["gpu_slug"] == "nvidia-h200"
+    assert records[0].node == "baseline" and records[0].target.gpu_slug == "nvidia-h200"
     assert store.records("nvidia-a100-sxm4-80gb") == ([], [])
 
 
@@ -380,6 +382,7 @@ _SAVER = textwrap.dedent("""
     from pytest_mig.store.baselines import BaselineStore
     from pytest_mig.measure import Metric
     from pytest_mig.store.results import ResultRecord
+    from pytest_mig.device.target import TargetInfo
 
     root, prefix, go, count = sys.argv[1], sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])
     target = {"kind": "mig", "profile": "3g.71gb", "baseline_profile": "3g.71gb", "gpu_name": "NVIDIA H200",
@@ -390,7 +393,7 @@ _SAVER = textwrap.dedent("""
         time.sleep(0.001)
     for i in range(count):
         metric = Metric("rate", 100.0 + i, "items/s", "higher", [99.0, 100.0, 101.0])
-        store.save([ResultRecord(f"{prefix}{i}", metric, target, {"driver": "580"})])
+        store.save([ResultRecord(f"{prefix}{i}", metric, TargetInfo.from_dict(target), {"driver": "580"})])
 """)
 
 

@@ -12,6 +12,8 @@ import pytest
 from pytest_mig import cli
 from pytest_mig.night.detection import SIZES, analyse, markdown
 from pytest_mig.measure import Metric
+from pytest_mig.device.target import TargetInfo
+from pytest_mig.store.verdicts import Verdict
 from pytest_mig.store.results import ResultRecord, write_results
 
 BENCH = '''
@@ -162,17 +164,18 @@ def test_the_time_budget_says_what_the_next_night_does_with_a_test_that_gates_no
 
 # --------------------------------------------------------------------------- detection analysis
 
-TARGET = {"kind": "full", "profile": "full", "baseline_profile": "full", "gpu_name": "NVIDIA H100 80GB HBM3",
-          "gpu_slug": "nvidia-h100-80gb-hbm3", "emulated": False}
+TARGET = TargetInfo("full", "full", "full", gpu_name="NVIDIA H100 80GB HBM3", gpu_slug="nvidia-h100-80gb-hbm3",
+                    emulated=False)
 
 
 def run_file(path: Path, values: dict[str, float], verdicts: dict[str, dict[str, object]] | None = None) -> None:
     records = []
     for name, value in values.items():
         direction = "lower" if name.endswith("_s") else "higher"
-        rec = ResultRecord("benchmarks/test_x.py::test_x", Metric(name, value, "u", direction, [value]), dict(TARGET),
+        rec = ResultRecord("benchmarks/test_x.py::test_x", Metric(name, value, "u", direction, [value]), TARGET,
                            {"driver": "580.159.04"}, mode="quick")
-        rec.verdict = (verdicts or {}).get(name)
+        verdict = (verdicts or {}).get(name)
+        rec.verdict = Verdict.from_dict(verdict) if verdict is not None else None
         records.append(rec)
     write_results(path, records)
 
@@ -205,7 +208,7 @@ def test_a_false_alarm_in_the_nightly_flow_is_counted_and_its_re_measurements_ca
     values = [100.0, 100.1, 99.9, 100.05, 99.95, 100.0, 96.0, 100.0]  # run 7 dips by 4%
     runs = []
     for i, v in enumerate(values):
-        verdict = {"confirmations": [99.9, 100.1]} if i == 6 else None  # it re-measured and came back
+        verdict = {"outcome": "transient", "confirmations": [99.9, 100.1]} if i == 6 else None  # it re-measured and came back
         run_file(tmp_path / f"u{i}.json", {"rate": v}, {"rate": verdict} if verdict else None)
     from pytest_mig.store.results import read_results
 

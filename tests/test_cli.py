@@ -17,6 +17,8 @@ import topologies
 from pytest_mig import cli
 from pytest_mig.measure import Metric
 from pytest_mig.judge.reference import ReferenceStore, build
+from pytest_mig.device.target import TargetInfo
+from pytest_mig.store.verdicts import Verdict
 from pytest_mig.store.results import ResultRecord, write_results
 
 GEMM = "benchmarks/test_gemm.py::test_gemm[fp16]"
@@ -36,7 +38,7 @@ def rec(value: float, *, node: str = "gpu01", test: str = GEMM, name: str = "fp1
               "gpu_slug": gpu.lower().replace(" ", "-"), "emulated": False}
     xs = [value * (1 + 0.002 * (i % 5 - 2)) for i in range(10)] if samples is None else samples
     metric = Metric(name, value, unit, direction, xs, kind)  # type: ignore[arg-type]
-    return ResultRecord(test, metric, target, dict(fingerprint or {"driver": "580.159.04"}),
+    return ResultRecord(test, metric, TargetInfo.from_dict(target), dict(fingerprint or {"driver": "580.159.04"}),
                         "2025-01-01T00:00:00+00:00", node)
 
 
@@ -290,7 +292,7 @@ def test_compare_with_a_reference_lets_the_earlier_files_history_take_over(capsy
 def test_compare_re_judges_a_reference_verdict_on_the_runs_re_measurements(capsys: pytest.CaptureFixture[str],
                                                                           tmp_path: Path, ref_dir: str) -> None:
     dip = rec(84.0)
-    dip.verdict = {"outcome": "regressed", "confirmations": [99.2, 99.6]}  # what the plugin re-measured
+    dip.verdict = Verdict.from_dict({"outcome": "regressed", "confirmations": [99.2, 99.6]})  # what the plugin re-measured
     code, out, _ = run(capsys, "compare", "--reference", ref_dir, results(tmp_path / "dip.json", dip))
     assert code == 0 and out.splitlines()[-1].endswith(": 1 transient")
 

@@ -21,6 +21,7 @@ from pytest_mig.night.detection import analyse
 from pytest_mig.measure import Metric, timing_partners
 from pytest_mig.judge.noise import FEW_RUNS_BAND, K, REFERENCE_FLOOR, band, reference_band, run_sigma, spread
 from pytest_mig.judge.reference import ReferenceStore, build
+from pytest_mig.device.target import TargetInfo
 from pytest_mig.store.results import ResultRecord, read_results, write_results
 from pytest_mig.judge.pipeline import Pipeline, StoreHistories
 
@@ -42,7 +43,7 @@ UNITS = {"tokens_per_s": ("tokens/s", "higher", "training"), "step_time_s": ("s"
 def rec(name: str, value: float, test: str = TRAIN) -> ResultRecord:
     unit, direction, kind = UNITS[name]
     metric = Metric(name, value, unit, direction, [value] * 3, kind)  # type: ignore[arg-type]
-    return ResultRecord(test, metric, dict(TARGET), dict(FP), node="n1")
+    return ResultRecord(test, metric, TargetInfo.from_dict(TARGET), dict(FP), node="n1")
 
 
 def training_run(tokens: float, joules: float) -> list[ResultRecord]:

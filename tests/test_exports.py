@@ -10,10 +10,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pytest_mig.report import exports
 from pytest_mig.measure import Metric
+from pytest_mig.device.target import TargetInfo
+from pytest_mig.store.verdicts import Verdict
 from pytest_mig.store.results import ResultRecord
 
-TARGET = {"kind": "mig", "profile": "1g.10gb", "gpu_name": "NVIDIA H100 80GB HBM3", "uuid": "MIG-1234", "gpu_index": 0,
-          "gpu_instance_id": 9, "compute_instance_id": 0}  # as Target.to_dict writes a slice
+TARGET = TargetInfo.from_dict({"kind": "mig", "profile": "1g.10gb", "gpu_name": "NVIDIA H100 80GB HBM3", "uuid": "MIG-1234",
+                              "gpu_index": 0, "gpu_instance_id": 9, "compute_instance_id": 0})  # as a slice is recorded
 FP = {"driver": "580.159.04", "cuda_driver": "13.0", "cuda_runtime": "13.0", "torch": "2.11.0", "python": "3.12.3"}
 
 
@@ -22,8 +24,8 @@ def _records() -> list[ResultRecord]:
     step = Metric("step_time_s", 0.25, "s", "lower", [0.25, 0.26], kind="training")
     info = Metric("batch_size", 8, "sequences", "higher", [], kind="info", compare=False)
     return [
-        ResultRecord("test_gemm[bf16]", tflops, TARGET, FP, verdict={"outcome": "regressed", "change_pct": -6.2}),
-        ResultRecord("test_training[x]", step, TARGET, FP, verdict={"outcome": "ok", "change_pct": 0.4}),
+        ResultRecord("test_gemm[bf16]", tflops, TARGET, FP, verdict=Verdict.from_dict({"outcome": "regressed", "change_pct": -6.2})),
+        ResultRecord("test_training[x]", step, TARGET, FP, verdict=Verdict.from_dict({"outcome": "pass", "change_pct": 0.4})),
         ResultRecord("test_training[x]", info, TARGET, FP),
     ]
 
@@ -109,14 +111,14 @@ def test_prometheus_labels_a_slice_made_by_the_code_that_makes_targets(tmp_path,
 
     topology = topo.get_topology("h100-mig")
     plan = plan_run(Options(profile="1g.10gb"), discover(topology), {})
-    target = plan.targets[0].to_dict()
-    assert target["kind"] == "mig" and target.get("gpu_instance_id") is not None
+    target = plan.targets[0].info()
+    assert target.kind == "mig" and target.gpu_instance_id is not None
     rec = ResultRecord("test_gemm[bf16]", Metric("tflops", 101.5, "TFLOPS", kind="tensor"), target, FP)
     path = exports.write_prometheus([rec], tmp_path / "mig.prom")
     (family,) = [f for f in text_string_to_metric_families(path.read_text()) if f.name == "PYTEST_MIG_FIGURE"]
     labels = family.samples[0].labels
-    assert labels["GPU_I_ID"] == str(target["gpu_instance_id"]) and labels["GPU_I_PROFILE"] == "1g.10gb"
-    assert labels["UUID"] == target["uuid"] and labels["UUID"].startswith("MIG-")
+    assert labels["GPU_I_ID"] == str(target.gpu_instance_id) and labels["GPU_I_PROFILE"] == "1g.10gb"
+    assert labels["UUID"] == target.uuid and labels["UUID"].startswith("MIG-")
 
 
 def test_non_finite_figures_never_reach_an_export(tmp_path):

@@ -34,6 +34,8 @@ from pytest_mig.report.trend import collect  # noqa: E402
 from pytest_mig.measure import Metric  # noqa: E402
 from pytest_mig.device.profiles import ProfileError, parse_profile  # noqa: E402
 from pytest_mig.judge.reference import SHIPPED, ReferenceStore  # noqa: E402
+from pytest_mig.device.target import TargetInfo
+from pytest_mig.store.verdicts import Verdict
 from pytest_mig.store.results import ResultRecord, ResultsFileError, read_results_file, write_results  # noqa: E402
 from pytest_mig.settings import count_arg, positive_int_arg, tolerance_arg  # noqa: E402
 from pytest_mig.night.nights import last_runs  # noqa: E402
@@ -110,8 +112,8 @@ def _dump(doc: Any) -> str:
 def _results_doc(tmp: Path) -> dict[str, Any]:
     recs = [ResultRecord("bench.py::test_gemm[bf16]", Metric("bf16_tflops", 700.0 + i, "TFLOPS", "higher",
                                                              [699.0, 700.0, 701.0], "tensor"),
-                         dict(TARGET), {"driver": "580.159.04"}, f"2026-11-2{i}T00:00:00+00:00",
-                         verdict={"outcome": "pass", "change_pct": 0.1, "confirmations": [700.0]})
+                         TargetInfo.from_dict(TARGET), {"driver": "580.159.04"}, f"2026-11-2{i}T00:00:00+00:00",
+                         verdict=Verdict.from_dict({"outcome": "pass", "change_pct": 0.1, "confirmations": [700.0]}))
             for i in range(2)]
     path = tmp / "seed.json"
     write_results(path, recs, {"complete": True, "durations": {"bench.py::test_gemm[bf16]": 61.9},
@@ -186,7 +188,7 @@ def test_baseline_files_read_or_say_why(seeds: dict[str, Any], tmp_path_factory:
     for e in base.entries.values():  # what the verdict layer will do with it
         assert all(math.isfinite(v) and v > 0 for v in e.values) and e.direction in ("higher", "lower")
     rec = ResultRecord("bench.py::test_gemm[bf16]", Metric("bf16_tflops", 700.0, "TFLOPS", "higher", [], "tensor"),
-                       dict(TARGET), {"driver": "580.159.04"})
+                       TargetInfo.from_dict(TARGET), {"driver": "580.159.04"})
     try:
         BaselineStore(tmp / "baselines").save([rec])
     except BaselineError:

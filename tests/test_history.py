@@ -17,6 +17,7 @@ import pytest
 from test_verdict import FP_OLD, TEST, record
 
 from pytest_mig.store.baselines import BaselineStore
+from pytest_mig.store.verdicts import Verdict
 from pytest_mig.cli import main
 from pytest_mig.report.trend import collect, render, write_page
 from pytest_mig.store.results import write_results
@@ -121,7 +122,7 @@ def hostile_results(tmp_path: Path) -> list[Path]:
         rec = record(100.0 + night, name=payload, unit=payload, gpu=payload, profile=payload,
                      fingerprint={**FP_OLD, "driver": driver, "vbios": payload, "torch": payload})
         rec.test, rec.node, rec.timestamp = payload, payload, f"2026-11-1{night}T02:00:00{payload}"
-        rec.verdict = {"outcome": payload, "message": payload, "baseline": 100.0, "threshold": 0.05}
+        rec.verdict = Verdict.from_dict({"outcome": payload, "message": payload, "baseline": 100.0, "threshold": 0.05})
         path = tmp_path / f"night-{night}{'<script>x</script>' if night else ''}.json"
         write_results(path, [rec], meta={"complete": False, "stopped": payload})
         paths.append(path)

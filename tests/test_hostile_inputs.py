@@ -20,6 +20,7 @@ from pytest_mig.store.baselines import BaselineEntry, Run
 from pytest_mig.measure import Metric
 from pytest_mig.judge.noise import PRIOR, PRIOR_RUNS, band
 from pytest_mig.report.tables import write_report
+from pytest_mig.device.target import TargetInfo
 from pytest_mig.store.results import ResultRecord
 from pytest_mig.judge.verdict import compare
 
@@ -61,7 +62,7 @@ def test_an_option_with_control_characters_is_echoed_escaped(pytester: pytest.Py
 
 
 def _records(test: str) -> list[ResultRecord]:
-    return [ResultRecord(test, Metric("rate", 100.0, "items/s"), dict(TARGET), {}, node="=HYPERLINK(\"x\")")]
+    return [ResultRecord(test, Metric("rate", 100.0, "items/s"), TargetInfo.from_dict(TARGET), {}, node="=HYPERLINK(\"x\")")]
 
 
 def test_csv_report_cells_never_start_a_formula(tmp_path) -> None:
@@ -86,7 +87,7 @@ def _entry(values: list[float]) -> BaselineEntry:
 
 
 def test_a_value_of_1e308_is_not_compared_rather_than_passed_at_inf_percent() -> None:
-    rec = ResultRecord("t", Metric("rate", 1.5e308, "items/s"), dict(TARGET), {})
+    rec = ResultRecord("t", Metric("rate", 1.5e308, "items/s"), TargetInfo.from_dict(TARGET), {})
     v = compare(rec, _entry([0.5, 0.5, 0.5, 0.5, 0.5]))
     assert v.outcome == "incomparable" and "too large to be a number" in v.message and "inf" not in v.message
 
@@ -103,7 +104,7 @@ def test_a_short_history_borrows_the_references_sigma_until_it_has_ten_runs() ->
     ten = five * 2
     assert len(ten) == PRIOR_RUNS and band(ten, prior=0.007).sigma_of is None  # its own history has taken over
     assert band(five, prior=0.0001).sigma_of is None  # a quieter prior never narrows the band
-    rec = ResultRecord("t", Metric("rate", 707.1, "items/s"), dict(TARGET), {})
+    rec = ResultRecord("t", Metric("rate", 707.1, "items/s"), TargetInfo.from_dict(TARGET), {})
     assert compare(rec, _entry(five)).outcome == "regressed"  # the false alarm of the issue
     v = compare(rec, _entry(five), prior=0.007)
     assert v.outcome == "pass" and "the reference's, across nights and boards" in v.message
@@ -120,7 +121,7 @@ def test_the_judge_takes_the_prior_from_the_shipped_reference() -> None:
     target = {"kind": "full", "profile": "full", "baseline_profile": "full", "gpu_name": "NVIDIA H100 80GB HBM3",
               "gpu_slug": "nvidia-h100-80gb-hbm3"}
     rec = ResultRecord(entry.test, Metric(entry.metric, entry.value, entry.unit, entry.direction, kind=entry.kind),
-                       target, {}, mode=entry.mode)
+                       TargetInfo.from_dict(target), {}, mode=entry.mode)
     assert reference_prior(refs, rec) == pytest.approx(ref.band_for(entry).sigma)
     assert reference_prior(None, rec) is None
 
@@ -131,7 +132,7 @@ def _results_text(tmp_path, value: float = 700.0, duration: float = 61.9, **targ
     from pytest_mig.store.results import write_results
 
     rec = ResultRecord("bench.py::test_gemm[bf16]", Metric("bf16_tflops", value, "TFLOPS", "higher", [], "tensor"),
-                       {**TARGET, "baseline_profile": "full", **target}, {"driver": "580.159.04"},
+                       TargetInfo.from_dict({**TARGET, "baseline_profile": "full", **target}), {"driver": "580.159.04"},
                        "2026-11-20T00:00:00+00:00")
     path = tmp_path / "seed.json"
     write_results(path, [rec], {"complete": True, "durations": {"bench.py::test_gemm[bf16]": duration}})

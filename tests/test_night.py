@@ -127,11 +127,11 @@ def test_each_tests_seconds_are_kept_and_read_back_for_the_next_estimate(h200: R
 def test_an_ungated_test_is_deselected_with_the_reason_and_runs_on_request(
         h200: Run_, pytester: pytest.Pytester, tmp_path: Path) -> None:  # noqa: F811
     """A reference whose two runs of the figure are 30% apart: it is too noisy to gate anywhere."""
+    from pytest_mig.device.target import TargetInfo
     from pytest_mig.measure import Metric
     from pytest_mig.store.results import ResultRecord, write_results
 
-    target = {"kind": "full", "profile": "full", "baseline_profile": "full", "gpu_name": "NVIDIA H200",
-              "gpu_slug": "nvidia-h200"}
+    target = TargetInfo("full", "full", "full", gpu_name="NVIDIA H200", gpu_slug="nvidia-h200")
     for i, (rate, latency) in enumerate([(100.0, 2.0), (130.0, 2.6)]):
         recs = [ResultRecord(TEST_ID, Metric("rate", rate, "items/s"), target, {}, f"2026-11-2{i}T00:00:00+00:00"),
                 ResultRecord(TEST_ID, Metric("latency_ms", latency, "ms", "lower"), target, {},

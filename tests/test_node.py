@@ -16,6 +16,7 @@ from pytest_mig.device import nvml
 from pytest_mig.report.fleet import find_device_outliers, provider_figures, slices_vs_one
 from pytest_mig.measure import Metric
 from pytest_mig.night.node import Device, devices, worker_args
+from pytest_mig.device.target import TargetInfo
 from pytest_mig.store.results import ResultRecord, read_results
 from pytest_mig.device.target import SelectionError
 
@@ -117,8 +118,8 @@ def test_every_slice_runs_at_once_and_merges_into_one_report(pytester: pytest.Py
     assert result.ret == 0, out
     assert "pytest-mig node: 7 worker(s) started" in out and out.count(": passed (1 figures") == 7
     records = read_results(pytester.path / "node.json")
-    assert sorted(r.target["uuid"] for r in records) == sorted(topo.H100_1G)  # one record per slice, merged
-    assert {r.target["gpu_serial"] for r in records} == {"1650123456789"}
+    assert sorted(r.target.uuid for r in records) == sorted(topo.H100_1G)  # one record per slice, merged
+    assert {r.target.gpu_serial for r in records} == {"1650123456789"}
     result.stdout.fnmatch_lines([
         "provider figures (Columbia/IBM: all devices at once):",
         "  test_rate rate: 631.8 items/s (all devices together, 7 devices: 100.0, 100.1, 100.2, 30.00, 100.4, 100.5, "
@@ -185,7 +186,7 @@ def rec(value: float, index: int, *, metric: str = "bf16_tflops", unit: str = "T
               "uuid": uuid or f"GPU-{index}", "gpu_uuid": board or f"GPU-{index}", "gpu_index": index,
               "pci_bus_id": f"00000000:{index + 0x18:02X}:00.0", "gpu_serial": f"serial-{index}"}
     return ResultRecord("bench.py::test_gemm[bf16]", Metric(metric, value, unit, direction, [], kind=kind),
-                        target, {}, node=node)
+                        TargetInfo.from_dict(target), {}, node=node)
 
 
 def test_a_3x_slow_gpu_stands_out() -> None:

@@ -24,6 +24,8 @@ from pytest_mig.judge.reference import (
     judged_against,
     pooled_sigma,
 )
+from pytest_mig.device.target import TargetInfo
+from pytest_mig.store.verdicts import Verdict
 from pytest_mig.store.results import ResultRecord, write_results
 from pytest_mig.judge.pipeline import Pipeline, StoreHistories
 from pytest_mig.judge.verdict import compare_reference
@@ -132,7 +134,7 @@ def test_a_figure_its_run_re_measured_enters_as_the_median_of_its_measurements(t
     calm = results_file(tmp_path, "calm", {"fp16_tflops": 100.0})
     dipped = tmp_path / "dipped.json"
     rec = record(64.0, name="fp16_tflops", fingerprint=dict(BOARD))
-    rec.verdict = {"outcome": "transient", "confirmations": [100.3, 100.1, float("nan")]}
+    rec.verdict = Verdict.from_dict({"outcome": "transient", "confirmations": [100.3, 100.1, float("nan")]})
     write_results(dipped, [rec])
     build([calm, dipped], tmp_path / "ref")
     ref = ReferenceStore(tmp_path / "ref").load("nvidia-h200", "3g.71gb")
@@ -203,7 +205,7 @@ def test_the_shipped_judged_counts_are_what_a_first_night_judges() -> None:
         outcomes: dict[str, list[str]] = {}
         for e in ref.baseline.entries.values():
             metric = Metric(e.metric, e.value, e.unit, e.direction, [e.value] * 3, e.kind)  # type: ignore[arg-type]
-            rec = ResultRecord(e.test, metric, target, dict(meta.fingerprint), mode=e.mode)
+            rec = ResultRecord(e.test, metric, TargetInfo.from_dict(target), dict(meta.fingerprint), mode=e.mode)
             outcomes.setdefault(e.mode, []).append(compare_reference(rec, ref).outcome)
         counts = ref.judged_counts()
         assert set(counts) == set(outcomes)

@@ -26,6 +26,8 @@ from pytest_mig.report.tables import (
     verdict_counts,
     write_report,
 )
+from pytest_mig.device.target import TargetInfo
+from pytest_mig.store.verdicts import Verdict
 from pytest_mig.store.results import ResultRecord
 from pytest_mig.judge.scaling import check_values
 
@@ -50,7 +52,8 @@ def rec(
     target = {"kind": "mig", "profile": profile, "baseline_profile": profile, "gpu_name": gpu,
               "gpu_slug": "nvidia-h200", "emulated": False}
     metric = Metric(name, value, unit, direction, [value], kind, {}, compare_)  # type: ignore[arg-type]
-    return ResultRecord(test, metric, target, {"driver": "580.159.04"}, "2025-01-01T00:00:00+00:00", node, verdict)
+    return ResultRecord(test, metric, TargetInfo.from_dict(target), {"driver": "580.159.04"}, "2025-01-01T00:00:00+00:00",
+                        node, Verdict.from_dict(verdict) if verdict is not None else None)
 
 
 def verdict(outcome: str, baseline: float | None = None, change: float | None = None, **kw: Any) -> dict[str, Any]:
@@ -93,7 +96,7 @@ def test_summary_table_adds_the_profile_when_the_run_covered_several() -> None:
 
 
 def test_throttled_verdicts_say_so_and_counts(judged: list[ResultRecord]) -> None:
-    judged[0].verdict = verdict("regressed", 151.7, -8.9, throttled=["sw_power_cap"])
+    judged[0].verdict = Verdict.from_dict(verdict("regressed", 151.7, -8.9, throttled=["sw_power_cap"]))
     assert "regressed (throttled)" in summary_table(judged)
     assert verdict_counts(judged) == {"regressed": 1, "pass": 1, "no-baseline": 1, "info": 1}
     assert verdict_counts([rec(1.0)]) == {"not judged": 1}

@@ -10,6 +10,7 @@ import pytest
 
 from pytest_mig import cli
 from pytest_mig.measure import Metric
+from pytest_mig.device.target import TargetInfo
 from pytest_mig.store.results import ResultRecord, write_results
 from pytest_mig.report.samples import KEEPS, analyse, lines, windows_for
 
@@ -19,7 +20,7 @@ TARGET = {"kind": "full", "profile": "full", "baseline_profile": "full", "gpu_sl
 
 def _record(test: str, name: str, samples: list[float], run: int, **target: str) -> ResultRecord:
     return ResultRecord(test, Metric(name, statistics.median(samples), "x/s", "higher", samples),
-                        {**TARGET, **target}, {}, f"2026-11-{run + 1:02d}T00:00:00+00:00")
+                        TargetInfo.from_dict({**TARGET, **target}), {}, f"2026-11-{run + 1:02d}T00:00:00+00:00")
 
 
 def _runs(rng: random.Random, *, between: float, within: float, n: int = 16, runs: int = 12) -> list[list[float]]:
@@ -55,10 +56,11 @@ def test_figures_that_are_not_the_median_of_their_samples_or_have_too_few_runs_a
     records = [_record("b.py::test_a", "rate", s, i) for i, s in enumerate(runs)]
     for r in records[:]:  # the same runs read again from a copy of the file count once
         records.append(_record("b.py::test_a", "rate", r.metric.samples, int(r.timestamp[8:10]) - 1))
-    mean = [ResultRecord("b.py::test_b", Metric("rate", statistics.fmean(s), "x/s", "higher", s), TARGET, {},
+    mean = [ResultRecord("b.py::test_b", Metric("rate", statistics.fmean(s), "x/s", "higher", s), TargetInfo.from_dict(TARGET), {},
                          f"2026-11-{i + 1:02d}T00:00:00+00:00") for i, s in enumerate(runs)]
     two = [_record("b.py::test_c", "rate", s, i) for i, s in enumerate(runs[:2])]
-    info = [ResultRecord("b.py::test_d", Metric("size", statistics.median(s), "n", "higher", s, compare=False), TARGET,
+    info = [ResultRecord("b.py::test_d", Metric("size", statistics.median(s), "n", "higher", s, compare=False),
+                    TargetInfo.from_dict(TARGET),
                          {}, f"2026-11-{i + 1:02d}T00:00:00+00:00") for i, s in enumerate(runs)]
     few = [_record("b.py::test_e", "rate", s[:5], i) for i, s in enumerate(runs)]
     (row,) = analyse(records + mean + two + info + few)
@@ -90,7 +92,7 @@ def _energy(test: str, whole: float, half: float | None, run: int, window_s: flo
     info = {"window_s": window_s, **({"first_half": {"window_s": window_s / 2, "calls": 10, "value": half}}
                                      if half is not None else {})}
     return ResultRecord(test, Metric("energy_j_per_x", whole, "J/x", "lower", [], kind="energy", info=info),
-                        TARGET, {}, f"2026-11-{run + 1:02d}T00:00:00+00:00")
+                        TargetInfo.from_dict(TARGET), {}, f"2026-11-{run + 1:02d}T00:00:00+00:00")
 
 
 def test_an_energy_windows_first_half_is_judged_against_the_whole_window() -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from pytest_mig.store.baselines import BaselineStore
 from pytest_mig.measure import Metric
+from pytest_mig.device.target import TargetInfo
 from pytest_mig.store.results import ResultRecord, write_results
 from pytest_mig.judge.scaling import SCALING_TOLERANCE, ScalingReport, check_scaling, check_values
 
@@ -231,7 +232,7 @@ def rec(profile: str, value: float, *, kind: str = "compute", target_kind: str =
               "emulated": emulated, "baseline_profile": f"{profile}-emulated" if emulated else profile,
               "sms_obtained": sms_obtained}
     metric = Metric(name, value, unit, direction, [], kind)  # type: ignore[arg-type]
-    return ResultRecord(test, metric, target, {"memory_total_mib": 143771}, node=node)
+    return ResultRecord(test, metric, TargetInfo.from_dict(target), {"memory_total_mib": 143771}, node=node)
 
 
 def test_emulated_and_real_profiles_are_never_in_one_ladder() -> None:
@@ -367,7 +368,7 @@ def test_stored_real_slices_never_join_an_emulated_ladder(tmp_path: Path) -> Non
     store = BaselineStore(tmp_path)
     store.save([rec("1g.18gb", 16.0), rec("2g.35gb", 32.0, target_kind="emulated")])
     stored, _ = store.records("nvidia-h200")
-    assert {(r.target["kind"], r.target["profile"]) for r in stored} == {("mig", "1g.18gb"), ("emulated", "2g.35gb")}
+    assert {(r.target.kind, r.target.profile) for r in stored} == {("mig", "1g.18gb"), ("emulated", "2g.35gb")}
     report = check_scaling([rec("3g.71gb", 60.0, target_kind="emulated")], basis="sms", extra=stored)
     (row,) = report.rows
     assert (row.family, row.pair) == ("emulated", "3g.71gb / 2g.35gb")

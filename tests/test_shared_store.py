@@ -20,6 +20,7 @@ from test_verdict_flow import baseline_path, h200  # noqa: F401  (the fixture: a
 from pytest_mig.store.baselines import BaselineError, BaselineStore
 from pytest_mig.measure import Metric
 from pytest_mig.night.nights import BUILT_SYSTEMS, CACHE_FOLDER
+from pytest_mig.device.target import TargetInfo
 from pytest_mig.store.results import ResultRecord
 
 Run = Callable[..., pytest.RunResult]
@@ -31,7 +32,7 @@ TARGET = {"kind": "mig", "profile": PROFILE, "baseline_profile": PROFILE, "gpu_n
 
 def _record(test: str, value: float = 100.0) -> ResultRecord:
     metric = Metric("rate", value, "items/s", "higher", [value * 0.99, value, value * 1.01])
-    return ResultRecord(test, metric, dict(TARGET), {"driver": "580"}, "2026-01-01T00:00:00+00:00")
+    return ResultRecord(test, metric, TargetInfo.from_dict(TARGET), {"driver": "580"}, "2026-01-01T00:00:00+00:00")
 
 
 # 1. a shared history written through two folders --------------------------------------------------------

@@ -12,6 +12,7 @@ import pytest
 from pytest_mig.store.baselines import BaselineStore, entry_from_records, meta_from_record
 from pytest_mig.measure import Metric
 from pytest_mig.judge.noise import FEW_RUNS_BAND, FLOOR, K, band, run_sigma
+from pytest_mig.device.target import TargetInfo
 from pytest_mig.store.results import ResultRecord
 from pytest_mig.judge.pipeline import Pipeline, StoreHistories
 from pytest_mig.judge.verdict import (
@@ -52,7 +53,7 @@ def record(
               "gpu_slug": slug, "emulated": emulated,
               "baseline_profile": f"{profile}-emulated" if emulated else profile}
     metric = Metric(name, value, unit, direction, [value] * 3, kind, dict(info or {}), compare_)  # type: ignore[arg-type]
-    return ResultRecord(TEST, metric, target, dict(FP_OLD if fingerprint is None else fingerprint), node="n1",
+    return ResultRecord(TEST, metric, TargetInfo.from_dict(target), dict(FP_OLD if fingerprint is None else fingerprint), node="n1",
                         mode=mode)
 
 
@@ -226,15 +227,15 @@ def test_a_regression_is_confirmed_only_when_every_re_measurement_is_beyond() ->
     entry = entry_from_records(old)
     first = compare(record(95.0), entry, meta_from_record(old[0]))
     assert first.failed
-    kept = confirm(first, record(95.0), entry, [95.2, 94.8])
+    kept = confirm(first, record(95.0), [95.2, 94.8])
     assert kept.outcome == "regressed" and kept.failed and kept.confirmations == [95.2, 94.8]
     assert "confirmed: every re-measurement is beyond the threshold, 95.20, 94.80 TFLOPS" in kept.message
-    dip = confirm(first, record(95.0), entry, [95.1, 100.1])  # one came back: a transient, not a regression
+    dip = confirm(first, record(95.0), [95.1, 100.1])  # one came back: a transient, not a regression
     assert dip.outcome == "transient" and not dip.failed
     assert "a transient change, not a regression: re-measured 95.10, 100.1 TFLOPS" in dip.message
-    assert confirm(first, record(95.0), entry, [float("nan")]) is first  # nothing usable: the first stands
+    assert confirm(first, record(95.0), [float("nan")]) is first  # nothing usable: the first stands
     passing = compare(record(100.0), entry, meta_from_record(old[0]))
-    assert confirm(passing, record(100.0), entry, [90.0]) is passing  # only verdicts beyond are re-judged
+    assert confirm(passing, record(100.0), [90.0]) is passing  # only verdicts beyond are re-judged
 
 
 def test_the_judge_reads_each_file_once_and_confirms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -251,7 +252,7 @@ def test_the_judge_reads_each_file_once_and_confirms(tmp_path: Path, monkeypatch
     v = j.confirm(recs[0], verdicts[0], [99.9, 100.1])
     assert v.outcome == "transient"
     (again,) = j.judge(recs[:1], remeasure=lambda: {recs[0].metric.name: [99.9, 100.1]})
-    assert again.outcome == "transient" and recs[0].verdict is not None and recs[0].verdict["outcome"] == "transient"
+    assert again.outcome == "transient" and recs[0].verdict is not None and recs[0].verdict.outcome == "transient"
     assert len(loads) == 1
 
 
@@ -269,6 +270,45 @@ def test_the_clock_normalised_partner_says_whether_the_clock_or_the_kernel_moved
     vs = [compare(slower[0], e_t, meta), compare(slower[1], e_c, meta)]
     explain_clock(slower, vs)
     assert "the kernel itself is slower per cycle" in vs[0].message
+    assert vs[0].clock is not None and vs[0].clock.moved_too and vs[0].clock.metric == "fp16_flop_per_sm_cycle"
+
+
+def test_a_throttled_figure_slower_per_cycle_is_not_blamed_on_the_throttle() -> None:
+    """The message is rendered from the verdict's fields: once the per-cycle partner moved too, the
+    throttle is no longer named as the likely cause, and rendering it again says the same."""
+    throttled = {"clocks": {"after": {"sm_clock_mhz": 1410, "throttle_reasons": ["sw_power_cap"], "throttled": True}}}
+    tflops = history(QUIET)
+    cycles = history(QUIET, name="fp16_flop_per_sm_cycle", unit="FLOP/SM/cycle")
+    meta = meta_from_record(tflops[0])
+    recs = [record(92.0, info=throttled),
+            record(92.0, name="fp16_flop_per_sm_cycle", unit="FLOP/SM/cycle", info={"normalises": "fp16_tflops"})]
+    vs = [compare(recs[0], entry_from_records(tflops), meta), compare(recs[1], entry_from_records(cycles), meta)]
+    assert "not blamed on the driver, the throttle is the likely cause" in vs[0].message
+    explain_clock(recs, vs)
+    once = vs[0].message
+    assert "GPU was throttled during the measurement (sw_power_cap)" in once and "not blamed on the driver" not in once
+    explain_clock(recs, vs)
+    assert vs[0].message == once and once.count("per SM cycle") == 1
+
+
+def test_a_judged_record_goes_to_its_results_file_and_back_unchanged(tmp_path: Path) -> None:
+    """Typed in memory, a dict only in the file: the verdict's file form holds the fields it always
+    held, the record reads back equal, and writing it again gives the same bytes."""
+    from pytest_mig.store.results import read_results, write_results
+
+    rec = record(92.0, info={"clocks": {"after": {"throttle_reasons": ["sw_power_cap"], "throttled": True}}})
+    old = history(QUIET)
+    rec.verdict = confirm(compare(rec, entry_from_records(old), meta_from_record(old[-1])), rec, [91.0, 92.5])
+    assert set(rec.verdict.to_dict()) == {
+        "outcome", "metric", "value", "baseline", "change_pct", "tolerance", "threshold", "sigma", "detectable", "runs",
+        "gates", "confirmations", "fingerprint_changes", "throttled", "message", "unit", "test", "failed", "direction",
+        "basis", "source", "sigma_of"}
+    write_results(tmp_path / "a.json", [rec])
+    (back,) = read_results(tmp_path / "a.json")
+    assert back.target == rec.target and back.verdict is not None
+    assert back.verdict.to_dict() == rec.verdict.to_dict() and back.verdict.confirmations == [91.0, 92.5]
+    write_results(tmp_path / "b.json", [back])
+    assert (tmp_path / "b.json").read_bytes() == (tmp_path / "a.json").read_bytes()
 
 
 # --------------------------------------------------------------------------- against a store

@@ -210,8 +210,8 @@ def test_a_steady_history_passes_and_every_line_says_its_threshold(h200: Callabl
     assert baseline_path(pytester).read_bytes() == saved  # a normal run never writes the baseline
     rate = rate_record(pytester, "r.json")
     v = rate.verdict
-    assert v["outcome"] == "pass" and v["runs"] == 6 and v["threshold"] == 0.01 and v["gates"] is True
-    assert "threshold 1% (the floor; run-to-run sigma 0.15% over 6 runs), detects >= 1.3%" in v["message"]
+    assert v is not None and v.outcome == "pass" and v.runs == 6 and v.threshold == 0.01 and v.gates is True
+    assert "threshold 1% (the floor; run-to-run sigma 0.15% over 6 runs), detects >= 1.3%" in v.message
 
 
 def test_a_sustained_slowdown_is_confirmed_by_re_measuring_and_fails(h200: Callable[..., pytest.RunResult],
@@ -226,7 +226,7 @@ def test_a_sustained_slowdown_is_confirmed_by_re_measuring_and_fails(h200: Calla
                                  f"threshold, 95.00, 95.00 items/s (median of 3 -5.0%); nothing in the fingerprint "
                                  f"changed since the baseline"])
     rate = rate_record(pytester, "r.json")
-    assert rate.verdict["confirmations"] == [95.0, 95.0] and rate.metric.value == 95.0  # results keep the first
+    assert rate.verdict.confirmations == [95.0, 95.0] and rate.metric.value == 95.0  # results keep the first
 
 
 def test_a_transient_dip_is_reported_as_one_and_passes(h200: Callable[..., pytest.RunResult],
@@ -238,7 +238,7 @@ def test_a_transient_dip_is_reported_as_one_and_passes(h200: Callable[..., pytes
     dipped.assert_outcomes(passed=1)
     assert summary_row(dipped, "rate")[-1] == "transient"
     rate = rate_record(pytester, "r.json")
-    assert "a transient change, not a regression: re-measured 100.0, 100.0 items/s" in rate.verdict["message"]
+    assert "a transient change, not a regression: re-measured 100.0, 100.0 items/s" in rate.verdict.message
     h200("--mig-confirm", "0").assert_outcomes(failed=1)  # without re-measuring, the dip fails
 
 
@@ -250,7 +250,7 @@ def test_too_few_runs_use_a_conservative_band_and_say_so(h200: Callable[..., pyt
     result = h200("--mig-results", "r.json")
     result.assert_outcomes(passed=1)  # 8% is inside the 10% band of a single run
     rate = rate_record(pytester, "r.json")
-    assert "threshold 10%: only 1 run(s) in the baseline, too few to measure its noise" in rate.verdict["message"]
+    assert "threshold 10%: only 1 run(s) in the baseline, too few to measure its noise" in rate.verdict.message
     h200("--mig-tolerance", "5%").assert_outcomes(failed=1)  # a site's tolerance caps the band
     mig_env.setenv("RATE", "85")
     h200().assert_outcomes(failed=1)
@@ -265,8 +265,8 @@ def test_a_figure_too_noisy_to_gate_is_reported_never_failed(h200: Callable[...,
     result.assert_outcomes(passed=1)
     assert summary_row(result, "rate")[-1] == "noisy"
     rate = rate_record(pytester, "r.json")
-    assert "too noisy to gate (run-to-run CV 15.8% over 5 runs" in rate.verdict["message"]
-    assert rate.verdict["gates"] is False
+    assert "too noisy to gate (run-to-run CV 15.8% over 5 runs" in rate.verdict.message
+    assert rate.verdict.gates is False
     h200("--mig-tolerance", "20%").assert_outcomes(failed=1)  # a site that sets a tolerance gates it anyway
 
 
@@ -356,7 +356,7 @@ def test_a_cpu_run_is_compared_with_a_cpu_baseline(pytester: pytest.Pytester, mi
     first.assert_outcomes(passed=1)
     first.stdout.fnmatch_lines(["CPU run: real CPU measurements at small sizes, compared only with a CPU baseline *"])
     assert summary_row(first, "rate")[-1] == "no-baseline"
-    assert all(r.target["gpu_slug"] == "cpu" for r in read_results(pytester.path / "r.json"))
+    assert all(r.target.gpu_slug == "cpu" for r in read_results(pytester.path / "r.json"))
     pytester.runpytest("--mig-save-baseline", *QUIET).assert_outcomes(passed=1)
     assert (pytester.path / "baselines" / "cpu" / "cpu.json").exists()
     mig_env.setenv("RATE", "50")
@@ -375,7 +375,7 @@ def test_a_mig_slice_saves_under_its_model_and_profile(pytester: pytest.Pytester
     path = baseline_path(pytester, "nvidia-h100-80gb-hbm3", "1g.10gb")
     doc = json.loads(path.read_text())
     assert (doc["gpu_model"], doc["profile"], doc["emulated"]) == ("NVIDIA H100 80GB HBM3", "1g.10gb", False)
-    (target,) = {json.dumps(r.target, sort_keys=True) for r in read_results(pytester.path / "r.json")}
+    (target,) = {json.dumps(r.target.to_dict(), sort_keys=True) for r in read_results(pytester.path / "r.json")}
     t = json.loads(target)
     assert (t["kind"], t["profile"], t["gpu_slug"], t["uuid"]) == ("mig", "1g.10gb", "nvidia-h100-80gb-hbm3",
                                                                   topologies.H100_1G[0])
@@ -489,7 +489,7 @@ def test_a_first_run_is_judged_against_the_reference_until_a_baseline_is_saved(
         "*REGRESSED test_bench.py::test_rate rate 84.00 items/s, reference 100.0 items/s (median of 3 runs of the "
         "reference for this GPU model): -16.0%, threshold 10% (against another board*",
     ])
-    assert rate_record(pytester, "first.json").verdict["source"] == "reference"
+    assert rate_record(pytester, "first.json").verdict.source == "reference"
     assert summary_row(slow, "rate")[4:6] == ["100.0", "(ref)"]  # the summary table names the reference
     quick = h200("--mig-reference", "ref", "--mig-quick")  # the reference holds normal runs only
     quick.assert_outcomes(passed=1)
@@ -500,7 +500,7 @@ def test_a_first_run_is_judged_against_the_reference_until_a_baseline_is_saved(
     h200("--mig-reference", "ref", "--mig-save-baseline").assert_outcomes(passed=1)
     own = h200("--mig-reference", "ref", "--mig-results", "own.json")  # the local history takes over
     own.assert_outcomes(passed=1)
-    assert rate_record(pytester, "own.json").verdict["source"] == "baseline"
+    assert rate_record(pytester, "own.json").verdict.source == "baseline"
 
 
 def test_a_reference_of_one_run_is_shown_beside_not_said_to_judge(
@@ -518,7 +518,7 @@ def test_a_reference_of_one_run_is_shown_beside_not_said_to_judge(
         "H200 full (normal), *, but not judged: no figure of this mode has a second reference run of NVIDIA H200 to "
         "show its run-to-run noise; record a baseline with --mig-save-baseline"])
     verdict = rate_record(pytester, "first.json").verdict
-    assert verdict["outcome"] == "noisy" and "the reference has one run of it" in verdict["message"]
+    assert verdict is not None and verdict.outcome == "noisy" and "the reference has one run of it" in verdict.message
 
 
 def test_a_reference_folder_that_does_not_exist_is_one_sentence_at_start_up(
@@ -532,7 +532,7 @@ def test_a_reference_folder_that_does_not_exist_is_one_sentence_at_start_up(
 def test_with_references_off_a_first_run_has_no_baseline(h200: Callable[..., pytest.RunResult],
                                                          pytester: pytest.Pytester) -> None:
     h200("--mig-reference", "none", "--mig-results", "r.json").assert_outcomes(passed=1)
-    assert rate_record(pytester, "r.json").verdict["outcome"] == "no-baseline"
+    assert rate_record(pytester, "r.json").verdict.outcome == "no-baseline"
 
 
 def test_save_if_passed_grows_the_history_with_good_nights_only(
@@ -567,5 +567,5 @@ def test_a_transient_dip_enters_the_history_as_the_median_of_the_runs_measuremen
     mig_env.setenv("DIP", "0.05")
     h200("--mig-save-baseline", "--mig-results", "r.json").assert_outcomes(passed=1)
     rate = rate_record(pytester, "r.json")
-    assert rate.metric.value == pytest.approx(95.0) and rate.verdict["confirmations"] == [100.0, 100.0]
+    assert rate.metric.value == pytest.approx(95.0) and rate.verdict.confirmations == [100.0, 100.0]
     assert entry(baseline_path(pytester))["runs"][-1]["value"] == 100.0  # results keep the first reading

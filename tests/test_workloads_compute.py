@@ -17,6 +17,7 @@ import pytest
 import torch
 from triton_support import needs_triton
 
+from pytest_mig.device.target import TargetInfo
 from pytest_mig.measure import Metric, Timing
 from pytest_mig.device.target import Target
 from pytest_mig.workloads import DoesNotFit, WorkloadError, all_finite, fma, gemm, stream
@@ -263,7 +264,8 @@ def test_gemm_window_figures_are_scaling_checked_as_the_hardware_allows():
                                 [((8192, 8192, 8192), tflops, 0.01)], [])
         where = {"kind": "emulated", "emulated": True, "profile": profile, "gpu_name": "NVIDIA H200",
                  "gpu_slug": "nvidia-h200", "baseline_profile": f"{profile}-emulated", "sms_obtained": sms}
-        return [ResultRecord("benchmarks/test_gemm.py::test_gemm[bf16]", m, where, {"memory_total_mib": 143771})
+        return [ResultRecord("benchmarks/test_gemm.py::test_gemm[bf16]", m, TargetInfo.from_dict(where),
+                             {"memory_total_mib": 143771})
                 for m in metrics]
 
     records = figures("4g.71gb", 64, 1935.0, 425.0) + figures("7g.141gb", 132, 1485.0, 664.0)

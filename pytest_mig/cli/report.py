@@ -55,7 +55,7 @@ def cmd_report(files: Sequence[Path], out_path: Path | None, factor: float, fail
     # a board far off the others of its model and profile (records that name their board; a node
     # already flagged as a whole is not flagged again as its device)
     flagged = {(o.node, o.test, o.metric) for o in outliers}
-    devices = [d for d in find_device_outliers(r for r in records if r.target.get("gpu_index") is not None)
+    devices = [d for d in find_device_outliers(r for r in records if r.target.gpu_index is not None)
                if (d.node, d.test, d.metric) not in flagged]
     for d in devices:
         print(d.line(), file=out)

@@ -346,17 +346,15 @@ def failing(health: dict[str, Any] | None) -> list[str]:
     return [f"HEALTH {s['text']}" for s in (health or {}).get("signs", []) if s.get("level") == "fail"]
 
 
-def annotate(verdicts: Sequence[Any], records: Sequence[Any], health: dict[str, Any] | None) -> None:
+def annotate(verdicts: Sequence[Any], health: dict[str, Any] | None) -> None:
     """Name the test's health signs in each regressed verdict, as the likely cause."""
     signs = [s for s in (health or {}).get("signs", []) if s.get("level") in ("fail", "warn")]
     note = likely_cause(signs)
     if not note:
         return
-    for rec, v in zip(records, verdicts):
+    for v in verdicts:
         if v.outcome in ("regressed", "transient") and note not in v.message:
             v.message += note
-            if rec.verdict is not None:
-                rec.verdict["message"] = v.message
 
 
 __all__ = ["HW_REASONS", "PCIE_GEN", "Reader", "Sign", "Snapshot", "Watch", "annotate", "change_signs",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Mapping
 
 from pytest_mig.device.profiles import GpuModel, ProfileSpec, lookup_model, model_slug
 
@@ -20,6 +20,9 @@ if TYPE_CHECKING:
     from pytest_mig.device.plan import Plan
 
 TargetKind = Literal["mig", "full", "emulated", "cpu"]
+
+#: What marks an emulated profile's history apart from a real slice's: ``3g.71gb-emulated``.
+EMULATED_SUFFIX = "-emulated"
 
 #: Memory a CPU run lets its workloads use: the CPU is a correctness and smoke target, not measured for speed.
 CPU_MEMORY_BUDGET = 2 * 2**30
@@ -74,7 +77,7 @@ class Target:
     @property
     def baseline_profile(self) -> str:
         """The key under which baselines are kept: emulated profiles apart from real slices."""
-        return f"{self.profile}-emulated" if self.emulated else self.profile
+        return f"{self.profile}{EMULATED_SUFFIX}" if self.emulated else self.profile
 
     @property
     def model(self) -> GpuModel | None:
@@ -111,26 +114,108 @@ class Target:
         sms = f", {self.effective_sms} SMs" if self.effective_sms else ""
         return f"{name} {self.profile}" + (" (emulated" + sms + ")" if self.emulated else f" (MIG{sms})")
 
+    def info(self) -> "TargetInfo":
+        """What a result record keeps of this Target."""
+        return TargetInfo(self.kind, self.profile, self.baseline_profile, self.chosen_by, self.gpu_name, self.gpu_slug,
+                          self.uuid, self.sms, self.sms_obtained, self.memory_bytes, self.verified, self.emulated,
+                          self.gpu_index, dict(self.board), dict(self.instance))
+
     def to_dict(self) -> dict[str, Any]:
-        """The Target as it goes into result records and reports."""
-        return {
-            "kind": self.kind,
-            "profile": self.profile,
-            "baseline_profile": self.baseline_profile,
-            "chosen_by": self.chosen_by,
-            "gpu_name": self.gpu_name,
-            "gpu_slug": self.gpu_slug,
-            "uuid": self.uuid,
-            "sms": self.sms,
-            "sms_obtained": self.sms_obtained,
-            "memory_bytes": self.memory_bytes,
-            "verified": self.verified,
-            "emulated": self.emulated,
-            # which board, so that a report can name the one to pull (index, bus id, serial)
-            "gpu_index": self.gpu_index,
-            **self.board,
-            **self.instance,
-        }
+        """The Target as it goes into result files and reports."""
+        return self.info().to_dict()
+
+
+#: The keys of a recorded Target whose values :class:`TargetInfo` holds as its own fields, in the order written.
+TARGET_KEYS: tuple[str, ...] = ("kind", "profile", "baseline_profile", "chosen_by", "gpu_name", "gpu_slug", "uuid", "sms",
+                                "sms_obtained", "memory_bytes", "verified", "emulated", "gpu_index")
+#: The parent GPU's keys (a report names the board to pull by them) and a MIG instance's.
+BOARD_KEYS: tuple[str, ...] = ("gpu_uuid", "gpu_serial", "pci_bus_id")
+INSTANCE_KEYS: tuple[str, ...] = ("mig_index", "gpu_instance_id", "compute_instance_id")
+
+
+@dataclass(frozen=True)
+class TargetInfo:
+    """The Target a figure was measured on, as its result record keeps it.
+
+    Built from a live :class:`Target` (:meth:`Target.info`) or from a results file's ``target`` object
+    (:meth:`from_dict`), where any key may be missing: a missing one is None here, and the properties
+    below work out what a history needs from what is there.  ``board`` holds the parent GPU's keys
+    present (:data:`BOARD_KEYS`), ``instance`` a MIG instance's (:data:`INSTANCE_KEYS`), ``extra``
+    any other key, written back as they were.
+    """
+
+    kind: str | None = None  # "mig", "full", "emulated" or "cpu"
+    profile: str | None = None
+    baseline_profile: str | None = None
+    chosen_by: str | None = None
+    gpu_name: str | None = None
+    gpu_slug: str | None = None
+    uuid: str | None = None
+    sms: int | None = None
+    sms_obtained: int | None = None
+    memory_bytes: int | None = None
+    verified: str | None = None
+    emulated: bool | None = None
+    gpu_index: int | None = None
+    board: Mapping[str, Any] = field(default_factory=dict)
+    instance: Mapping[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_emulated(self) -> bool:
+        return bool(self.emulated) or self.kind == "emulated"
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.kind == "cpu"
+
+    @property
+    def history_profile(self) -> str:
+        """The profile its figures' history is kept under: emulated profiles apart (``3g.71gb-emulated``)."""
+        profile = str(self.baseline_profile or self.profile or "")
+        return profile + EMULATED_SUFFIX if self.is_emulated and not profile.endswith(EMULATED_SUFFIX) else profile
+
+    @property
+    def history_slug(self) -> str:
+        """The GPU model's slug its figures' history is kept under (``cpu`` for the CPU)."""
+        if self.gpu_slug:
+            return self.gpu_slug
+        return "cpu" if self.is_cpu or not self.gpu_name else model_slug(self.gpu_name)
+
+    @property
+    def model_name(self) -> str:
+        """The GPU model's name (``CPU`` for the CPU)."""
+        slug = self.history_slug
+        return "CPU" if slug == "cpu" else str(self.gpu_name or slug)
+
+    @property
+    def gpu_uuid(self) -> str | None:
+        return self.board.get("gpu_uuid")
+
+    @property
+    def gpu_serial(self) -> str | None:
+        return self.board.get("gpu_serial")
+
+    @property
+    def pci_bus_id(self) -> str | None:
+        return self.board.get("pci_bus_id")
+
+    @property
+    def gpu_instance_id(self) -> int | None:
+        return self.instance.get("gpu_instance_id")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``target`` object of a results file."""
+        return {**{k: getattr(self, k) for k in TARGET_KEYS}, **self.board, **self.instance, **self.extra}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> "TargetInfo":
+        """A results file's ``target`` object, its types checked already by the file's schema
+        (:data:`pytest_mig.store.schemas.TARGET`)."""
+        d = dict(d or {})
+        return cls(**{k: d.pop(k) for k in TARGET_KEYS if k in d},
+                   board={k: d.pop(k) for k in BOARD_KEYS if k in d},
+                   instance={k: d.pop(k) for k in INSTANCE_KEYS if k in d}, extra=d)
 
 
 # --------------------------------------------------------------------------- pinning and verifying

@@ -155,9 +155,9 @@ class Pipeline:
                         for rec, v in zip(records, verdicts)]
         explain_clock(records, verdicts)
         health = next((r.health for r in records if r.health), None)
-        annotate(verdicts, records, health)
+        annotate(verdicts, health)
         for rec, v in zip(records, verdicts):
-            rec.verdict = v.to_dict()
+            rec.verdict = v
         return verdicts
 
     def judge_runs(self, records: Sequence[ResultRecord], *, tolerance: Tolerance = None) -> list[Verdict]:
@@ -169,7 +169,7 @@ class Pipeline:
         out: list[Verdict | None] = [None] * len(records)
         for idx in by_test.values():
             mine = [records[i] for i in idx]
-            taken = {r.metric.name: list((r.verdict or {}).get("confirmations") or []) for r in mine}
+            taken = {r.metric.name: list(r.verdict.confirmations) if r.verdict is not None else [] for r in mine}
             for i, v in zip(idx, self.judge(mine, tolerance=tolerance, remeasure=lambda taken=taken: taken)):
                 out[i] = v
         return [v for v in out if v is not None]
@@ -208,14 +208,7 @@ class Pipeline:
 
     def confirm(self, rec: ResultRecord, verdict: Verdict, values: Sequence[float]) -> Verdict:
         """The verdict re-judged on the median of the first measurement and ``values``."""
-        history = self.history(rec)
-        ref = self.reference(rec, history) if verdict.source == "reference" else None
-        if ref is not None:
-            history = ref.baseline
-        entry = history.get(rec.test, rec.metric.name, rec.mode) if history is not None else None
-        if entry is None:
-            return verdict
-        return confirm(verdict, rec, entry, values, improvement_fails=self.improvement_fails)
+        return confirm(verdict, rec, values, improvement_fails=self.improvement_fails)
 
 
 def _tolerance_for(tolerance: Tolerance, metric: str) -> float | None:

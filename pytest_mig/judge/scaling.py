@@ -62,8 +62,8 @@ from fractions import Fraction
 from typing import Any, Iterable, Mapping, Sequence
 
 from pytest_mig.measure import Metric
-from pytest_mig.store.baselines import measured_clock, throttle_reasons
 from pytest_mig.device.profiles import CPU, FULL, Basis, GpuModel, ProfileError, ProfileSpec, ladder, lookup_model, model_slug, parse_profile
+from pytest_mig.device.target import TargetInfo
 from pytest_mig.store.results import ResultRecord
 from pytest_mig.common.text import quoted
 
@@ -235,11 +235,11 @@ class ScalingReport:
         return [r.to_dict() for r in self.rows]
 
 
-def _family(target: Mapping[str, Any]) -> list[str]:
-    kind = target.get("kind")
-    if kind == "emulated" or target.get("emulated"):
+def _family(target: TargetInfo) -> list[str]:
+    kind = target.kind
+    if kind == "emulated" or target.emulated:
         return [EMULATED]
-    if kind == FULL or target.get("profile") == FULL:
+    if kind == FULL or target.profile == FULL:
         return [REAL, EMULATED]
     if kind == "mig":
         return [REAL]
@@ -248,10 +248,10 @@ def _family(target: Mapping[str, Any]) -> list[str]:
 
 def _rung(record: ResultRecord, model: GpuModel | None, family: str, source: str) -> Rung | None:
     t = record.target
-    profile = str(t.get("profile") or "")
-    sms = t.get("sms_obtained") or t.get("sms")
-    throttled = tuple(throttle_reasons(record.metric.info))
-    clock = measured_clock(record.metric.info)
+    profile = str(t.profile or "")
+    sms = t.sms_obtained or t.sms
+    clocks = record.metric.clocks
+    throttled, clock = clocks.throttled, clocks.sm_clock_mhz
     if profile == FULL:
         top = ladder(model.profiles)[-1] if model else None
         return Rung(FULL, top.slices if top else None, int(sms or (model.sms if model else 0)) or None,
@@ -360,9 +360,9 @@ def _group_run(records: Iterable[ResultRecord], report: ScalingReport) -> dict[_
         if key is None:
             continue
         run.setdefault(key, []).append(rec)
-        gpu = str(rec.target.get("gpu_name") or key[0])
+        gpu = str(rec.target.gpu_name or key[0])
         seen = report.profiles_seen.setdefault(gpu, [])
-        prof = str(rec.target.get("baseline_profile") or rec.target.get("profile"))
+        prof = str(rec.target.baseline_profile or rec.target.profile)
         if prof not in seen:
             seen.append(prof)
     return run
@@ -383,7 +383,7 @@ def _case(report: ScalingReport, key: _Key, recs: list[ResultRecord], fill: list
     tol = _tolerance(tolerances, m.kind)
     if tol is None:
         return None
-    gpu_name = str(first.target.get("gpu_name") or key[0])
+    gpu_name = str(first.target.gpu_name or key[0])
     model = lookup_model(gpu_name, (first.fingerprint or {}).get("memory_total_mib"))
     label = f"{first.test}::{m.name}" + (" (--mig-quick)" if first.mode == "quick" else "")
     if len({r.metric.direction for r in recs}) > 1 or len({r.metric.unit for r in recs}) > 1:
@@ -412,7 +412,7 @@ def _check_case(report: ScalingReport, case: _Case, basis: Basis | str,
         for small, big in zip(rungs, rungs[1:]):
             _check_pair(report, case, group, small, big, basis, bandwidth)
     if not checked_any and not any(s.startswith(case.label + " on") for s in report.skipped):
-        profs = sorted({str(r.target.get("baseline_profile") or r.target.get("profile")) for r in case.recs})
+        profs = sorted({str(r.target.baseline_profile or r.target.profile) for r in case.recs})
         report.skipped.append(f"{case.label} on {case.gpu_name}: only {', '.join(profs)} measured")
 
 
@@ -421,7 +421,7 @@ def _family_ladder(report: ScalingReport, case: _Case, family: str) -> list[Rung
     empty when there is no ladder (a whole GPU alone, emulated bandwidth)."""
     m = case.metric
     if family == EMULATED and m.kind == "memory":
-        if any(EMULATED in _family(r.target) and r.target.get("kind") == "emulated" for r in case.recs):
+        if any(EMULATED in _family(r.target) and r.target.kind == "emulated" for r in case.recs):
             report.skipped.append(f"{case.label} on {case.gpu_name}: emulated bandwidth left out "
                                   f"(emulation does not partition memory bandwidth)")
         return []
@@ -494,7 +494,7 @@ def _emulated_bandwidth(records: Iterable[ResultRecord]) -> dict[tuple[str, str]
         key = _group_key(rec)
         if key is None or m.kind != "memory" or m.unit != "GB/s" or EMULATED not in _family(t) or not m.value > 0:
             continue
-        profile = str(t.get("profile")).replace("+me", "")
+        profile = str(t.profile).replace("+me", "")
         best[(key[0], profile)] = max(best.get((key[0], profile), 0.0), float(m.value))
     return best
 
@@ -529,9 +529,9 @@ def _main_rungs(rungs: list[Rung]) -> tuple[list[Rung], list[Rung]]:
 def _group_key(rec: ResultRecord) -> tuple[str, str, str, str] | None:
     """(GPU slug, test, metric, mode): quick and normal runs measure other sizes, so never one ladder."""
     t = rec.target
-    if t.get("kind") == CPU or not t.get("gpu_name") or not t.get("profile") or not _family(t):
+    if t.kind == CPU or not t.gpu_name or not t.profile or not _family(t):
         return None
-    slug = str(t.get("gpu_slug") or model_slug(str(t["gpu_name"])))
+    slug = str(t.gpu_slug or model_slug(str(t.gpu_name)))
     return (slug, rec.test, rec.metric.name, rec.mode)
 
 
@@ -576,8 +576,8 @@ def check_values(
     """Scaling of plain numbers per profile (published tables, quick what-ifs): same rule as above."""
     records = []
     for profile, value in values.items():
-        target = {"kind": FULL if profile == FULL else "mig", "profile": profile, "gpu_name": gpu_name,
-                  "gpu_slug": model_slug(gpu_name), "emulated": False}
+        target = TargetInfo(FULL if profile == FULL else "mig", profile, gpu_name=gpu_name, gpu_slug=model_slug(gpu_name),
+                            emulated=False)
         records.append(ResultRecord(test, Metric(metric, value, unit, direction, [], kind), target, {}))  # type: ignore[arg-type]
     return check_scaling(records, basis=basis, tolerances=tolerances)
 

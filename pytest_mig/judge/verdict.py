@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Literal, Mapping, Sequence
+from dataclasses import replace
+from typing import Any, Iterable, Mapping, Sequence
 
 from pytest_mig.store.baselines import (
     DEFAULT_TOLERANCE,
@@ -62,47 +62,8 @@ from pytest_mig.judge.noise import (
 )
 from pytest_mig.judge.reference import Reference, ReferenceStore, fingerprint_beside
 from pytest_mig.store.results import ResultRecord
+from pytest_mig.store.verdicts import OUTCOMES, ClockNote, Outcome, Verdict
 from pytest_mig.common.text import SHOWN, quoted
-
-Outcome = Literal["pass", "regressed", "improved", "noisy", "transient", "no-baseline", "incomparable", "info"]
-OUTCOMES: tuple[str, ...] = ("pass", "regressed", "improved", "noisy", "transient", "no-baseline", "incomparable",
-                             "info")
-
-@dataclass
-class Verdict:
-    """The outcome for one metric of one test, and the sentence that explains it."""
-
-    outcome: Outcome
-    metric: str
-    value: float | None
-    baseline: float | None  # the median of the runs kept
-    change_pct: float | None  # signed change of the value in percent (-8.9 = 8.9% lower)
-    tolerance: float | None  # the tolerance the threshold was held to (fraction)
-    threshold: float | None = None  # relative change beyond which the figure is called changed
-    sigma: float | None = None  # relative run-to-run sigma of the history (None: too few runs)
-    detectable: float | None = None  # the smallest sustained change caught in >= 95% of runs
-    runs: int | None = None  # runs in the baseline's history
-    gates: bool | None = None  # False: too noisy to gate
-    confirmations: list[float] = field(default_factory=list)  # re-measured values, when re-measured
-    fingerprint_changes: list[str] = field(default_factory=list)
-    throttled: list[str] = field(default_factory=list)
-    message: str = ""
-    unit: str = ""
-    test: str = ""
-    failed: bool = False  # does this verdict fail the test?
-    direction: str = "higher"
-    basis: str | None = None  # where the threshold came from: noise, floor, few-runs, tolerance, reference
-    source: str = "baseline"  # judged against the site's own history ("baseline") or a shipped "reference"
-    sigma_of: str | None = None  # the rate figure whose timing it shares, where its sigma was the larger
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def line(self) -> str:
-        """The message with its outcome in front, as a failing test shows it."""
-        label = "TOO NOISY TO GATE" if self.outcome == "noisy" else self.outcome.upper()
-        return f"{label} {self.test + ' ' if self.test else ''}{self.message}".rstrip()
-
 
 def format_number(x: float | None) -> str:
     """Four significant figures without exponents for the sizes benchmarks produce."""
@@ -365,18 +326,20 @@ def _judged(record: ResultRecord, e: BaselineEntry, b: Band, changes: list[str],
     v = make_verdict(record, outcome, "", baseline=b.center, change_pct=change * 100, tolerance=b.limit,
                  threshold=b.threshold, sigma=b.sigma, detectable=b.detectable, runs=b.runs, gates=b.gates,
                  basis=b.basis, fingerprint_changes=changes, throttled=throttle_reasons(m.info), failed=failed,
-                 source=source, sigma_of=b.sigma_of)
-    v.message = _message(v, record, e)
+                 source=source, sigma_of=b.sigma_of, history_fingerprint=e.fingerprint,
+                 history_throttled=e.throttled)
+    v.message = _message(v, record)
     return v
 
 
-def _message(v: Verdict, record: ResultRecord, e: BaselineEntry) -> str:
-    """The sentence of a compared verdict (also rebuilt after confirmation)."""
+def _message(v: Verdict, record: ResultRecord) -> str:
+    """The sentence of a compared verdict, from its fields (rebuilt after confirmation, and once its
+    clock-normalised partner is known)."""
     runs = f"median of {v.runs} runs" if (v.runs or 0) > 1 else "1 run"
     reference = v.source == "reference"
     if reference:
         runs += " of the reference for this GPU model"
-    msg = (f"{value_text(record)}, {v.source} {format_number(v.baseline)} {e.unit}".rstrip()
+    msg = (f"{value_text(record)}, {v.source} {format_number(v.baseline)} {v.unit}".rstrip()
            + f" ({runs}): {(v.change_pct or 0):+.1f}%, ")
     if v.outcome == "noisy" and reference and v.sigma is None:
         msg += ("not judged: the reference has one run of it, so its run-to-run noise is unknown; "
@@ -396,13 +359,13 @@ def _message(v: Verdict, record: ResultRecord, e: BaselineEntry) -> str:
         med = statistics.median(values)
         med_change = (med - (v.baseline or 0)) / abs(v.baseline or 1) * 100
         if v.outcome == "transient":
-            msg += (f"; a transient change, not a regression: re-measured {shown} {e.unit}, not every one beyond "
+            msg += (f"; a transient change, not a regression: re-measured {shown} {v.unit}, not every one beyond "
                     f"the threshold (median of the {len(values)} measurements {med_change:+.1f}%)")
         else:
-            msg += (f"; confirmed: every re-measurement is beyond the threshold, {shown} {e.unit} (median of "
+            msg += (f"; confirmed: every re-measurement is beyond the threshold, {shown} {v.unit} (median of "
                     f"{len(values)} {med_change:+.1f}%)")
     if reference:
-        msg += f"; the reference's fingerprint: {fingerprint_beside(e.fingerprint, record.fingerprint or {})}"
+        msg += f"; the reference's fingerprint: {fingerprint_beside(v.history_fingerprint, record.fingerprint or {})}"
         if v.outcome in ("regressed", "improved"):
             msg += "; a local baseline (--mig-save-baseline) takes over with this GPU's own thresholds"
     elif v.fingerprint_changes:
@@ -411,15 +374,23 @@ def _message(v: Verdict, record: ResultRecord, e: BaselineEntry) -> str:
         msg += "; nothing in the fingerprint changed since the baseline"
     if v.throttled:
         msg += f"; GPU was throttled during the measurement ({', '.join(v.throttled)})"
-        if v.outcome == "regressed":
+        if v.outcome == "regressed" and not (v.clock is not None and v.clock.moved_too):
             msg += ": not blamed on the driver, the throttle is the likely cause"
-    if e.throttled and v.outcome not in ("pass", "noisy"):
-        msg += f"; the baseline's runs were recorded while throttled ({', '.join(e.throttled)})"
+    if v.history_throttled and v.outcome not in ("pass", "noisy"):
+        msg += f"; the baseline's runs were recorded while throttled ({', '.join(v.history_throttled)})"
+    if v.clock is not None:
+        moved = f"{v.clock.metric} {v.clock.change_pct:+.1f}%"
+        if v.clock.moved_too:  # not the throttle after all: the kernel is slower per cycle
+            msg += (f"; per SM cycle it moved too ({moved}): the kernel itself is slower per cycle (library, driver "
+                    f"or hardware), not only the clock")
+        else:
+            msg += (f"; per SM cycle it held ({moved}): the SM clock ran lower, so a power or clock cap is the "
+                    f"likely cause, not a slower kernel")
     return msg
 
 
-def confirm(verdict: Verdict, record: ResultRecord, entry: BaselineEntry, values: Sequence[float],
-            *, improvement_fails: bool = False) -> Verdict:
+def confirm(verdict: Verdict, record: ResultRecord, values: Sequence[float], *,
+            improvement_fails: bool = False) -> Verdict:
     """Re-judge a verdict that was beyond its threshold on its re-measurements.
 
     ``values`` are the re-measurements (the first measurement is the record's).  The outcome stays
@@ -435,10 +406,10 @@ def confirm(verdict: Verdict, record: ResultRecord, entry: BaselineEntry, values
     worse = [worse_by(x, verdict.baseline, verdict.direction) for x in extra]
     still = all(w > verdict.threshold for w in worse) if verdict.outcome == "regressed" \
         else all(-w > verdict.threshold for w in worse)
-    v = Verdict(**{**verdict.to_dict(), "confirmations": extra})
+    v = replace(verdict, confirmations=extra)
     if not still:
         v.outcome, v.failed = "transient", False
-    v.message = _message(v, record, entry)
+    v.message = _message(v, record)
     return v
 
 
@@ -466,6 +437,7 @@ def explain_clock(records: Sequence[ResultRecord], verdicts: Sequence[Verdict]) 
     both moved, the kernel itself is slower (or faster) per cycle.
     """
     by_name = {v.metric: v for v in verdicts}
+    by_metric = {r.metric.name: r for r in records}
     for rec, v in zip(records, verdicts):
         target = rec.metric.info.get("normalises") if isinstance(rec.metric.info, Mapping) else None
         main = by_name.get(str(target)) if target else None
@@ -473,20 +445,8 @@ def explain_clock(records: Sequence[ResultRecord], verdicts: Sequence[Verdict]) 
                 or main.change_pct is None or not main.change_pct:
             continue
         moved_too = v.change_pct / main.change_pct >= 0.5  # the per-cycle figure moved at least half as much
-        moved = f"{v.change_pct:+.1f}%"
-        if moved_too:
-            note = (f"; per SM cycle it moved too ({v.metric} {moved}): the kernel itself is slower per cycle "
-                    f"(library, driver or hardware), not only the clock")
-        else:
-            note = (f"; per SM cycle it held ({v.metric} {moved}): the SM clock ran lower, so a power "
-                    f"or clock cap is the likely cause, not a slower kernel")
-        if moved_too:  # not the throttle after all: the kernel is slower per cycle
-            main.message = main.message.replace(": not blamed on the driver, the throttle is the likely cause", "")
-        if note not in main.message:
-            main.message += note
-        for r in records:
-            if r.metric.name == main.metric and r.verdict is not None:
-                r.verdict["message"] = main.message
+        main.clock = ClockNote(v.metric, v.change_pct, moved_too)
+        main.message = _message(main, by_metric[main.metric])
     return list(verdicts)
 
 

@@ -7,6 +7,8 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
+from pytest_mig.measure.clocks import Clocks
+
 Direction = Literal["higher", "lower"]
 
 #: Kinds of metric; the verdict and scaling layers pick tolerances and ideal bases by kind.
@@ -45,6 +47,11 @@ class Metric:
         """Summary of the finite samples (a NaN sample is left out, never a crash); None without any."""
         finite = [x for x in self.samples if math.isfinite(x)]
         return Stats.of(finite) if finite else None
+
+    @property
+    def clocks(self) -> Clocks:
+        """The SM clock it ran at and the throttle it met, as its ``info["clocks"]`` records them."""
+        return Clocks.of(self.info)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

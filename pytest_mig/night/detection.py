@@ -73,7 +73,7 @@ def _scaled(rec: ResultRecord, size: float) -> ResultRecord:
     factor = (1 - size) if m.direction == "higher" else (1 + size)
     metric = Metric(m.name, m.value * factor, m.unit, m.direction, [x * factor for x in m.samples], m.kind,
                     dict(m.info), m.compare)  # type: ignore[arg-type]
-    return ResultRecord(rec.test, metric, dict(rec.target), dict(rec.fingerprint), rec.timestamp, rec.node,
+    return ResultRecord(rec.test, metric, rec.target, dict(rec.fingerprint), rec.timestamp, rec.node,
                         None, rec.mode)
 
 
@@ -140,7 +140,7 @@ def analyse(unchanged: Sequence[Sequence[ResultRecord]], slowed: dict[int, list[
             pipeline = partners.pipeline(range(max(0, i - KEEP), i))
             if not pipeline.first(rec).failed:
                 continue
-            taken = list((rec.verdict or {}).get("confirmations") or [])
+            taken = list(rec.verdict.confirmations) if rec.verdict is not None else []
             alarm = pipeline.judge([_unjudged(rec)], remeasure=lambda: {key[1]: taken})[0].failed
             fig.flow_false += alarm
             fig.flow_transient += not alarm
@@ -169,7 +169,7 @@ def analyse(unchanged: Sequence[Sequence[ResultRecord]], slowed: dict[int, list[
             med = statistics.median(r.metric.value for r in recs)
             change = (med - center) / center
             true = -change if fig.direction == "higher" else change
-            caught = sum(bool((r.verdict or {}).get("failed")) for r in recs)
+            caught = sum(r.verdict is not None and r.verdict.failed for r in recs)
             fig.slowed[sms] = (true, caught, len(recs))
         figures.append(fig)
     return figures

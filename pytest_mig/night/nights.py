@@ -261,9 +261,9 @@ def last_runs(folder: Path | None, current: Path | None = None,
 
 def _matches(record: Any, where: tuple[str | None, str | None, str]) -> bool:
     slug, profile, mode = where
-    t = record.target or {}
-    return (record.mode == mode and (slug is None or t.get("gpu_slug") == slug)
-            and (profile is None or (t.get("baseline_profile") or t.get("profile")) == profile))
+    t = record.target
+    return (record.mode == mode and (slug is None or t.gpu_slug == slug)
+            and (profile is None or (t.baseline_profile or t.profile) == profile))
 
 
 __all__ = ["CACHE_FOLDER", "PROGRESS_EVERY_S", "Progress", "RECENT_FILES", "check_cache", "compile_caches", "duration_text",

@@ -72,8 +72,8 @@ def parse_export(text: str) -> tuple[str, Path]:
 
 def _label(record: ResultRecord) -> str:
     t = record.target
-    gpu = str(t.get("gpu_name") or "CPU").replace("NVIDIA ", "")
-    return f"{gpu} {t.get('profile', '?')}"
+    gpu = str(t.gpu_name or "CPU").replace("NVIDIA ", "")
+    return f"{gpu} {t.profile or '?'}"
 
 
 def _exported(records: Iterable[ResultRecord]) -> list[ResultRecord]:
@@ -92,7 +92,7 @@ def github_benchmark(records: Iterable[ResultRecord]) -> dict[str, list[dict[str
         entry: dict[str, Any] = {"name": f"{r.test} {m.name} [{_label(r)}]", "unit": m.unit, "value": float(m.value)}
         if stats is not None and stats.n > 1 and math.isfinite(stats.cv * stats.mean):
             entry["range"] = f"± {stats.cv * stats.mean:.4g}"  # the samples' standard deviation
-        verdict = (r.verdict or {}).get("outcome")
+        verdict = r.verdict.outcome if r.verdict is not None else None
         extra = [f"mode {r.mode}"] + ([f"verdict {verdict}"] if verdict else [])
         fp = r.fingerprint or {}
         extra += [f"{label} {fingerprint_value(k, fp[k], unit)}" for k, label, unit in FINGERPRINT_FIELDS
@@ -116,13 +116,13 @@ def write_github(records: Iterable[ResultRecord], folder: Path) -> list[Path]:
 def _labels(r: ResultRecord, host: str) -> dict[str, str]:
     t = r.target
     return {
-        "gpu": "" if t.get("gpu_index") is None else str(t.get("gpu_index")),
-        "UUID": str(t.get("uuid") or ""),
-        "modelName": str(t.get("gpu_name") or "CPU"),
+        "gpu": "" if t.gpu_index is None else str(t.gpu_index),
+        "UUID": str(t.uuid or ""),
+        "modelName": str(t.gpu_name or "CPU"),
         "Hostname": host,
-        "GPU_I_PROFILE": str(t.get("profile") or ""),
-        "GPU_I_ID": "" if t.get("gpu_instance_id") is None else str(t.get("gpu_instance_id")),  # Target.to_dict
-        "emulated": "true" if t.get("kind") == "emulated" else "false",
+        "GPU_I_PROFILE": str(t.profile or ""),
+        "GPU_I_ID": "" if t.gpu_instance_id is None else str(t.gpu_instance_id),
+        "emulated": "true" if t.kind == "emulated" else "false",
         "mode": r.mode,
         "test": r.test,
         "metric": r.metric.name,
@@ -147,11 +147,10 @@ def prometheus_text(records: Iterable[ResultRecord], *, host: str | None = None,
     for r in _exported(records):
         labels = _labels(r, host)
         figure.labels(**labels).set(float(r.metric.value))
-        verdict = r.verdict or {}
-        pct = verdict.get("change_pct")
-        if isinstance(pct, (int, float)) and pct == pct:
+        pct = r.verdict.change_pct if r.verdict is not None else None
+        if pct is not None and pct == pct:
             change.labels(**labels).set(float(pct))
-        regressed.labels(**labels).set(1.0 if verdict.get("outcome") == "regressed" else 0.0)
+        regressed.labels(**labels).set(1.0 if r.verdict is not None and r.verdict.outcome == "regressed" else 0.0)
     last.labels(Hostname=host).set(time.time() if now is None else now)
     return generate_latest(registry).decode()
 

@@ -41,29 +41,29 @@ FEW_GAP = 0.10
 def device_key(rec: ResultRecord) -> tuple[str, str]:
     """A device: its node and the UUID it ran on (a MIG instance's, or the GPU's)."""
     t = rec.target
-    return rec.node, str(t.get("uuid") or t.get("gpu_uuid") or t.get("gpu_index") or "")
+    return rec.node, str(t.uuid or t.gpu_uuid or t.gpu_index or "")
 
 
 def device_label(rec: ResultRecord) -> str:
     """How an admin finds the board: GPU index, PCI bus id, serial (and the slice, for MIG)."""
     t = rec.target
-    if t.get("kind") == "cpu":
+    if t.kind == "cpu":
         return f"CPU of {rec.node}"
-    parts = [f"GPU {t['gpu_index']}" if t.get("gpu_index") is not None else "GPU ?"]
-    extra = [f"bus {t['pci_bus_id']}" if t.get("pci_bus_id") else "",
-             f"serial {t['gpu_serial']}" if t.get("gpu_serial") else ""]
+    parts = [f"GPU {t.gpu_index}" if t.gpu_index is not None else "GPU ?"]
+    extra = [f"bus {t.pci_bus_id}" if t.pci_bus_id else "",
+             f"serial {t.gpu_serial}" if t.gpu_serial else ""]
     label = parts[0] + (f" ({', '.join(x for x in extra if x)})" if any(extra) else "")
-    if t.get("kind") == "mig":
-        label += f" {t.get('profile')} {t.get('uuid')}"
+    if t.kind == "mig":
+        label += f" {t.profile} {t.uuid}"
     return label
 
 
 def _group(records: Iterable[ResultRecord]) -> dict[tuple[str, str, str, str, str], dict[tuple[str, str], list[ResultRecord]]]:
     groups: dict[tuple[str, str, str, str, str], dict[tuple[str, str], list[ResultRecord]]] = defaultdict(dict)
     for r in records:
-        if not r.metric.compare or not r.metric.value > 0 or r.target.get("emulated"):
+        if not r.metric.compare or not r.metric.value > 0 or r.target.emulated:
             continue
-        key = (r.test, r.metric.name, str(r.target.get("gpu_name") or ""), str(r.target.get("profile") or ""), r.mode)
+        key = (r.test, r.metric.name, str(r.target.gpu_name or ""), str(r.target.profile or ""), r.mode)
         groups[key].setdefault(device_key(r), []).append(r)
     return groups
 
@@ -157,7 +157,7 @@ def _provider_energy(test: str, metric: str, mode: str, devs: dict[tuple[str, st
         if p is None or not rec.metric.value > 0:
             return None
         rate += p.metric.value / rec.metric.value  # units of work per second over its window
-        boards[(rec.node, str(rec.target.get("gpu_uuid") or dev[1]))].append(p.metric.value)
+        boards[(rec.node, str(rec.target.gpu_uuid or dev[1]))].append(p.metric.value)
     watts = sum(statistics.median(v) for v in boards.values())
     return ProviderFigure(test, metric, devs[next(iter(devs))].metric.unit, len(devs), watts / rate,
                           [r.metric.value for r in devs.values()], mode)
@@ -199,10 +199,10 @@ def slices_vs_one(records: Sequence[ResultRecord]) -> list[SlicesVsOne]:
     for r in records:
         t = r.target
         m = r.metric
-        if t.get("kind") != "mig" or m.kind not in RATE_KINDS or m.direction != "higher" or not m.compare \
+        if t.kind != "mig" or m.kind not in RATE_KINDS or m.direction != "higher" or not m.compare \
                 or "cycle" in m.unit:
             continue
-        key = (str(t.get("gpu_name")), r.test, m.name, str(t.get("profile")), r.mode)
+        key = (str(t.gpu_name), r.test, m.name, str(t.profile), r.mode)
         sums[key].setdefault(device_key(r), m.value)
         units[(r.test, m.name, r.mode)] = m.unit
     out = []
@@ -224,10 +224,10 @@ def device_rows(records: Sequence[ResultRecord]) -> list[dict[str, Any]]:
     for r in records:
         if not r.metric.compare:
             continue
-        v = r.verdict or {}
+        v = r.verdict
         rows.append({"device": device_label(r), "node": r.node, "test": r.test.split("::")[-1], "metric": r.metric.name,
-                     "value": r.metric.value, "unit": r.metric.unit, "change_pct": v.get("change_pct"),
-                     "verdict": v.get("outcome") or "-"})
+                     "value": r.metric.value, "unit": r.metric.unit, "change_pct": v.change_pct if v else None,
+                     "verdict": (v.outcome if v else "") or "-"})
     return sorted(rows, key=lambda x: (x["test"], x["metric"], x["node"], x["device"]))
 
 

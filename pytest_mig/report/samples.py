@@ -150,10 +150,10 @@ def _pool(records: Iterable[Any], values: Callable[[Any], list[float] | None],
         v = values(r.metric)
         if v is None:
             continue
-        t = r.target or {}
+        t = r.target
         key = (r.mode, r.test.split("::")[-1].split("[")[0], r.metric.name, len(v),
-               t.get("gpu_slug"), t.get("baseline_profile") or t.get("profile"), r.test)
-        groups[key][(t.get("uuid"), r.timestamp)] = v  # a run read twice (two copies of a file) counts once
+               t.gpu_slug, t.baseline_profile or t.profile, r.test)
+        groups[key][(t.uuid, r.timestamp)] = v  # a run read twice (two copies of a file) counts once
     pooled: dict[tuple[Any, ...], Shortening] = {}
     for key, runs in groups.items():
         if len(runs) < MIN_RUNS:

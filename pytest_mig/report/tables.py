@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import pandas as pd
 
+from pytest_mig.device.target import TargetInfo
 from pytest_mig.store.results import ResultRecord, atomic_write_text
+from pytest_mig.store.verdicts import Verdict
 from pytest_mig.common.text import SHOWN, printable, quoted
 from pytest_mig.judge.verdict import OUTCOMES, format_number
 
@@ -42,34 +44,34 @@ class ReportError(ValueError):
     """A report that cannot be written (unknown suffix, no matplotlib): one sentence."""
 
 
-def _profile(target: dict[str, Any]) -> str:
-    return str(target.get("baseline_profile") or target.get("profile") or "")
+def _profile(target: TargetInfo) -> str:
+    return str(target.baseline_profile or target.profile or "")
 
 
-def _gpu(target: dict[str, Any]) -> str:
-    return str(target.get("gpu_name") or ("CPU" if target.get("kind") == "cpu" else ""))
+def _gpu(target: TargetInfo) -> str:
+    return str(target.gpu_name or ("CPU" if target.kind == "cpu" else ""))
 
 
 def _row(rec: ResultRecord) -> dict[str, Any]:
-    v = rec.verdict or {}
+    v = rec.verdict
     return {
         "test": rec.test,
         "metric": rec.metric.name,
         "value": rec.metric.value,
         "unit": rec.metric.unit,
-        "baseline": v.get("baseline"),
-        "change_pct": None if v.get("change_pct") is None else round(float(v["change_pct"]), 2),
-        "threshold_pct": _pct_or_none(v.get("threshold")),
-        "detectable_pct": _pct_or_none(v.get("detectable")),
-        "runs": v.get("runs"),
-        "verdict": str(v.get("outcome") or ""),
-        "source": v.get("source"),  # "baseline" (the site's history) or "reference" (shipped)
+        "baseline": v.baseline if v else None,
+        "change_pct": None if v is None or v.change_pct is None else round(float(v.change_pct), 2),
+        "threshold_pct": _pct_or_none(v.threshold if v else None),
+        "detectable_pct": _pct_or_none(v.detectable if v else None),
+        "runs": v.runs if v else None,
+        "verdict": str(v.outcome) if v else "",
+        "source": v.source if v else None,  # "baseline" (the site's history) or "reference" (shipped)
         "profile": _profile(rec.target),
         "gpu": _gpu(rec.target),
         "node": rec.node,
         "kind": rec.metric.kind,
         "direction": rec.metric.direction,
-        "emulated": bool(rec.target.get("emulated")),
+        "emulated": bool(rec.target.emulated),
         "mode": rec.mode,
         "timestamp": rec.timestamp,
     }
@@ -79,11 +81,11 @@ def _pct_or_none(fraction: Any) -> float | None:
     return None if fraction is None else round(float(fraction) * 100, 2)
 
 
-def _band(v: dict[str, Any]) -> tuple[str, str]:
+def _band(v: Verdict | None) -> tuple[str, str]:
     """The threshold and smallest detectable change columns of the summary ("-" where not judged)."""
-    thr, det = v.get("threshold"), v.get("detectable")
+    thr, det = (v.threshold, v.detectable) if v else (None, None)
     return (f"±{float(thr) * 100:.1f}%" if thr is not None else "-",
-            f"{float(det) * 100:.1f}%" if det is not None and v.get("gates") is not False else "-")
+            f"{float(det) * 100:.1f}%" if det is not None and v is not None and v.gates is not False else "-")
 
 
 def records_frame(records: Iterable[ResultRecord]) -> pd.DataFrame:
@@ -94,7 +96,7 @@ def records_frame(records: Iterable[ResultRecord]) -> pd.DataFrame:
 
 def verdict_counts(records: Iterable[ResultRecord]) -> dict[str, int]:
     """How many records got each outcome ("not judged" for records without a verdict)."""
-    c = Counter(str((r.verdict or {}).get("outcome") or "not judged") for r in records)
+    c = Counter(str(r.verdict.outcome or "not judged") if r.verdict else "not judged" for r in records)
     return {k: c[k] for k in (*OUTCOMES, "not judged") if c[k]}
 
 
@@ -114,11 +116,11 @@ def summary_table(records: Sequence[ResultRecord], *, tablefmt: str = "simple") 
         + (["profile"] if several else [])
     rows = []
     for r in records:
-        v = r.verdict or {}
-        outcome = str(v.get("outcome") or "-")
-        if v.get("throttled"):
+        v = r.verdict
+        outcome = str(v.outcome or "-") if v else "-"
+        if v and v.throttled:
             outcome += " (throttled)"
-        change = v.get("change_pct")
+        change = v.change_pct if v else None
         row = [_short_test(r.test), r.metric.name, format_number(r.metric.value), r.metric.unit,
                _baseline_cell(v), f"{change:+.1f}%" if change is not None else "-", *_band(v), outcome]
         if several:
@@ -127,11 +129,11 @@ def summary_table(records: Sequence[ResultRecord], *, tablefmt: str = "simple") 
     return tabulate(rows, headers=headers, tablefmt=tablefmt, disable_numparse=True)
 
 
-def _baseline_cell(v: dict[str, Any]) -> str:
+def _baseline_cell(v: Verdict | None) -> str:
     """The baseline a verdict compared with; ``(ref)`` when it was the shipped reference."""
-    if v.get("baseline") is None:
+    if v is None or v.baseline is None:
         return "-"
-    return format_number(v["baseline"]) + (" (ref)" if v.get("source") == "reference" else "")
+    return format_number(v.baseline) + (" (ref)" if v.source == "reference" else "")
 
 
 def summary_lines(records: Sequence[ResultRecord]) -> list[str]:
@@ -219,14 +221,16 @@ def junit_properties(records: Sequence[ResultRecord]) -> list[tuple[str, Any]]:
         name = f"{r.test}::{r.metric.name}" if several else r.metric.name
         out.append((name, r.metric.value))
         out.append((f"{name}.unit", r.metric.unit))
-        v = r.verdict or {}
-        if v.get("outcome"):
-            out.append((f"{name}.verdict", v["outcome"]))
-        if v.get("baseline") is not None:
-            out.append((f"{name}.baseline", v["baseline"]))
-            out.append((f"{name}.baseline_source", v.get("source") or "baseline"))
-        if v.get("change_pct") is not None:
-            out.append((f"{name}.change_pct", round(float(v["change_pct"]), 2)))
+        v = r.verdict
+        if v is None:
+            continue
+        if v.outcome:
+            out.append((f"{name}.verdict", v.outcome))
+        if v.baseline is not None:
+            out.append((f"{name}.baseline", v.baseline))
+            out.append((f"{name}.baseline_source", v.source or "baseline"))
+        if v.change_pct is not None:
+            out.append((f"{name}.change_pct", round(float(v.change_pct), 2)))
     if records:
         out.append(("mig.profile", _profile(records[0].target)))
         out.append(("mig.gpu", _gpu(records[0].target)))

@@ -128,10 +128,12 @@ def _series_of(rec: ResultRecord) -> Series:
 
 
 def _point_of(rec: ResultRecord, run: str, stopped: str = "") -> Point:
-    v = rec.verdict or {}
-    return Point(rec.timestamp, float(rec.metric.value), str(v.get("outcome") or "no-baseline"),
-                 v.get("baseline"), v.get("threshold"), str(v.get("message") or ""), dict(rec.fingerprint or {}),
-                 rec.node, run, stopped)
+    v = rec.verdict
+    if v is None:
+        return Point(rec.timestamp, float(rec.metric.value), "no-baseline", None, None, "", dict(rec.fingerprint or {}),
+                     rec.node, run, stopped)
+    return Point(rec.timestamp, float(rec.metric.value), str(v.outcome or "no-baseline"), v.baseline, v.threshold,
+                 v.message, dict(rec.fingerprint or {}), rec.node, run, stopped)
 
 
 # -- the page --------------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ import math
 import os
 import statistics
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Iterable, Iterator
 
 from pytest_mig.common.files import (
     LOCK_TIMEOUT_S,
@@ -55,7 +55,9 @@ from pytest_mig.common.files import (
     write_target,
 )
 from pytest_mig.measure import Metric
-from pytest_mig.device.profiles import CPU, FULL, model_slug
+from pytest_mig.measure.clocks import THROTTLE_REASONS, Clocks, measured_clock, throttle_reasons
+from pytest_mig.device.profiles import CPU, FULL
+from pytest_mig.device.target import TargetInfo
 from pytest_mig.store.results import MODES, ResultRecord, utc_now
 from pytest_mig.common.text import SHOWN, quoted
 from pytest_mig.store.history import (
@@ -64,7 +66,6 @@ from pytest_mig.store.history import (
     DEFAULT_KEEP,
     DEFAULT_TOLERANCE,
     EMULATED_SUFFIX,
-    THROTTLE_REASONS,
     FINGERPRINT_FIELDS,
     fingerprint_value,
     BaselineError,
@@ -84,44 +85,6 @@ from pytest_mig.store.history import (
 )
 
 
-def throttle_reasons(info: Mapping[str, Any] | None) -> list[str]:
-    """Power or thermal throttle reasons seen before or after a measurement (``info["clocks"]``).
-
-    Reasons that do not slow a busy GPU (idle, application clocks, sync boost) are left out; a
-    snapshot marked ``throttled`` with none of the known names still counts, under its own names.
-    """
-    found: list[str] = []
-    clocks = (info or {}).get("clocks") or {}
-    if not isinstance(clocks, Mapping):
-        return found
-    for phase in ("before", "after"):
-        snap = clocks.get(phase) or {}
-        if not isinstance(snap, Mapping):
-            continue
-        reasons = [str(r) for r in (snap.get("throttle_reasons") or [])]
-        known = [r for r in reasons if r in THROTTLE_REASONS]
-        if not known and snap.get("throttled"):
-            known = reasons or ["throttled"]
-        found.extend(r for r in known if r not in found)
-    return found
-
-
-def measured_clock(info: Mapping[str, Any] | None) -> float | None:
-    """The SM clock a measurement ran at: the mean sampled through its energy window
-    (``info["clocks"]["window"]``), else the snapshot read right after it.  On a power-capped GPU the
-    two differ: an emulated 7g.141gb's fp64 GEMM sampled 1620 MHz through its window and read 1710 MHz
-    once it ended (docs/benchmarks.md)."""
-    clocks = (info or {}).get("clocks") or {}
-    if not isinstance(clocks, Mapping):
-        return None
-    for phase in ("window", "after"):
-        snap = clocks.get(phase)
-        value = snap.get("sm_clock_mhz") if isinstance(snap, Mapping) else None
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
-            return float(value)
-    return None
-
-
 def measured_value(record: ResultRecord) -> float:
     """The value a run adds to its figure's history: its reading, or, where the run re-measured the
     figure (its first reading was beyond its threshold), the median of all its readings.
@@ -131,8 +94,8 @@ def measured_value(record: ResultRecord) -> float:
     such dip sets the figure's sigma, widening its band.  A confirmed change moves the median too.
     """
     value = float(record.metric.value)
-    taken = [float(x) for x in (record.verdict or {}).get("confirmations") or ()
-             if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)]
+    taken = [float(x) for x in (record.verdict.confirmations if record.verdict is not None else ())
+             if math.isfinite(x)]
     if taken and math.isfinite(value):
         return statistics.median([value, *taken])
     return value
@@ -158,13 +121,8 @@ def entry_from_records(records: Iterable[ResultRecord], tolerance: float | None 
 def meta_from_record(record: ResultRecord, path: Path | None = None) -> BaselineMeta:
     """The meta a baseline recorded from this record's Target would carry."""
     t = record.target
-    emulated = bool(t.get("emulated")) or t.get("kind") == "emulated"
-    profile = str(t.get("baseline_profile") or t.get("profile") or "")
-    if emulated and not profile.endswith(EMULATED_SUFFIX):
-        profile += EMULATED_SUFFIX
-    slug = str(t.get("gpu_slug") or (CPU if t.get("kind") == CPU or not t.get("gpu_name") else model_slug(t["gpu_name"])))
-    gpu_name = "CPU" if slug == CPU else str(t.get("gpu_name") or slug)
-    return BaselineMeta(gpu_name, slug, profile, emulated, dict(record.fingerprint or {}), path)
+    return BaselineMeta(t.model_name, t.history_slug, t.history_profile, t.is_emulated, dict(record.fingerprint or {}),
+                        path)
 
 
 def saveable(record: ResultRecord) -> str | None:
@@ -409,20 +367,16 @@ def _records_of(base: Baseline) -> Iterator[ResultRecord]:
     meta = base.meta
     profile = meta.target_profile
     kind = "emulated" if meta.emulated else (FULL if profile == FULL else CPU if profile == CPU else "mig")
-    target = {
-        "kind": kind, "profile": profile, "baseline_profile": meta.profile, "gpu_name": meta.gpu_model,
-        "gpu_slug": meta.gpu_slug, "emulated": meta.emulated, "source": f"baseline {meta.path}",
-    }
+    target = TargetInfo(kind, profile, meta.profile, gpu_name=meta.gpu_model, gpu_slug=meta.gpu_slug,
+                        emulated=meta.emulated, extra={"source": f"baseline {meta.path}"})
     for e in base.entries.values():
         # What the scaling check needs of the runs' clocks: their SM clock, where saved, and their throttle reasons
         # (a stored 7g at the power cap against this run's 4g is `power-limited`, not failed).
-        clocks: dict[str, Any] = {"after": {"throttle_reasons": e.throttled, "throttled": bool(e.throttled)}}
         ran_at = [r.clock_mhz for r in e.runs if r.clock_mhz]
-        if ran_at:
-            clocks["window"] = {"sm_clock_mhz": statistics.median(ran_at)}
+        clocks = Clocks(tuple(e.throttled), statistics.median(ran_at) if ran_at else None)
         metric = Metric(e.metric, e.value, e.unit, e.direction, e.values, e.kind,  # type: ignore[arg-type]
-                        info={"clocks": clocks})
-        yield ResultRecord(e.test, metric, dict(target), e.fingerprint or dict(meta.fingerprint),
+                        info={"clocks": clocks.info()})
+        yield ResultRecord(e.test, metric, target, e.fingerprint or dict(meta.fingerprint),
                            e.recorded_at, node="baseline", mode=e.mode)
 
 

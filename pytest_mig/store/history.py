@@ -23,6 +23,7 @@ from pytest_mig.common.files import (
 )
 from pytest_mig.measure import METRIC_KINDS, partner_keys
 from pytest_mig.device.profiles import model_slug
+from pytest_mig.device.target import EMULATED_SUFFIX
 from pytest_mig.store.results import MODES
 from pytest_mig.store.schemas import BASELINE, BASELINE_V1
 from pytest_mig.common.text import quoted
@@ -41,15 +42,7 @@ DEFAULT_TOLERANCE = 0.05
 _V1_DEFAULT_TOLERANCES = (0.05, 0.10)
 
 
-EMULATED_SUFFIX = "-emulated"
-
-
 _SIGNIFICANT = 6  # digits written for values: exact enough, short enough to review
-
-#: NVML clock-event reasons that mean power or heat held the clocks down (names as the nvml module
-#: writes them); idle, application-clock and sync-boost reasons do not slow a busy GPU.
-THROTTLE_REASONS: tuple[str, ...] = ("sw_power_cap", "hw_power_brake", "hw_slowdown", "sw_thermal", "hw_thermal")
-
 
 #: Fingerprint keys in the order a verdict names them (likely culprits first), with their labels
 #: and units.  Keys not listed here are still diffed, after these, in sorted order.

@@ -1,7 +1,9 @@
 """Result records: one per metric of one test, with the Target and fingerprint it was measured on.
 
 Every run writes them to a results JSON file (for merging across nodes and slices with
-``pytest-mig report``), and the verdict layer compares them with baselines.
+``pytest-mig report``), and the verdict layer compares them with baselines.  A record is typed
+(its :class:`~pytest_mig.device.target.TargetInfo`, its :class:`~pytest_mig.store.verdicts.Verdict`)
+from the plugin to the file and back: dicts only where a results file is written or read.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from pytest_mig.common.files import FileProblem, atomic_write_text, read_json, validate
+from pytest_mig.device.target import TargetInfo
 from pytest_mig.measure import Metric
 from pytest_mig.store.schemas import RESULTS
+from pytest_mig.store.verdicts import Verdict
 
 RESULTS_SCHEMA = "pytest-mig/results/1"
 #: What :func:`read_results_file` says of a JSON file that is not a results file at all.
@@ -36,11 +40,11 @@ class ResultRecord:
 
     test: str  # the test's key: node id without the profile parameter (same across profiles)
     metric: Metric
-    target: dict[str, Any]  # Target.to_dict()
+    target: TargetInfo  # Target.info()
     fingerprint: dict[str, Any]
     timestamp: str = field(default_factory=utc_now)
     node: str = field(default_factory=lambda: os.uname().nodename)
-    verdict: dict[str, Any] | None = None  # filled by the verdict layer
+    verdict: Verdict | None = None  # filled by the judging pipeline
     mode: str = "normal"  # "normal" or "quick" (--mig-quick): see MODES
     health: dict[str, Any] | None = None  # the test's health readings and signs (health.Watch.after_test)
 
@@ -52,11 +56,11 @@ class ResultRecord:
         return {
             "test": self.test,
             "metric": self.metric.to_dict(),
-            "target": self.target,
+            "target": self.target.to_dict(),
             "fingerprint": self.fingerprint,
             "timestamp": self.timestamp,
             "node": self.node,
-            "verdict": self.verdict,
+            "verdict": self.verdict.to_dict() if self.verdict is not None else None,
             "mode": self.mode,
             "health": self.health,
         }
@@ -68,11 +72,11 @@ class ResultRecord:
         return cls(
             test=str(d["test"]),
             metric=Metric(**m),
-            target=dict(d.get("target") or {}),
+            target=TargetInfo.from_dict(d.get("target")),
             fingerprint=dict(d.get("fingerprint") or {}),
             timestamp=str(d.get("timestamp", "")),
             node=str(d.get("node", "")),
-            verdict=d.get("verdict"),
+            verdict=Verdict.from_dict(d["verdict"]) if d.get("verdict") is not None else None,
             mode=str(d.get("mode") or "normal"),  # files written before modes were recorded: normal runs
             health=d.get("health"),
         )
@@ -131,7 +135,5 @@ def _parse(doc: Any, path: Path) -> tuple[list[ResultRecord], dict[str, Any]]:
 def default_results_path(root: Path) -> Path:
     """``.mig-results/results-<UTC time to the microsecond>-<pid>.json``: two runs finishing in the
     same second (two slices of one node) never write the same file."""
-    import datetime as _dt
-
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
     return root / ".mig-results" / f"results-{stamp}-{os.getpid()}.json"

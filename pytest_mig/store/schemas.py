@@ -35,9 +35,10 @@ _MODE = {"enum": ["normal", "quick"]}
 _STRINGS = {"type": "array", "items": {"type": "string"}}
 _NUMBERS = {"type": "array", "items": _NUMBER}
 
-#: A verdict as :class:`pytest_mig.judge.verdict.Verdict` writes it; fields other tools added are left alone.
+#: A verdict as :class:`pytest_mig.store.verdicts.Verdict` writes it; fields other tools added are not read.
 VERDICT: dict[str, Any] = {
     "type": ["object", "null"],
+    "required": ["outcome"],
     "properties": {
         "outcome": {"type": "string"}, "metric": _OPT_STRING, "value": _OPT_NUMBER, "baseline": _OPT_NUMBER,
         "change_pct": _OPT_NUMBER, "tolerance": _OPT_NUMBER, "threshold": _OPT_NUMBER, "sigma": _OPT_NUMBER,
@@ -46,6 +47,19 @@ VERDICT: dict[str, Any] = {
         "message": {"type": "string"}, "unit": {"type": "string"}, "test": {"type": "string"},
         "failed": {"type": "boolean"}, "direction": _DIRECTION, "basis": _OPT_STRING, "source": {"type": "string"},
         "sigma_of": _OPT_STRING,
+    },
+}
+
+_OPT_INTEGER = {"type": ["integer", "null"]}
+
+#: A Target as :class:`pytest_mig.device.target.TargetInfo` writes it: the keys it reads typed, any other left alone.
+TARGET: dict[str, Any] = {
+    "type": ["object", "null"],
+    "properties": {
+        **{k: _OPT_STRING for k in ("kind", "profile", "baseline_profile", "chosen_by", "gpu_name", "gpu_slug", "uuid",
+                                    "verified")},
+        **{k: _OPT_INTEGER for k in ("sms", "sms_obtained", "memory_bytes", "gpu_index")},
+        "emulated": {"type": ["boolean", "null"]},
     },
 }
 
@@ -64,7 +78,7 @@ RECORD: dict[str, Any] = {
     "type": "object",
     "required": ["test", "metric"],
     "properties": {
-        "test": {"type": "string", "minLength": 1}, "metric": METRIC, "target": {"type": ["object", "null"]},
+        "test": {"type": "string", "minLength": 1}, "metric": METRIC, "target": TARGET,
         "fingerprint": {"type": ["object", "null"]}, "timestamp": {"type": "string"}, "node": {"type": "string"},
         "verdict": VERDICT, "mode": _MODE, "health": {"type": ["object", "null"]},
     },
@@ -153,4 +167,4 @@ BASELINE_V1: dict[str, Any] = {
     },
 }
 
-__all__ = ["BASELINE", "BASELINE_V1", "MAX_COUNT", "METRIC", "RECORD", "REFERENCE", "RESULTS", "VERDICT"]
+__all__ = ["BASELINE", "BASELINE_V1", "MAX_COUNT", "METRIC", "RECORD", "REFERENCE", "RESULTS", "TARGET", "VERDICT"]

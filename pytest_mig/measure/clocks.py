@@ -1,0 +1,80 @@
+"""What a measurement's clock readings say: the SM clock it ran at and the power or thermal throttle
+it met.
+
+A workload's timing writes the readings into its metric's ``info["clocks"]``
+(:meth:`pytest_mig.measure.timing.Timing.info`): a snapshot ``before`` and ``after`` the
+measurement (SM clock, NVML's clock-event reasons) and the mean SM clock sampled through its energy
+``window``.  Everything that judges a figure reads them through :class:`Clocks`
+(``metric.clocks``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+#: NVML clock-event reasons that mean power or heat held the clocks down (names as the nvml module
+#: writes them); idle, application-clock and sync-boost reasons do not slow a busy GPU.
+THROTTLE_REASONS: tuple[str, ...] = ("sw_power_cap", "hw_power_brake", "hw_slowdown", "sw_thermal", "hw_thermal")
+
+
+def throttle_reasons(info: Mapping[str, Any] | None) -> list[str]:
+    """Power or thermal throttle reasons seen before or after a measurement (``info["clocks"]``).
+
+    Reasons that do not slow a busy GPU (idle, application clocks, sync boost) are left out; a
+    snapshot marked ``throttled`` with none of the known names still counts, under its own names.
+    """
+    found: list[str] = []
+    clocks = (info or {}).get("clocks") or {}
+    if not isinstance(clocks, Mapping):
+        return found
+    for phase in ("before", "after"):
+        snap = clocks.get(phase) or {}
+        if not isinstance(snap, Mapping):
+            continue
+        reasons = [str(r) for r in (snap.get("throttle_reasons") or [])]
+        known = [r for r in reasons if r in THROTTLE_REASONS]
+        if not known and snap.get("throttled"):
+            known = reasons or ["throttled"]
+        found.extend(r for r in known if r not in found)
+    return found
+
+
+def measured_clock(info: Mapping[str, Any] | None) -> float | None:
+    """The SM clock a measurement ran at: the mean sampled through its energy window
+    (``info["clocks"]["window"]``), else the snapshot read right after it.  On a power-capped GPU the
+    two differ: an emulated 7g.141gb's fp64 GEMM sampled 1620 MHz through its window and read 1710 MHz
+    once it ended (docs/benchmarks.md)."""
+    clocks = (info or {}).get("clocks") or {}
+    if not isinstance(clocks, Mapping):
+        return None
+    for phase in ("window", "after"):
+        snap = clocks.get(phase)
+        value = snap.get("sm_clock_mhz") if isinstance(snap, Mapping) else None
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
+            return float(value)
+    return None
+
+
+@dataclass(frozen=True)
+class Clocks:
+    """The clocks of one measurement: its power or thermal throttle reasons and the SM clock it ran at."""
+
+    throttled: tuple[str, ...] = ()
+    sm_clock_mhz: float | None = None
+
+    @classmethod
+    def of(cls, info: Mapping[str, Any] | None) -> "Clocks":
+        """The clocks a metric's ``info`` records (none where it records none)."""
+        return cls(tuple(throttle_reasons(info)), measured_clock(info))
+
+    def info(self) -> dict[str, Any]:
+        """The ``info["clocks"]`` that :meth:`of` reads back as these clocks."""
+        out: dict[str, Any] = {"after": {"throttle_reasons": list(self.throttled), "throttled": bool(self.throttled)}}
+        if self.sm_clock_mhz:
+            out["window"] = {"sm_clock_mhz": self.sm_clock_mhz}
+        return out
+
+
+__all__ = ["THROTTLE_REASONS", "Clocks", "measured_clock", "throttle_reasons"]
