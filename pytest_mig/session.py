@@ -38,7 +38,8 @@ from pytest_mig.settings import (
     read_settings,
     reference_store,
 )
-from pytest_mig.store.baselines import BaselineError, BaselineStore
+from pytest_mig.store.baselines import BaselineStore
+from pytest_mig.store.history import BaselineError
 from pytest_mig.store.checkpoint import Checkpoint, SigtermStop
 from pytest_mig.store.results import ResultRecord, ResultsFileError, default_results_path
 from pytest_mig.workloads import preload

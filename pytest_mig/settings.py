@@ -235,7 +235,7 @@ def check_baseline_save(saving: bool, store: Any, targets: Any) -> None:
     run never ends in 'added to the baseline' and 'not saved' at once."""
     if not saving:
         return
-    from pytest_mig.store.baselines import BaselineError
+    from pytest_mig.store.history import BaselineError
 
     for t in targets:
         try:
@@ -248,7 +248,7 @@ def check_histories(store: Any, targets: Any, references: Any) -> None:
     """Each Target's history and reference, read and checked now (a file cut short, hand-broken, a
     named pipe, a link that loops or leads to no folder): one sentence before any test runs, not every
     test failed after an hour of benchmarks.  A history not made yet is none, as it was."""
-    from pytest_mig.store.baselines import BaselineError
+    from pytest_mig.store.history import BaselineError
 
     for t in targets:
         try:

@@ -15,13 +15,10 @@ from typing import Any, Callable
 
 import pytest
 from pytest_mig.store import baselines
-from pytest_mig.store.baselines import (
-    BASELINE_SCHEMA,
-    BaselineError,
-    BaselineStore,
-    folder_lock,
-    load_baseline_file,
-)
+from pytest_mig.common.files import folder_lock
+from pytest_mig.store.baselines import BaselineStore
+from pytest_mig.store.history import BASELINE_SCHEMA, BaselineError
+from pytest_mig.store.reader import load_baseline_file
 from pytest_mig.measure import Metric
 from pytest_mig.device.target import TargetInfo
 from pytest_mig.store.verdicts import Verdict

@@ -128,7 +128,7 @@ def test_the_time_budget_says_what_the_next_night_does_with_a_test_that_gates_no
     plugin leaves it out (night.gates_nothing), and the table says which (it said both were candidates)."""
     import io
 
-    from pytest_mig.store.baselines import Baseline, BaselineEntry, BaselineMeta, Run
+    from pytest_mig.store.history import Baseline, BaselineEntry, BaselineMeta, Run
     from pytest_mig.night.calibrate import LEFT_OUT, STILL_RUN, budget_rows, left_out_tests, print_thresholds, threshold_rows
     from pytest_mig.judge.reference import ReferenceStore
 

@@ -26,7 +26,9 @@ from hypothesis import strategies as st  # noqa: E402
 
 from pytest_mig import cli  # noqa: E402
 from pytest_mig.cli.common import factor_arg, path_arg, runs_arg  # noqa: E402
-from pytest_mig.store.baselines import BaselineError, BaselineStore, load_baseline_file  # noqa: E402
+from pytest_mig.store.baselines import BaselineStore  # noqa: E402
+from pytest_mig.store.history import BaselineError
+from pytest_mig.store.reader import load_baseline_file
 from pytest_mig.measure.cost import SUCoefficients  # noqa: E402
 from pytest_mig.report.exports import parse_export  # noqa: E402
 from pytest_mig.common.files import MAX_DEPTH, FileProblem, check_path, parse_json, path_problem  # noqa: E402

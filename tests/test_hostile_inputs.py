@@ -16,7 +16,7 @@ import topologies
 from pytest_mig import cli
 
 from pytest_mig.device import nvml
-from pytest_mig.store.baselines import BaselineEntry, Run
+from pytest_mig.store.history import BaselineEntry, Run
 from pytest_mig.measure import Metric
 from pytest_mig.judge.noise import PRIOR, PRIOR_RUNS, band
 from pytest_mig.report.tables import write_report
@@ -221,7 +221,9 @@ def test_a_fingerprint_no_json_can_write_back_is_refused_when_read(tmp_path, num
     """Read with allow_nan (a figure's NaN is named by the store), a NaN fingerprint field was kept, and
     found only when the run's save could not write it; now the history is refused when read, so that
     --mig-save-baseline says it at start-up (check_save)."""
-    from pytest_mig.store.baselines import BaselineError, BaselineStore, load_baseline_file
+    from pytest_mig.store.baselines import BaselineStore
+    from pytest_mig.store.history import BaselineError
+    from pytest_mig.store.reader import load_baseline_file
 
     path = _history(tmp_path, number)
     with pytest.raises(BaselineError, match=r"driver|integer of 41 digits|too large for a float") as exc:
@@ -233,7 +235,8 @@ def test_a_fingerprint_no_json_can_write_back_is_refused_when_read(tmp_path, num
 
 @pytest.mark.parametrize("number", ["1e301", "-1e301"])
 def test_a_history_run_noise_beyond_1e300_is_refused(tmp_path, number: str) -> None:
-    from pytest_mig.store.baselines import BaselineError, load_baseline_file
+    from pytest_mig.store.history import BaselineError
+    from pytest_mig.store.reader import load_baseline_file
 
     path = _history(tmp_path, '"580.159.04"')
     text = path.read_text()

@@ -10,7 +10,7 @@ from typing import Callable
 import pytest
 from test_verdict_flow import QUIET, TEST_ID, h200  # noqa: F401
 
-from pytest_mig.store.baselines import BaselineEntry, Run
+from pytest_mig.store.history import BaselineEntry, Run
 from pytest_mig.night.nights import CACHE_FOLDER, Progress, compile_caches, gates_nothing, last_runs, stack_key
 from pytest_mig.judge.reference import ReferenceStore, build
 from pytest_mig.store.results import read_results_file

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from test_verdict import FP_OLD, TEST, record
 
-from pytest_mig.store.baselines import BaselineError, BaselineStore
+from pytest_mig.store.baselines import BaselineStore
+from pytest_mig.store.history import BaselineError
 from pytest_mig.cli import main, reference_lines
 from pytest_mig.measure import Metric
 from pytest_mig.judge.noise import DETECT_Z, REFERENCE_FLOOR, REFERENCE_MAX, K, reference_band

@@ -10,7 +10,8 @@ import pytest
 from test_reference import BOARD
 from test_verdict import TEST, record
 
-from pytest_mig.store.baselines import BaselineStore, load_baseline_file
+from pytest_mig.store.baselines import BaselineStore
+from pytest_mig.store.reader import load_baseline_file
 from pytest_mig.cli import main
 from pytest_mig.judge.reference import SHIPPED, build
 from pytest_mig.judge.reference_check import check_folder, leave_one_out, pooled, summary

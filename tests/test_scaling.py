@@ -349,7 +349,7 @@ def test_a_stored_profile_keeps_the_clock_it_ran_at_for_the_power_limited_rule(t
 
 @pytest.mark.parametrize("clock", ["1485", -5, 0, True, float("nan")])
 def test_a_saved_clock_that_is_not_a_clock_is_named_and_nothing_is_written(tmp_path: Path, clock: Any) -> None:
-    from pytest_mig.store.baselines import BaselineError
+    from pytest_mig.store.history import BaselineError
 
     store = BaselineStore(tmp_path)
     store.save([rec("7g.141gb", 66.0)])

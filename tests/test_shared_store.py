@@ -17,7 +17,8 @@ from typing import Any, Callable
 import pytest
 from test_verdict_flow import baseline_path, h200  # noqa: F401  (the fixture: a whole H200, fake NVML)
 
-from pytest_mig.store.baselines import BaselineError, BaselineStore
+from pytest_mig.store.baselines import BaselineStore
+from pytest_mig.store.history import BaselineError
 from pytest_mig.measure import Metric
 from pytest_mig.night.nights import BUILT_SYSTEMS, CACHE_FOLDER
 from pytest_mig.device.target import TargetInfo

@@ -14,7 +14,9 @@ from test_stopped_run import h200 as h200_stop  # noqa: F401  (the fixture, for 
 from test_verdict_flow import QUIET, baseline_path, entry, h200  # noqa: F401
 
 from pytest_mig import cli
-from pytest_mig.store.baselines import BaselineError, BaselineStore, load_baseline_file
+from pytest_mig.store.baselines import BaselineStore
+from pytest_mig.store.history import BaselineError
+from pytest_mig.store.reader import load_baseline_file
 from pytest_mig.common.files import FileProblem, atomic_write_text, output_file, parse_json
 from pytest_mig.judge.reference import ReferenceStore
 

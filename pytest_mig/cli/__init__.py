@@ -46,7 +46,7 @@ from pytest_mig.cli.report import REPORT_COLUMNS, Report, cmd_report
 from pytest_mig.cli.samples import Samples, cmd_samples
 from pytest_mig.common.files import FileProblem
 from pytest_mig.report.tables import ReportError
-from pytest_mig.store.baselines import BaselineError
+from pytest_mig.store.history import BaselineError
 from pytest_mig.store.results import ResultsFileError
 
 __all__ = [

@@ -11,7 +11,7 @@ from typing import TextIO
 from pytest_mig.cli.common import BASELINE_DIR_HELP, CliError, Command, add_baseline_dir, hidden_alias, path_arg
 from pytest_mig.cli.common import pytest_args, runs_arg
 from pytest_mig.settings import HELP_KEEP, HELP_SHRINK
-from pytest_mig.store.baselines import DEFAULT_KEEP
+from pytest_mig.store.history import DEFAULT_KEEP
 
 
 class Calibrate(Command):

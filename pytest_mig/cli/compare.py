@@ -11,7 +11,7 @@ from typing import Sequence, TextIO
 from pytest_mig.cli.common import CliError, Command, path_arg
 from pytest_mig.judge.pipeline import Pipeline, RecordHistories
 from pytest_mig.judge.reference import ReferenceStore, store_for
-from pytest_mig.judge.verdict import Verdict
+from pytest_mig.store.verdicts import Verdict
 from pytest_mig.report.tables import frame_table, records_frame
 from pytest_mig.settings import HELP_TOLERANCE, REFERENCE_VALUES, tolerance_arg
 from pytest_mig.store.results import ResultRecord, read_results

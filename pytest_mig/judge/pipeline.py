@@ -21,20 +21,14 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
-from pytest_mig.store.baselines import (
-    DEFAULT_TOLERANCE,
-    Baseline,
-    BaselineEntry,
-    BaselineMeta,
-    BaselineStore,
-    entry_from_records,
-    meta_from_record,
-    throttle_reasons,
-)
+from pytest_mig.measure.clocks import throttle_reasons
+from pytest_mig.store.baselines import BaselineStore, entry_from_records, meta_from_record
+from pytest_mig.store.history import Baseline, BaselineEntry, BaselineMeta
 from pytest_mig.device.health import annotate
 from pytest_mig.judge.reference import Reference, ReferenceStore
 from pytest_mig.store.results import ResultRecord
 from pytest_mig.judge.verdict import (
+    DEFAULT_TOLERANCE,
     Verdict,
     compare,
     compare_reference,

@@ -9,7 +9,7 @@ diagnostics give against their SKU values, per profile and per figure.  The band
 GPU 15% under the reference fails.  A local baseline, once saved, takes over figure by figure.
 
 Layout: ``pytest_mig/references/<gpu-model-slug>/<profile>[-emulated].json``, each a baseline file
-(schema 2, read by :func:`pytest_mig.store.baselines.load_baseline_file`, so a broken one is an error
+(schema 2, read by :func:`pytest_mig.store.reader.load_baseline_file`, so a broken one is an error
 naming the file) with one more top-level block::
 
     "reference": {"sigma": {"quick": {"<test>": {"<metric>": 0.0052}}}, "runs": {"full": 5, ...}}
@@ -31,21 +31,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from pytest_mig.store.baselines import (
-    FINGERPRINT_FIELDS,
-    Baseline,
-    BaselineEntry,
-    BaselineError,
-    BaselineStore,
-    EntryKey,
-    check_baseline_text,
-    fingerprint_value,
-    folder_lock,
-    history_exists,
-    load_baseline_file,
-    measured_value,
-    meta_from_record,
-)
+from pytest_mig.common.files import folder_lock
+from pytest_mig.device.fingerprint import FINGERPRINT_FIELDS, fingerprint_value
+from pytest_mig.store.baselines import BaselineStore, history_exists, measured_value, meta_from_record
+from pytest_mig.store.history import Baseline, BaselineEntry, BaselineError, EntryKey
+from pytest_mig.store.reader import check_baseline_text, load_baseline_file
 from pytest_mig.common.files import MAX_NUMBER, FileProblem, path_problem, validate
 from pytest_mig.judge.noise import REFERENCE_FLOOR, REFERENCE_MAX, Band, reference_band
 from pytest_mig.store.results import ResultRecord, ResultsFileError, atomic_write_text, read_results, utc_now

@@ -21,7 +21,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pytest_mig.store.baselines import Baseline, BaselineEntry, BaselineStore, EntryKey, Run, load_baseline_file
+from pytest_mig.store.baselines import BaselineStore
+from pytest_mig.store.history import Baseline, BaselineEntry, EntryKey, Run
+from pytest_mig.store.reader import load_baseline_file
 from pytest_mig.judge.noise import reference_band
 from pytest_mig.judge.reference import pooled_sigma
 from pytest_mig.judge.verdict import worse_by

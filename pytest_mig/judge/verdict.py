@@ -35,20 +35,11 @@ import statistics
 from dataclasses import replace
 from typing import Any, Iterable, Mapping, Sequence
 
-from pytest_mig.store.baselines import (
-    DEFAULT_TOLERANCE,
-    EMULATED_SUFFIX,
-    FINGERPRINT_FIELDS,
-    Baseline,
-    BaselineEntry,
-    BaselineError,
-    BaselineMeta,
-    fingerprint_value,
-    meta_from_record,
-    throttle_reasons,
-)
+from pytest_mig.device.fingerprint import FINGERPRINT_FIELDS, fingerprint_value
+from pytest_mig.measure.clocks import throttle_reasons
+from pytest_mig.store.baselines import meta_from_record
+from pytest_mig.store.history import Baseline, BaselineEntry, BaselineError, BaselineMeta
 from pytest_mig.judge.noise import (
-    DETECT_Z,
     FEW_RUNS_BAND,
     FLOOR,
     MIN_RUNS,
@@ -64,6 +55,11 @@ from pytest_mig.judge.reference import Reference, ReferenceStore, fingerprint_be
 from pytest_mig.store.results import ResultRecord
 from pytest_mig.store.verdicts import OUTCOMES, ClockNote, Outcome, Verdict
 from pytest_mig.common.text import SHOWN, quoted
+
+#: The tolerance a figure is held to when nobody set one: a figure whose run-to-run noise needs a
+#: wider threshold than this is reported as too noisy to gate (see pytest_mig.judge.noise).
+DEFAULT_TOLERANCE = 0.05
+
 
 def format_number(x: float | None) -> str:
     """Four significant figures without exponents for the sizes benchmarks produce."""
@@ -461,8 +457,7 @@ def failure_text(verdicts: Sequence[Verdict]) -> str:
 
 
 __all__ = [
-    "DEFAULT_TOLERANCE", "DETECT_Z", "EMULATED_SUFFIX", "FINGERPRINT_FIELDS", "OUTCOMES", "Outcome",
-    "Verdict", "compare", "compare_reference", "confirm", "explain_clock", "failing", "failure_text",
+    "DEFAULT_TOLERANCE", "compare", "compare_reference", "confirm", "explain_clock", "failing", "failure_text",
     "fingerprint_changes", "fingerprint_diff", "format_number",
     "incomparable_reason", "make_verdict", "parse_tolerance", "reference_prior", "value_text", "worse_by",
 ]

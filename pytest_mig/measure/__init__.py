@@ -14,6 +14,7 @@ from pytest_mig.measure.metric import (
     partner_keys,
     percentile,
     timing_partners,
+    within_run_noise,
 )
 from pytest_mig.measure.timing import (
     POWER_LIMIT_SLACK,
@@ -35,4 +36,5 @@ __all__ = [
     "ENERGY_INFIX", "METRIC_KINDS", "POWER_LIMIT_SLACK", "RAMP_S", "RATE_KINDS", "SUSTAINED", "Direction",
     "EnergyTicks", "GpuClock", "Metric", "PowerSampler", "PowerTrace", "Stats", "Telemetry", "Timer", "Timing",
     "energy_metrics", "gpu_clock", "partner_keys", "percentile", "synchronize", "time_fn", "timing_partners",
+    "within_run_noise",
 ]

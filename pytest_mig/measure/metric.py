@@ -90,6 +90,17 @@ class Stats:
         return cls(len(xs), med, mean, xs[0], xs[-1], mad, iqr, cv)
 
 
+def within_run_noise(samples: Iterable[float]) -> float | None:
+    """Relative robust spread (1.4826 x MAD / median) of one run's repeats; None with fewer than 2."""
+    xs = [float(s) for s in samples if math.isfinite(s)]
+    if len(xs) < 2:
+        return None
+    med = statistics.median(xs)
+    if not med:
+        return None
+    return 1.4826 * statistics.median([abs(x - med) for x in xs]) / abs(med)
+
+
 def percentile(samples: Sequence[float], p: float) -> float:
     """Linear-interpolated percentile, p in [0, 100]."""
     xs = sorted(samples)

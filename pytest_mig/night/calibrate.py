@@ -17,7 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Collection, Iterable, Sequence, TextIO
 
-from pytest_mig.store.baselines import DEFAULT_TOLERANCE, Baseline, BaselineError, BaselineStore, load_baseline_file, meta_from_record
+from pytest_mig.judge.verdict import DEFAULT_TOLERANCE
+from pytest_mig.store.baselines import BaselineStore, meta_from_record
+from pytest_mig.store.history import Baseline, BaselineError
+from pytest_mig.store.reader import load_baseline_file
 from pytest_mig.common.files import FileProblem
 from pytest_mig.judge.noise import PRIOR, PRIOR_RUNS, band
 from pytest_mig.judge.reference import Reference, ReferenceStore

@@ -145,7 +145,7 @@ def ungated(tests: Iterable[tuple[Any, str, Any]], mode: str, store: Any, refere
     """The items of ``tests`` ((item, test key, Target) triples) that gate nothing in ``mode`` on their
     Target (:func:`gates_nothing`); a history or reference that cannot be read decides nothing (the
     test runs, and its verdict names the file)."""
-    from pytest_mig.store.baselines import BaselineError
+    from pytest_mig.store.history import BaselineError
 
     out = []
     histories: dict[tuple[str, str], Any] = {}  # each history read once, not once per test

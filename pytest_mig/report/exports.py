@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from pytest_mig.store.baselines import FINGERPRINT_FIELDS, fingerprint_value
+from pytest_mig.device.fingerprint import FINGERPRINT_FIELDS, fingerprint_value
 from pytest_mig.common.files import atomic_write_text, output_file, path_problem
 from pytest_mig.store.results import ResultRecord
 from pytest_mig.common.text import SHOWN, printable, quoted

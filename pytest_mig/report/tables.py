@@ -20,9 +20,9 @@ import pandas as pd
 
 from pytest_mig.device.target import TargetInfo
 from pytest_mig.store.results import ResultRecord, atomic_write_text
-from pytest_mig.store.verdicts import Verdict
+from pytest_mig.store.verdicts import OUTCOMES, Verdict
 from pytest_mig.common.text import SHOWN, printable, quoted
-from pytest_mig.judge.verdict import OUTCOMES, format_number
+from pytest_mig.judge.verdict import format_number
 
 if TYPE_CHECKING:
     from pytest_mig.judge.scaling import ScalingReport

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from pytest_mig.store.baselines import BaselineStore, load_baseline_file, meta_from_record
+from pytest_mig.store.baselines import BaselineStore, meta_from_record
+from pytest_mig.store.reader import load_baseline_file
 from pytest_mig.store.results import ResultRecord, atomic_write_text, read_results_file, utc_now
 from pytest_mig.judge.verdict import fingerprint_changes, format_number
 

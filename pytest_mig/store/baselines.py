@@ -31,9 +31,10 @@ the next save removes such a dead save's temporary file.  Only ``json`` is used 
 pickle, no eval.
 
 Informational metrics (``Metric.compare is False``) and non-finite or non-positive figures are not
-saved.  A file's records (:class:`Baseline`, :class:`BaselineEntry`, :class:`Run`) and its strict
-reader live in :mod:`pytest_mig.store.history`; this module turns results into runs and keeps,
-merges and writes the files, and exports those names too.
+saved.  A file's records (:class:`~pytest_mig.store.history.Baseline`, ``BaselineEntry``, ``Run``) live
+in :mod:`pytest_mig.store.history`, its strict reader in :mod:`pytest_mig.store.reader` (schema 1:
+:mod:`pytest_mig.store.legacy`); this module turns results into runs and keeps, merges and writes
+the files.
 """
 
 from __future__ import annotations
@@ -54,35 +55,24 @@ from pytest_mig.common.files import (
     path_problem,
     write_target,
 )
-from pytest_mig.measure import Metric
-from pytest_mig.measure.clocks import THROTTLE_REASONS, Clocks, measured_clock, throttle_reasons
-from pytest_mig.device.profiles import CPU, FULL
-from pytest_mig.device.target import TargetInfo
-from pytest_mig.store.results import MODES, ResultRecord, utc_now
 from pytest_mig.common.text import SHOWN, quoted
+from pytest_mig.device.profiles import CPU, FULL
+from pytest_mig.device.target import EMULATED_SUFFIX, TargetInfo
+from pytest_mig.measure import Metric, within_run_noise
+from pytest_mig.measure.clocks import Clocks, measured_clock, throttle_reasons
 from pytest_mig.store.history import (
-    BASELINE_SCHEMA,
-    BASELINE_SCHEMA_V1,
     DEFAULT_KEEP,
-    DEFAULT_TOLERANCE,
-    EMULATED_SUFFIX,
-    FINGERPRINT_FIELDS,
-    fingerprint_value,
-    BaselineError,
-    _round,
-    fingerprint_id,
-    within_run_noise,
-    Run,
+    Baseline,
     BaselineEntry,
+    BaselineError,
     BaselineMeta,
     EntryKey,
-    Baseline,
+    Run,
     SaveResult,
-    check_tolerance,
-    load_baseline_file,
-    check_baseline_text,
-    parse_baseline,
+    round_figure,
 )
+from pytest_mig.store.reader import check_baseline_text, load_baseline_file
+from pytest_mig.store.results import MODES, ResultRecord, utc_now
 
 
 def measured_value(record: ResultRecord) -> float:
@@ -307,7 +297,7 @@ class BaselineStore:
                 restarted.append(f"{rec.test}::{m.name} ({old.unit}, {old.direction} -> {m.unit}, {m.direction})")
                 runs = []
             run = run_from_record(rec)
-            if once and any(r.recorded_at == run.recorded_at and r.value == _round(run.value) for r in runs):
+            if once and any(r.recorded_at == run.recorded_at and r.value == round_figure(run.value) for r in runs):
                 repeats += 1
                 continue
             runs.append(run)
@@ -380,38 +370,7 @@ def _records_of(base: Baseline) -> Iterator[ResultRecord]:
                            e.recorded_at, node="baseline", mode=e.mode)
 
 
-# -- strict reading ------------------------------------------------------------------------------
-
-
 __all__ = [
-    "BASELINE_SCHEMA",
-    "BASELINE_SCHEMA_V1",
-    "DEFAULT_KEEP",
-    "DEFAULT_TOLERANCE",
-    "EMULATED_SUFFIX",
-    "FINGERPRINT_FIELDS",
-    "THROTTLE_REASONS",
-    "Baseline",
-    "BaselineEntry",
-    "BaselineError",
-    "BaselineMeta",
-    "BaselineStore",
-    "EntryKey",
-    "Run",
-    "SaveResult",
-    "check_baseline_text",
-    "check_tolerance",
-    "entry_from_records",
-    "fingerprint_id",
-    "fingerprint_value",
-    "history_exists",
-    "load_baseline_file",
-    "measured_clock",
-    "measured_value",
-    "meta_from_record",
-    "parse_baseline",
-    "run_from_record",
+    "BaselineStore", "entry_from_records", "history_exists", "measured_value", "meta_from_record", "run_from_record",
     "saveable",
-    "throttle_reasons",
-    "within_run_noise",
 ]
