@@ -1,7 +1,9 @@
 """pytest-mig's options, ini values and markers, each defined once with its help text.
 
-The plugin's ``pytest_addoption`` calls :func:`add_options`; the ``pytest-mig`` command reuses the
-help texts and argument types (:mod:`pytest_mig.settings`) so an option reads the same everywhere.
+The plugin's ``pytest_addoption`` calls :func:`add_options`; ``pytest-mig compare`` takes the options
+that judge a figure from :func:`add_judging_options`, as the plugin does, and the other ``pytest-mig``
+commands reuse the help texts and argument types (:mod:`pytest_mig.settings`), so an option is spelt
+and reads the same everywhere.
 Precedence of a setting: marker > command line > environment > ini.
 """
 
@@ -10,6 +12,8 @@ from __future__ import annotations
 import argparse
 
 import pytest
+
+from typing import Any, Callable
 
 from pytest_mig.night.window import window_arg
 from pytest_mig.settings import (
@@ -41,7 +45,8 @@ HELP_CONFIRM = ("re-measure a figure beyond its threshold this many times before
                 "fail on the first measurement); it fails only if every re-measurement is beyond it too.")
 HELP_SLOWDOWN = ("detection experiments only: run a whole GPU's tests on just N of its SMs (a green context) and "
                  "judge them as the whole GPU, a real slowdown for measuring what the verdicts catch.")
-HELP_IMPROVEMENT = "fail a test whose figure improved beyond tolerance: a stale baseline hides regressions."
+HELP_IMPROVEMENT = ("also fail on a figure that improved beyond its threshold (the plugin: its test; pytest-mig compare: "
+                    "exit 1): a stale baseline hides regressions.")
 HELP_REPORT = "write a report of this run's figures and verdicts: .md, .csv or .json by suffix."
 HELP_RESULTS = "where this run's results JSON goes (default: .mig-results/results-<time>.json; 'none' to skip)."
 HELP_SCALING_RESULTS = "results files of other slices' runs (same GPU model) for the scaling checks."
@@ -62,6 +67,16 @@ MARKERS = (
 )
 
 
+def add_judging_options(add: Callable[..., Any], *, prefix: str = "mig_", reference_help: str = HELP_REFERENCE) -> None:
+    """The options that say how a figure is judged, through ``add`` (pytest's ``addoption`` or an
+    argparse parser's ``add_argument``), each value under ``prefix`` + its name; ``reference_help``
+    where a command's default reference differs from the plugin's."""
+    add("--mig-reference", dest=f"{prefix}reference", default=None, help=reference_help)
+    add("--mig-tolerance", dest=f"{prefix}tolerance", type=tolerance_arg, default=None, help=HELP_TOLERANCE)
+    add("--mig-fail-on-improvement", dest=f"{prefix}fail_on_improvement", action="store_true", default=False,
+        help=HELP_IMPROVEMENT)
+
+
 def add_options(parser: pytest.Parser) -> None:
     """Every option and ini value of the plugin, defined here once (the hook calls this)."""
     g = parser.getgroup("mig", "pytest-mig: NVIDIA MIG slices and GPUs")
@@ -80,16 +95,12 @@ def add_options(parser: pytest.Parser) -> None:
     g.addoption("--mig-save-if-passed", dest="mig_save_if_passed", action="store_true", default=False,
                 help=HELP_SAVE_IF_PASSED)
     g.addoption("--mig-baseline-dir", dest="mig_baseline_dir", default=None, help=HELP_BASELINE_DIR)
-    g.addoption("--mig-reference", dest="mig_reference", default=None, help=HELP_REFERENCE)
     g.addoption("--mig-baseline-keep", dest="mig_baseline_keep", type=positive_int_arg, default=None, help=HELP_KEEP)
     g.addoption("--mig-baseline-shrink", dest="mig_baseline_shrink", action="store_true", default=False,
                 help=HELP_SHRINK)
     g.addoption("--mig-confirm", dest="mig_confirm", type=count_arg, default=None, help=HELP_CONFIRM)
     g.addoption("--mig-slowdown-sms", dest="mig_slowdown_sms", type=positive_int_arg, default=None, help=HELP_SLOWDOWN)
-    g.addoption("--mig-tolerance", dest="mig_tolerance", type=tolerance_arg, default=None,
-                help=HELP_TOLERANCE)
-    g.addoption("--mig-fail-on-improvement", dest="mig_fail_on_improvement", action="store_true", default=False,
-                help=HELP_IMPROVEMENT)
+    add_judging_options(g.addoption)
     g.addoption("--mig-report", dest="mig_report", default=None, help=HELP_REPORT)
     g.addoption("--mig-results", dest="mig_results", default=None, help=HELP_RESULTS)
     g.addoption("--mig-export", dest="mig_export", type=export_arg, action="append", default=[],

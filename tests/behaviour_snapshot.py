@@ -82,8 +82,8 @@ def main() -> int:
         _run("compare: an unchanged night against 14", ["compare", *unchanged], work)
         _run("compare: a slowed night against 15", ["compare", *unchanged, slow[0]], work)
         _run("compare: a night alone against the shipped reference",
-             ["compare", "--reference", "shipped", unchanged[0]], work)
-        _run("compare: with a tolerance", ["compare", "--tolerance", "3%", *unchanged[:5], slow[-1]], work)
+             ["compare", "--mig-reference", "shipped", unchanged[0]], work)
+        _run("compare: with a tolerance", ["compare", "--mig-tolerance", "3%", *unchanged[:5], slow[-1]], work)
         _run("report: two H200 nodes", ["report", str(fleet / "node-1.json"), str(fleet / "node-2.json"),
                                         "--out", str(work / "fleet.md")], work, [work / "fleet.md"])
         _run("report: the detection nights as CSV", ["report", *unchanged, *slow, "--out", str(work / "det.csv")],

@@ -207,11 +207,11 @@ def test_compare_without_regression_exits_zero_and_improvement_can_fail(capsys: 
     assert run(capsys, "compare", old, same)[0] == 0
     code, out, _ = run(capsys, "compare", old, faster)
     assert code == 0 and f"IMPROVED {GEMM} fp16_tflops 120.0 TFLOPS" in out
-    assert run(capsys, "compare", "--fail-on-improvement", old, faster)[0] == 1
+    assert run(capsys, "compare", "--mig-fail-on-improvement", old, faster)[0] == 1
     # a site's tolerance caps the threshold: 7% slower passes the conservative 10% band of one run, not 5%
     slower = results(tmp_path / "slower.json", rec(93.0))
     assert run(capsys, "compare", old, slower)[0] == 0
-    code, out, _ = run(capsys, "compare", "--tolerance", "5%", old, slower)
+    code, out, _ = run(capsys, "compare", "--mig-tolerance", "5%", old, slower)
     assert code == 1 and "threshold 5% (the tolerance set" in out
 
 
@@ -238,7 +238,7 @@ def test_compare_picks_the_old_record_of_the_same_profile(capsys: pytest.Capture
 def test_compare_refuses_a_tolerance_of_100_percent_or_more(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     old = results(tmp_path / "old.json", rec(100.0))
     with pytest.raises(SystemExit) as info:
-        cli.main(["compare", "--tolerance", "150%", old, old])
+        cli.main(["compare", "--mig-tolerance", "150%", old, old])
     assert info.value.code == 2 and "out of range" in capsys.readouterr().err
 
 
@@ -246,13 +246,13 @@ def test_compare_needs_two_files(capsys: pytest.CaptureFixture[str], tmp_path: P
     assert cli.main(["compare", results(tmp_path / "only.json", rec(100.0))]) == 2
     err = capsys.readouterr().err
     assert err.strip() == ("pytest-mig: error: compare needs at least two results files: the earlier ones, then the "
-                           "one to judge (or one file with --reference shipped)")
+                           "one to judge (or one file with --mig-reference shipped)")
 
 
 def test_compare_refuses_a_reference_folder_that_is_not_there(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     night = results(tmp_path / "night.json", rec(100.0))
-    assert cli.main(["compare", "--reference", str(tmp_path / "nowhere"), night]) == 2
-    assert capsys.readouterr().err == (f"pytest-mig: error: --reference {tmp_path / 'nowhere'}: no such folder; give "
+    assert cli.main(["compare", "--mig-reference", str(tmp_path / "nowhere"), night]) == 2
+    assert capsys.readouterr().err == (f"pytest-mig: error: --mig-reference {tmp_path / 'nowhere'}: no such folder; give "
                                        "'shipped' or a folder made by 'pytest-mig reference'\n")
 
 
@@ -268,20 +268,20 @@ def ref_dir(tmp_path: Path) -> str:
 def test_compare_judges_a_file_alone_against_a_reference_as_a_first_night(capsys: pytest.CaptureFixture[str],
                                                                           tmp_path: Path, ref_dir: str) -> None:
     slow = results(tmp_path / "slow.json", rec(84.0))
-    code, out, err = run(capsys, "compare", "--reference", ref_dir, slow)
+    code, out, err = run(capsys, "compare", "--mig-reference", ref_dir, slow)
     assert code == 1 and err == ""
     assert (f"REGRESSED {GEMM} fp16_tflops 84.00 TFLOPS, reference 100.0 TFLOPS (median of 5 runs of the reference "
             f"for this GPU model): -16.0%, threshold 10% (against another board") in out
     assert out.splitlines()[-1] == f"1 metric(s) against 0 earlier run(s) and the references in {ref_dir}: 1 regressed"
     # 7% under the reference is inside the band between boards
-    assert run(capsys, "compare", "--reference", ref_dir, results(tmp_path / "ok.json", rec(93.0)))[0] == 0
+    assert run(capsys, "compare", "--mig-reference", ref_dir, results(tmp_path / "ok.json", rec(93.0)))[0] == 0
 
 
 def test_compare_with_a_reference_lets_the_earlier_files_history_take_over(capsys: pytest.CaptureFixture[str],
                                                                          tmp_path: Path, ref_dir: str) -> None:
     old = results(tmp_path / "old.json", rec(84.5))
     new = results(tmp_path / "new.json", rec(84.0), rec(7.0, test=STREAM, name="triad_tbs", unit="TB/s", kind="memory"))
-    code, out, _ = run(capsys, "compare", "--reference", ref_dir, old, new)
+    code, out, _ = run(capsys, "compare", "--mig-reference", ref_dir, old, new)
     assert code == 0  # this GPU's own history: 84 is its normal; the reference would have failed it
     gemm = next(line.split() for line in out.splitlines() if "fp16_tflops" in line)
     assert gemm[-4:] == ["84.50", "-0.59", "10.00", "pass"]
@@ -293,17 +293,17 @@ def test_compare_re_judges_a_reference_verdict_on_the_runs_re_measurements(capsy
                                                                           tmp_path: Path, ref_dir: str) -> None:
     dip = rec(84.0)
     dip.verdict = Verdict.from_dict({"outcome": "regressed", "confirmations": [99.2, 99.6]})  # what the plugin re-measured
-    code, out, _ = run(capsys, "compare", "--reference", ref_dir, results(tmp_path / "dip.json", dip))
+    code, out, _ = run(capsys, "compare", "--mig-reference", ref_dir, results(tmp_path / "dip.json", dip))
     assert code == 0 and out.splitlines()[-1].endswith(": 1 transient")
 
 
 def test_compare_reference_mistakes_are_one_sentence(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     only = results(tmp_path / "only.json", rec(100.0))
-    assert cli.main(["compare", "--reference", str(tmp_path / "nope"), only]) == 2
-    assert capsys.readouterr().err.strip() == (f"pytest-mig: error: --reference {tmp_path / 'nope'}: no such folder; "
+    assert cli.main(["compare", "--mig-reference", str(tmp_path / "nope"), only]) == 2
+    assert capsys.readouterr().err.strip() == (f"pytest-mig: error: --mig-reference {tmp_path / 'nope'}: no such folder; "
                                                f"give 'shipped' or a folder made by 'pytest-mig reference'")
     # the shipped references hold emulated H200 profiles, never a real 3g.71gb slice: nothing to compare
-    code, out, _ = run(capsys, "compare", "--reference", "shipped", only)
+    code, out, _ = run(capsys, "compare", "--mig-reference", "shipped", only)
     assert code == 1 and out.splitlines()[-1].startswith("nothing could be compared")
     assert "earlier files or a reference on the same GPU model" in out
 
@@ -367,7 +367,7 @@ def test_a_report_that_cannot_be_written(capsys: pytest.CaptureFixture[str], nig
 
 
 @pytest.mark.parametrize("argv", [["compare"], ["report"], ["frobnicate"], [],
-                                  ["compare", "--tolerance", "5", "a", "b"],
+                                  ["compare", "--mig-tolerance", "5", "a", "b"],
                                   ["report", "--outlier-factor", "0.5", "a"]])
 def test_usage_errors_exit_two_without_a_traceback(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
     with pytest.raises(SystemExit) as info:
@@ -443,3 +443,24 @@ def test_calibrate_takes_the_plugins_spellings_and_the_old_ones(
     shown = " ".join(capsys.readouterr().out.split())
     assert "--mig-baseline-dir" in shown and "relative to the working directory" in shown
     assert not re.search(r"--baseline-dir|--keep|--shrink\b", shown)
+
+
+def test_compare_spells_its_judging_options_as_the_plugin_does(capsys: pytest.CaptureFixture[str]) -> None:
+    """One definition (options.add_judging_options) for pytest's parser and the command: the same
+    spellings, parsed by the same types; the command's earlier spellings are usage errors."""
+    import argparse
+
+    from pytest_mig.options import add_judging_options
+
+    plugin = argparse.ArgumentParser()
+    add_judging_options(plugin.add_argument)
+    args = plugin.parse_args(["--mig-tolerance", "5%", "--mig-reference", "shipped", "--mig-fail-on-improvement"])
+    assert (args.mig_tolerance, args.mig_reference, args.mig_fail_on_improvement) == (0.05, "shipped", True)
+    with pytest.raises(SystemExit):
+        cli.main(["compare", "--help"])
+    shown = capsys.readouterr().out
+    assert all(f"--mig-{name}" in shown for name in ("reference", "tolerance", "fail-on-improvement"))
+    for old in (["--tolerance", "5%"], ["--reference", "shipped"], ["--fail-on-improvement"]):
+        with pytest.raises(SystemExit) as info:
+            cli.main(["compare", *old, "a.json", "b.json"])
+        assert info.value.code == 2 and f"unrecognized arguments: {old[0]}" in capsys.readouterr().err

@@ -154,7 +154,7 @@ def test_compare_reads_the_partners_history_from_the_old_files(tmp_path: Path,
         old.append(str(path))
     new = tmp_path / "new.json"
     write_results(new, training_run(85.0, 112.0))
-    assert cli.main(["compare", *old, str(new), "--reference", "none"]) == 0
+    assert cli.main(["compare", *old, str(new), "--mig-reference", "none"]) == 0
     out = capsys.readouterr().out
     assert "energy_j_per_token" in out and "whose timing it shares" in out and "REGRESSED" not in out
 

@@ -291,7 +291,7 @@ def test_a_path_no_file_system_takes_is_one_sentence_at_start_up(pytester: pytes
 
 @pytest.mark.parametrize("args", [["report", "r.json", "--out", LONG + ".md"], ["history", "--out", LONG + ".html"],
                                   ["reference", "--out", LONG], ["samples", LONG], ["compare", "a", LONG],
-                                  ["compare", "r.json", "--reference", LONG]])
+                                  ["compare", "r.json", "--mig-reference", LONG]])
 def test_a_path_no_file_system_takes_is_a_cli_usage_error(args: list[str], tmp_path, monkeypatch: pytest.MonkeyPatch,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(tmp_path)

@@ -6,7 +6,7 @@
     pytest-mig compare OLD... NEW            judge NEW's figures against the history the OLD results
                                              files make (oldest first), with the plugin's rule;
                                              exit 1 on a regression or when nothing could be compared
-    pytest-mig compare --reference shipped [OLD...] NEW
+    pytest-mig compare --mig-reference shipped [OLD...] NEW
                                              figures with no history in OLD judged against the
                                              reference (shipped, or a folder), as a first night is
     pytest-mig reference FILES... --out DIR  add results files' figures to a reference folder (the form

@@ -1,5 +1,5 @@
 """``pytest-mig compare``: the last results file judged against the history the earlier ones make
-(oldest first), with the plugin's rule; with ``--reference``, a figure with no such history is
+(oldest first), with the plugin's rule and its options; with ``--mig-reference``, a figure with no such history is
 judged against the reference of its GPU model and profile, as a first night is."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from pytest_mig.judge.pipeline import Pipeline, RecordHistories
 from pytest_mig.judge.reference import ReferenceStore, store_for
 from pytest_mig.store.verdicts import Verdict
 from pytest_mig.report.tables import frame_table, records_frame
-from pytest_mig.settings import HELP_TOLERANCE, REFERENCE_VALUES, tolerance_arg
+from pytest_mig.options import add_judging_options
+from pytest_mig.settings import REFERENCE_VALUES
 from pytest_mig.store.results import ResultRecord, read_results
 
 
@@ -52,10 +53,10 @@ def cmd_compare(paths: Sequence[Path], tolerance: float | None, improvement_fail
         try:
             references = store_for(reference, Path.cwd())
         except ValueError as exc:
-            raise CliError(f"--reference {exc}; give 'shipped' or a folder made by 'pytest-mig reference'") from None
+            raise CliError(f"--mig-reference {exc}; give 'shipped' or a folder made by 'pytest-mig reference'") from None
     if len(paths) < 2 and references is None:
         raise CliError("compare needs at least two results files: the earlier ones, then the one to judge "
-                       "(or one file with --reference shipped)")
+                       "(or one file with --mig-reference shipped)")
     old = [read_results(p) for p in paths[:-1]]
     new = read_results(paths[-1])
     verdicts = compare_records(old, new, tolerance=tolerance, improvement_fails=improvement_fails,
@@ -84,7 +85,7 @@ class Compare(Command):
     name = "compare"
     help = "judge a results file against the history of earlier ones"
     description = ("Judge the last results file against the history the earlier ones make (oldest first), with the "
-                   "plugin's rule; exit 1 on a regression, or when nothing could be compared. With --reference, a "
+                   "plugin's rule; exit 1 on a regression, or when nothing could be compared. With --mig-reference, a "
                    "figure with no history in the earlier files is judged against the reference for its GPU model "
                    "and profile, as the plugin judges a first night.")
 
@@ -92,12 +93,9 @@ class Compare(Command):
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("files", nargs="+", type=path_arg, metavar="FILE",
                             help="OLD1 [OLD2 ...] NEW: earlier results files, then the one to judge "
-                                 "(with --reference, NEW alone will do)")
-        parser.add_argument("--reference", default=None, metavar="R",
-                            help=f"judge figures with no earlier history against references: {REFERENCE_VALUES}")
-        parser.add_argument("--tolerance", type=tolerance_arg, default=None, metavar="PCT", help=HELP_TOLERANCE)
-        parser.add_argument("--fail-on-improvement", action="store_true",
-                            help="also exit 1 when a metric improved beyond its threshold (a stale baseline)")
+                                 "(with --mig-reference, NEW alone will do)")
+        add_judging_options(parser.add_argument, prefix="", reference_help=(
+            f"judge figures with no earlier history against references (default: none): {REFERENCE_VALUES}"))
 
     @classmethod
     def run(cls, args: argparse.Namespace, out: TextIO) -> int:
