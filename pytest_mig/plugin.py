@@ -94,7 +94,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip what does not fit its Target (every test, with or without mig_device); scaling checks last."""
     for item in items:
-        marker_tolerance(item)  # a malformed marker is a usage error now, with the test's id, not after it ran
+        marker_tolerance(item)  # a malformed marker is a usage error at collection, with the test's id, not after it ran
     mig = session_of(config)
     if mig is not None:
         mig.select(items)

@@ -47,13 +47,12 @@ from pytest_mig.workloads.caches import Caches
 
 #: Seconds of back-to-back work over which board energy is read after each timing (normal, quick):
 #: many ticks of the energy counter (tens of milliseconds apart; the power is read between the
-#: first and last tick, measure.EnergyTicks).  Over five normal runs on an H100 the first half of a
-#: 1.5 s window gave the same J/unit as the whole (within 1.5%); a 0.75 s window made STREAM's and
-#: training's two to three times as noisy from run to run (docs/benchmarks.md).
+#: first and last tick, measure.EnergyTicks).  A shorter window makes STREAM's and training's J/unit
+#: noisier from run to run (docs/benchmarks.md; ``pytest-mig samples`` measures it on a site's runs).
 ENERGY_WINDOW_S = {"normal": 1.5, "quick": 1.5}
 #: The window where it also times a rate that is judged (GEMM's sustained TFLOPS): the clock a
-#: power-capped GPU settles on needs seconds (on 128 SMs the sustained rate lost 6.1-6.4% over 1.5 s
-#: but 2.0-2.2% over 3 s, docs/detection.md).
+#: power-capped GPU settles on needs seconds: over a short window the sustained rate is caught still
+#: falling with the clock (docs/detection.md).
 SUSTAINED_WINDOW_S = {"normal": 3.0, "quick": 1.5}
 
 

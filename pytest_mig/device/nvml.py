@@ -2,8 +2,7 @@
 
 pynvml comes from the `nvidia-ml-py` distribution.  The module is imported lazily, inside
 functions, so that tests can put a fake `pynvml` in ``sys.modules`` and so that a machine without
-the NVIDIA driver still imports pytest-mig.  NVML quirks handled here (see
-reference/mig-profiles.md): MIG slots that raise NotFound, ``nvmlDeviceIsMigDeviceHandle``
+the NVIDIA driver still imports pytest-mig.  NVML quirks handled here: MIG slots that raise NotFound, ``nvmlDeviceIsMigDeviceHandle``
 returning a c_uint object, bytes where str is expected, board-level power/clock readings that
 must come from the parent GPU of a MIG instance.
 """

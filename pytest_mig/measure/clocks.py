@@ -44,8 +44,7 @@ def throttle_reasons(info: Mapping[str, Any] | None) -> list[str]:
 def measured_clock(info: Mapping[str, Any] | None) -> float | None:
     """The SM clock a measurement ran at: the mean sampled through its energy window
     (``info["clocks"]["window"]``), else the snapshot read right after it.  On a power-capped GPU the
-    two differ: an emulated 7g.141gb's fp64 GEMM sampled 1620 MHz through its window and read 1710 MHz
-    once it ended (docs/benchmarks.md)."""
+    two differ: the clock rises as soon as the sustained work ends (docs/benchmarks.md)."""
     clocks = (info or {}).get("clocks") or {}
     if not isinstance(clocks, Mapping):
         return None

@@ -1,6 +1,6 @@
 """Service units: what a measurement costs on a cluster that bills GPU slices, and cost per unit of work.
 
-The formula is Wulver's (NJIT), published with its MIG benchmarks (seeds/wulver-mig-performance-testing.md):
+The formula is Wulver's (NJIT), published with its MIG benchmarks:
 
     SU = (max(CPUs, RAM / 4 GB) + 16 x GPU_memory / 80 GB) x hours
 

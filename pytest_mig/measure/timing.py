@@ -345,8 +345,8 @@ class Timer:
         """Run ``fn`` back to back for ``window_s`` seconds and read board energy over it.
 
         NVML's energy counter advances in steps (tens of milliseconds apart), so a difference read
-        at two arbitrary instants is off by up to a step at each end: over one second that moved
-        J/TFLOP by 20-39% between runs on an H100.  Here a thread polls the counter every 2 ms and
+        at two arbitrary instants is off by up to a step at each end, which over one second moves
+        J/TFLOP by tens of percent between runs.  Here a thread polls the counter every 2 ms and
         keeps the instants at which it ticked; the mean power is the energy between the first and
         the last tick inside the window over the time between them (exact at both ends, whatever
         the length of one call), and the energy of the window is that power times its length,

@@ -6,8 +6,8 @@ things here keep that time honest:
 - **Tests that gate nothing are not run by default** (:func:`gates_nothing`).  A test all of whose
   compared figures are reported as too noisy to gate, both in the site's own history and in the
   shipped reference for this GPU model, profile and mode, measures figures no verdict uses: the
-  fixed small-batch training cases, whose step time moves 12-15% from run to run with the host,
-  are the example.  They are deselected with the reason; ``--mig-all-tests`` runs them (a site that
+  fixed small-batch training cases, whose step time moves with the host from run to run, are the
+  example.  They are deselected with the reason; ``--mig-all-tests`` runs them (a site that
   wants them reported, or that builds the history that may let them gate).  A test the reference
   does not know (a GPU model without one) always runs.
 - **Compilation and batch searches are paid once per stack** (:func:`compile_caches`): Inductor's FX graph and

@@ -79,7 +79,7 @@ def measured_value(record: ResultRecord) -> float:
     """The value a run adds to its figure's history: its reading, or, where the run re-measured the
     figure (its first reading was beyond its threshold), the median of all its readings.
 
-    A first reading the run itself found transient (a -36% dip re-measured within 0.3%) would
+    A first reading the run itself found transient (a deep dip whose re-measurements came back) would
     otherwise enter the history as the run's value, and with a rolling history of a few runs one
     such dip sets the figure's sigma, widening its band.  A confirmed change moves the median too.
     """

@@ -3,8 +3,8 @@
 A nightly is stopped before its end more often than it crashes: Slurm's time limit and
 ``scancel``, a Kubernetes Job's ``activeDeadlineSeconds`` or a node drain, a CI runner's timeout.
 Each sends SIGTERM, then SIGKILL after a grace period (Slurm's ``KillWait``, Kubernetes'
-``terminationGracePeriodSeconds``: 30 s by default).  Before this, a run stopped so lost every
-figure it had measured, because the results file was written at the end.  Now:
+``terminationGracePeriodSeconds``: 30 s by default).  A results file written only at the end would
+lose every figure such a run had measured, so:
 
 - **The results file is written as the run goes** (:class:`Checkpoint`): after every test that
   recorded figures it is rewritten atomically with the records so far and ``"complete": false`` in

@@ -1,7 +1,7 @@
 """CUDA-core peak FLOPS: a compute-bound chain of fused multiply-adds, not a matmul.
 
 CERN's "fp16/fp32/fp64, CUDA cores" rows need a kernel whose time is all FMA issue: a matmul with
-TF32 off measures cuBLAS SGEMM instead (reference/measurement.md).  The Triton kernel below keeps
+TF32 off measures cuBLAS SGEMM instead.  The Triton kernel below keeps
 ``x = fma(x, a, b)`` chains in registers: each thread holds several independent chains (ILP), the
 loop is unrolled, the grid is many programs per SM (several waves), only the final value is stored
 (so the compiler must compute it) and nothing is loaded but one scalar.  FLOPs = 2 x FMAs.
@@ -57,7 +57,7 @@ CHAINS = 8
 BLOCK = 32 * WARPS * CHAINS
 #: Registers of two 16-bit chains per thread in the paired kernel: a paired FMA's latency needs
 #: twice the independent chains of a scalar one (8 pairs per thread issue at 66% of the paired
-#: peak on an H100, 16 pairs at 98%).
+#: peak on an H100, 16 pairs at 98%: docs/results/fma-paired-h100-2026-11-26.tgz).
 PAIRS = 16
 PAIR_BLOCK = 32 * WARPS * PAIRS
 #: FMAs per chain per trip of the (runtime) loop: the unrolled body.

@@ -1,6 +1,6 @@
 """GEMM throughput per precision: the TFLOPS a Target's tensor cores (or FP32/FP64 units) give torch.matmul.
 
-Method (reference/measurement.md; mamf-finder and Wulver's sweep): square, tile-aligned sizes that
+Method (that of mamf-finder and Wulver's sweep; docs/benchmarks.md): square, tile-aligned sizes that
 fit three matrices in the Target's memory with headroom and are large enough to give every SM
 several tiles; random inputs (never zeros, which run faster); a quick pass over the sizes with CUDA
 events; then the headline at the best size through the timer (the measurement pytest-benchmark
@@ -40,8 +40,8 @@ TILE = 128
 SWEEP_WARMUP_S = 0.25
 #: The headline size is the largest square whose sweep rate is within this of the best one.  A
 #: small size "wins" a sweep only by a burst of clock or by noise, and then the headline jumps
-#: between sizes from run to run: of five H200 runs, four chose 12288 (698-699 TFLOPS) and one
-#: 3072 (659), which alone made bf16's run-to-run CV 2.5%.
+#: between sizes from run to run: of five H200 runs, four chose 12288 and one 3072, which alone
+#: made bf16's run-to-run CV 2.5% (docs/results/h200-full-5-runs.csv).
 SIZE_TIE = 0.05
 #: Tiles per SM a candidate size must give at least (whole waves; tiny sizes leave SMs idle).
 MIN_TILES_PER_SM = 2
@@ -465,7 +465,8 @@ def _window_metrics(target: Target, prec: GemmPrecision, timing: Timing, flops: 
     if timing.window_seconds_per_call:
         # The rate over the whole (sustained) energy window (1.5 s quick, 3 s normal), at the clocks the power cap
         # settles on: on a power-capped H100 its run-to-run sigma was 0.4-0.5% for bf16, fp16 and tf32,
-        # where the few short timed repeats of the headline gave 0.9-2.4% for fp16 and tf32.
+        # where the few short timed repeats of the headline gave 0.9-2.4% for fp16 and tf32
+        # (docs/results/h100-gemm-repeats-ab.tgz).
         metrics.append(Metric(f"{p}_{SUSTAINED}tflops", flops / timing.window_seconds_per_call / 1e12, "TFLOPS",
                               "higher", [], kind=prec.kind,
                               info={"window_s": round(timing.power.seconds, 3) if timing.power else None,

@@ -11,7 +11,8 @@ the LM head and the loss cost what they cost in the real models; :func:`hf_confi
   as :data:`ATTENTION` (``AttentionInterface`` and ``AttentionMaskInterface``).  transformers' own
   ``"sdpa"`` makes a 4-D causal mask under torch.compile with torch < 2.14 (it cannot tell compiling
   from exporting there), and a mask keeps SDPA off its fastest flash path: on an H100 it more than
-  doubled compiled GPT-2's attention time (MFU 36.5% against 41.7% side by side; docs/benchmarks.md).
+  doubled compiled GPT-2's attention time (MFU 36.5% against 41.7% side by side;
+  docs/results/h100-causal-sdpa-2026-11-23.tgz).
   Every sequence trained here is whole (no padding, no attention_mask), so the mask only ever says
   "causal".
 

@@ -27,10 +27,10 @@ CUDA MPS client with the profile's SM share and memory cap (:mod:`pytest_mig.dev
 the SMs its context really had.  A figure whose confinement could not be verified is skipped with
 the reason, never reported as the profile's.  Timing: chunks of steps of about
 :data:`CHUNK_S` seconds each, each ended by reading the state back (so the GPU has finished),
-timed by the host clock; every chunk is one sample of ns/day and the figure is their median (on a
-whole H100 a 23.5k-atom box ran most chunks within 2% and a few up to 15% slower: host-side stalls
-of a launch-bound run, which the median leaves out; ``ns_per_day_overall`` in the info is all
-steps over all seconds, what a script timing one long run reports).
+timed by the host clock; every chunk is one sample of ns/day and the figure is their median (a
+launch-bound run has a few chunks slowed by host-side stalls, which the median leaves out;
+``ns_per_day_overall`` in the info is all steps over all seconds, what a script timing one long run
+reports).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Imports a later test needs, made while this process only waits on a worker.
 
-The first transformers model a process builds imports transformers' modelling stack: 7-10 s of
-GPT-2 small's 14-16 s in quick mode on an H100 host (``phases_s``, docs/benchmarks.md), paid in the
+The first transformers model a process builds imports transformers' modelling stack: most of GPT-2
+small's time in quick mode (its ``build`` phase in ``phases_s``; docs/benchmarks.md), paid in the
 middle of the night by a test that measures nothing during it.  OpenMM's tests run in a worker
 process, and this process does nothing but wait for it (and poll the energy counter, which sleeps
 between reads).  So the plugin tells this module, once the run's tests are known, which modules

@@ -1,6 +1,6 @@
 """Memory bandwidth: BabelStream's kernels through single fused torch operations, and a copy ceiling.
 
-BabelStream (reference/measurement.md): Copy ``c = a``, Mul ``b = s c``, Add ``c = a + b``,
+BabelStream's kernels (docs/benchmarks.md): Copy ``c = a``, Mul ``b = s c``, Add ``c = a + b``,
 Triad ``a = b + s c``, Dot ``sum(a b)``; bytes counted as Copy/Mul 2N, Add/Triad 3N, Dot 2N
 elements; arrays initialised to 0.1, 0.2, 0.0 with s = 0.4 and the results checked against the
 analytic values.  Each torch call here is one kernel (``torch.add(b, c, alpha=s, out=a)`` is

@@ -106,8 +106,8 @@ def clip_gradients(params: list[torch.nn.Parameter], opt: torch.optim.Optimizer,
     With fused AdamW the scaling is left to the optimizer's kernel: it divides every gradient by
     its ``grad_scale`` tensor (what ``GradScaler`` sets to unscale fp16 gradients), so the clip
     costs one read of the gradients for the norm.  ``clip_grad_norm_`` reads them twice more and
-    writes them once to scale them (it cost a Qwen2.5-1.5B step at batch 12 on an H100 3.5% on one
-    board and 0.6% on another; docs/benchmarks.md).
+    writes them once to scale them, which costs a step of the largest batches several percent of
+    its tokens/s on some boards (docs/results/README.md, the gradient clip).
     """
     if max_grad_norm is None:
         opt.grad_scale = None  # type: ignore[attr-defined]  # no scale left from an earlier step
@@ -184,9 +184,9 @@ class _Trainer:
     def compile(self) -> None:
         """Run the model through torch.compile from the next step on, a static graph for each batch size
         (``dynamic=False``: a second size compiles its own graph).  A symbolic batch, one graph for
-        every size, was measured on an H100 and not taken: compiled GPT-2 small's step held 18% more
-        memory per sequence, so its largest batch fell from 126 to 107 and its tokens/s by 2.9%, and
-        the first night's compilation took longer, not shorter (docs/benchmarks.md, "The night's time").
+        every size, is not taken: its graph holds more memory per sequence, so the largest batch that
+        fits is smaller and slower, and the first night's compilation is longer, not shorter
+        (docs/benchmarks.md, "The night's time").
         """
         self.step_model = torch.compile(self.model, dynamic=False)
 
@@ -260,10 +260,10 @@ class _Trainer:
         once in a CUDA graph; each call copies the next batch of ``pool`` into the graph's input,
         replays it and keeps a copy of its loss.
 
-        A small batch's eager step is bound by the host: on a whole H100 Qwen2.5-1.5B's LoRA step
-        at batch 2 took 0.15-0.19 s eager and 0.045 s replayed, so the eager tokens/s measured the
-        host's Python and moved by 5-17% between runs (docs/benchmarks.md, "Fixed-batch training:
-        the step as one CUDA graph").  Replayed, the step is the GPU's work alone.  Before the capture,
+        A small batch's eager step is bound by the host: eager, a small LoRA step takes several
+        times its replayed time, so the eager tokens/s measures the host's Python and moves between
+        runs by far more than the GPU's work does (docs/benchmarks.md, "Fixed-batch training: the
+        step as one CUDA graph").  Replayed, the step is the GPU's work alone.  Before the capture,
         :data:`GRAPH_WARMUP_STEPS` eager steps run on the capture stream (what capture needs: the
         optimizer's state, cuBLAS's workspaces and autograd's streams are made there); they train.
         The capture stream is a new one where the current stream is the legacy default stream (which

@@ -1,6 +1,6 @@
 """Transformer training throughput through the field's own stack: transformers, peft and bitsandbytes.
 
-What is measured (reference/measurement.md, "Training"; the Wulver, SparkTrainer and Columbia/IBM seeds):
+What is measured (docs/benchmarks.md; the method of the Wulver, SparkTrainer and Columbia/IBM studies):
 
 - The models are built by ``transformers`` from the configurations of GPT-2 small and
   Qwen2.5-1.5B (:mod:`.hf`: random weights, no downloads, SDPA attention with no mask tensor).
