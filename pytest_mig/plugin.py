@@ -21,8 +21,10 @@ from pytest_mig.device.target import DoesNotFit, SelectionError, Target
 from pytest_mig.options import MARKERS, add_options
 from pytest_mig.session import MigSession
 from pytest_mig.settings import baseline_dir, check_path_options, marker_tolerance, options, resolve_output_paths
-from pytest_mig.store.results import ResultRecord
+from pytest_mig.store.results import ResultRecord, ResultsFileError, read_results
 from pytest_mig.workloads import preload
+from pytest_mig.device.health import failing
+from pytest_mig.night import node
 
 SESSION = pytest.StashKey[MigSession]()
 BENCH = pytest.StashKey[MigBench]()
@@ -46,7 +48,6 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
     device = config.getoption("mig_device")
     if device is None or device.strip().lower() != "all" or config.option.help or config.option.version:
         return None
-    from pytest_mig.night import node
 
     check_path_options(config)
     opts = options(config)
@@ -163,7 +164,6 @@ def mig_bench(request: pytest.FixtureRequest, benchmark: Any, mig_device: Target
 @pytest.fixture(scope="session")
 def mig_run_results(pytestconfig: pytest.Config) -> list[ResultRecord]:
     """This run's records so far, plus those of the files given by --mig-scaling-results."""
-    from pytest_mig.store.results import ResultsFileError, read_results
 
     mig = _session(pytestconfig)
     out = list(mig.records)
@@ -209,7 +209,6 @@ def _judged(mig: MigSession, item: pytest.Item, health: dict[str, Any] | None) -
         rec.health = health
     failures = mig.judge(item, item.stash.get(BENCH, None))
     with mig.deferred():  # a SIGTERM from here on stops the run once the verdicts are complete
-        from pytest_mig.device.health import failing
 
         failures += failing(health)  # a health sign alone fails the test (an XID, uncorrected ECC errors)
         if records:

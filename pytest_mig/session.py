@@ -19,10 +19,11 @@ import pytest
 from pytest_mig.bench import MigBench
 from pytest_mig.device import mps, nvml
 from pytest_mig.device import target as _target
+from pytest_mig.device import emulation
 from pytest_mig.device.plan import Plan, plan_run
 from pytest_mig.device.target import SelectionError, Target, pin, verify
 from pytest_mig.judge.pipeline import Pipeline, StoreHistories
-from pytest_mig.judge.reference import ReferenceStore
+from pytest_mig.judge.reference import ReferenceStore, judged_against
 from pytest_mig.markers import history_key, item_target, marked_imports, skip_reason
 from pytest_mig.measure import Metric, Telemetry
 from pytest_mig.settings import (
@@ -40,10 +41,15 @@ from pytest_mig.settings import (
 )
 from pytest_mig.store.baselines import BaselineStore
 from pytest_mig.store.history import BaselineError
-from pytest_mig.store.checkpoint import Checkpoint, SigtermStop
+from pytest_mig.store.checkpoint import Checkpoint, SigtermStop, stop_on_sigterm
 from pytest_mig.store.results import ResultRecord, ResultsFileError, default_results_path
 from pytest_mig.workloads import preload
 from pytest_mig.workloads.caches import Caches
+from pytest_mig.report import exports
+from pytest_mig.night.nights import Progress, compile_caches, last_runs, ungated
+from pytest_mig.night.window import Guard, plan
+from pytest_mig.device.health import Reader, Watch
+from pytest_mig.common.files import FileProblem
 
 #: Seconds of back-to-back work over which board energy is read after each timing (normal, quick):
 #: many ticks of the energy counter (tens of milliseconds apart; the power is read between the
@@ -143,9 +149,6 @@ class MigSession:
             self._emulate(first, collect_only=bool(session.config.option.collectonly))
 
     def _compile_caches(self) -> None:
-        from pytest_mig.common.files import FileProblem
-        from pytest_mig.night.nights import compile_caches
-
         refs = self.references.root if self.references is not None else None
         try:  # before anything compiles
             self.caches = compile_caches(self.settings.baseline_dir, self.fingerprint, references=refs)
@@ -153,8 +156,6 @@ class MigSession:
             raise pytest.UsageError(f"{exc}.") from None
 
     def _verify(self, first: Target) -> None:
-        from pytest_mig.device.health import Reader, Watch
-
         reader = Reader(first.gpu_index, first.uuid) if first.gpu_index is not None else None
         before_cuda = (reader.processes() or []) if reader is not None else []  # before this process starts CUDA
         try:
@@ -170,9 +171,7 @@ class MigSession:
     def _emulate(self, first: Target, *, collect_only: bool) -> None:
         """Every profile's green context made now, so the header says how many SMs each really got
         (not when only collecting); a sweep measures each distinct context once."""
-        from pytest_mig.device.emulation import Emulator, distinct_contexts
-
-        self.emulator = Emulator(0)
+        self.emulator = emulation.Emulator(0)
         checked = []
         for t in ([] if collect_only or not first.emulated else self.plan.targets):
             try:
@@ -184,7 +183,7 @@ class MigSession:
                                         f"be created on this GPU: {exc}") from None
         self.plan.targets = checked or self.plan.targets
         if self.plan.sweep and not self.settings.all_tests:
-            self.plan.targets, self.plan.left_out = distinct_contexts(self.plan.targets)
+            self.plan.targets, self.plan.left_out = emulation.distinct_contexts(self.plan.targets)
 
     # ------------------------------------------------------------------ the header
 
@@ -206,8 +205,6 @@ class MigSession:
         return lines
 
     def _device_lines(self, t: Target) -> list[str]:
-        from pytest_mig.judge.reference import judged_against
-
         lines = []
         if t.emulated:
             lines.append("emulation partitions SMs only (green context) and caps memory; memory bandwidth, L2 and "
@@ -246,7 +243,6 @@ class MigSession:
 
     def _deselect_ungated(self, items: list[pytest.Item]) -> None:
         """Leave out the tests that gate nothing in this mode on their Target (night.nights.ungated)."""
-        from pytest_mig.night.nights import ungated
 
         mode = self.settings.mode
         chosen = [(i, item_target(i, self.plan)) for i in items if not i.get_closest_marker("skip") and uses_bench(i)]
@@ -261,7 +257,6 @@ class MigSession:
 
     def _plan_window(self, items: list[pytest.Item]) -> None:
         """--mig-window: the stalest tests that fit the window run; the rest are left for the next night."""
-        from pytest_mig.night.window import Guard, plan
 
         seconds, when = self.last_runs()
         benchmarks = [i.nodeid for i in items if not i.get_closest_marker("skip") and uses_bench(i)]
@@ -281,7 +276,6 @@ class MigSession:
 
     def collected(self, items: list[pytest.Item]) -> None:
         """The run's tests, and their last runs' times, for the progress line; the imports to overlap."""
-        from pytest_mig.night.nights import Progress
 
         previous = self.last_runs()[0]
         benchmarks = [i.nodeid for i in items if uses_bench(i)]  # not a plugin's own unit tests
@@ -295,7 +289,6 @@ class MigSession:
         and mode (night.nights.last_runs), from this run's results folder, or the node's for a node-mode
         worker (``--mig-nights``, given by the node's runner); read once."""
         if self._last_runs is None:
-            from pytest_mig.night.nights import last_runs
 
             current = self.checkpoint.path if self.checkpoint is not None else None
             folder = self.config.getoption("mig_nights") or (current.parent if current is not None else None)
@@ -452,8 +445,6 @@ class MigSession:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def _write_outputs(self, stopped: str | None) -> None:
-        from pytest_mig.report import exports
-
         if self.checkpoint is not None:
             try:
                 self.checkpoint.finish(self.records, self.results_meta(), stopped)
@@ -521,14 +512,11 @@ def uses_bench(item: pytest.Item) -> bool:
 
 
 def _stop_on_sigterm() -> SigtermStop:
-    """The SIGTERM handler, installed once what the judging and the session's end import is imported
-    whole: a SIGTERM that cut an import in half (pandas' C extensions) would leave a module that
-    fails at the next import."""
-    from pytest_mig.device import health  # noqa: F401
-    from pytest_mig.judge import verdict  # noqa: F401
+    """The SIGTERM handler, installed once the reports' tables are imported whole (pandas, which the
+    plugin does not load before): a SIGTERM that cut an import in half (pandas' C extensions) would
+    leave a module that fails at the next import.  The rest of what the judging and the session's
+    end need is imported with this module."""
     from pytest_mig.report import tables  # noqa: F401
-    from pytest_mig.store import baselines, results  # noqa: F401
-    from pytest_mig.store.checkpoint import stop_on_sigterm
 
     return stop_on_sigterm()
 

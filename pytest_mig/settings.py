@@ -7,6 +7,7 @@ for an option's type) before anything is measured: never a traceback, never a fa
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 from dataclasses import dataclass
@@ -18,6 +19,12 @@ import pytest
 from pytest_mig.device.plan import Options
 from pytest_mig.store.results import default_results_path
 from pytest_mig.common.text import SHOWN, printable, quoted, shown
+from pytest_mig.measure.cost import WULVER, SUCoefficients
+from pytest_mig.judge.reference import SHIPPED, store_for
+from pytest_mig.common.files import FileProblem, check_output, check_path, distinct_outputs, output_file, writes_through
+from pytest_mig.store.history import BaselineError
+from pytest_mig.report.exports import GITHUB_NAMES, parse_export
+from pytest_mig.judge.verdict import parse_tolerance
 
 #: Image formats --mig-scaling-plot writes.
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
@@ -43,9 +50,6 @@ def ini_help(text: str) -> str:
 def tolerance_arg(text: str) -> float:
     """verdict.parse_tolerance's reading ('5%' or '0.05', below 100%) as an argparse type (the plugin's
     options and the pytest-mig command's)."""
-    import argparse
-
-    from pytest_mig.judge.verdict import parse_tolerance
 
     try:
         return parse_tolerance(text)
@@ -59,7 +63,6 @@ MOST = 10**6
 
 def whole_number(text: str, least: int) -> int:
     """``text`` as a whole number from ``least`` to :data:`MOST`; argparse.ArgumentTypeError otherwise."""
-    import argparse
 
     try:
         value = int(str(text).strip())
@@ -82,9 +85,6 @@ def count_arg(text: str) -> int:
 
 def export_arg(text: str) -> tuple[str, Path]:
     """``--mig-export KIND=PATH``: a malformed one is a usage error in one sentence."""
-    import argparse
-
-    from pytest_mig.report.exports import parse_export
 
     try:
         return parse_export(text)
@@ -132,7 +132,6 @@ def check_path_options(config: pytest.Config) -> None:
     255 bytes, no NUL byte: :func:`pytest_mig.common.files.path_problem`), said now in one sentence rather
     than as an OSError from the first call that touches it (``--mig-export`` is checked as it is
     parsed)."""
-    from pytest_mig.common.files import FileProblem, check_path
 
     paths = [("--mig-baseline-dir", config.getoption("mig_baseline_dir") or config.getini("mig_baseline_dir")),
              ("--mig-reference", config.getoption("mig_reference") or config.getini("mig_reference")),
@@ -159,7 +158,6 @@ def resolve_output_paths(config: pytest.Config) -> None:
     checked against what the site keeps (:func:`pytest_mig.common.files.check_output`: never a history, a
     reference or another run's results file) and against the run's other outputs
     (:func:`pytest_mig.common.files.distinct_outputs`)."""
-    from pytest_mig.common.files import FileProblem, check_output, distinct_outputs, output_file
 
     try:
         for dest, option in (("mig_report", "--mig-report"), ("mig_scaling_plot", "--mig-scaling-plot")):
@@ -182,7 +180,6 @@ def resolve_output_paths(config: pytest.Config) -> None:
 def output_paths(config: pytest.Config) -> list[tuple[str, Path]]:
     """Each file the run writes besides its history, with the option that names it (a github export:
     its two files)."""
-    from pytest_mig.report.exports import GITHUB_NAMES
 
     out = []
     results = config.getoption("mig_results")
@@ -202,7 +199,6 @@ def output_paths(config: pytest.Config) -> list[tuple[str, Path]]:
 def kept_folders(config: pytest.Config) -> list[tuple[Path, str]]:
     """The folders whose JSON files no output replaces: the baseline folder, the shipped references
     and the run's own reference folder (:func:`pytest_mig.common.files.kept_file`)."""
-    from pytest_mig.judge.reference import SHIPPED
 
     folders = [(baseline_dir(config), f"the baseline folder {printable(baseline_dir(config))}"),
                (SHIPPED, "the shipped references")]
@@ -235,7 +231,6 @@ def check_baseline_save(saving: bool, store: Any, targets: Any) -> None:
     run never ends in 'added to the baseline' and 'not saved' at once."""
     if not saving:
         return
-    from pytest_mig.store.history import BaselineError
 
     for t in targets:
         try:
@@ -248,7 +243,6 @@ def check_histories(store: Any, targets: Any, references: Any) -> None:
     """Each Target's history and reference, read and checked now (a file cut short, hand-broken, a
     named pipe, a link that loops or leads to no folder): one sentence before any test runs, not every
     test failed after an hour of benchmarks.  A history not made yet is none, as it was."""
-    from pytest_mig.store.history import BaselineError
 
     for t in targets:
         try:
@@ -262,7 +256,6 @@ def check_histories(store: Any, targets: Any, references: Any) -> None:
 def check_writable(option: str, path: Path, folder: Path) -> None:
     """The folder must be one this user can write, or one that can be made in such a folder; a
     character device or a pipe written through (``/dev/null``) must itself be writable."""
-    from pytest_mig.common.files import writes_through
 
     if writes_through(path):
         if not os.access(path, os.W_OK):
@@ -291,7 +284,6 @@ def reference_store(config: pytest.Config) -> Any:
     """The references figures without a local history are judged against (``--mig-reference``, ini
     ``mig_reference``): the shipped ones by default, a site's own folder, or None for ``none``.  A
     folder that does not exist is a usage error at start-up."""
-    from pytest_mig.judge.reference import store_for
 
     raw = config.getoption("mig_reference") or config.getini("mig_reference") or ""
     try:
@@ -341,7 +333,6 @@ def baseline_keep(config: pytest.Config) -> int | None:
 
 
 def su_coefficients(config: pytest.Config) -> Any:
-    from pytest_mig.measure.cost import WULVER, SUCoefficients
 
     text = config.getoption("mig_su_coefficients") or config.getini("mig_su_coefficients")
     if not text:

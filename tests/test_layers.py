@@ -135,3 +135,61 @@ def test_the_environment_scan_finds_what_it_looks_for(tmp_path: Path) -> None:
                       'g = Gauge("PYTEST_MIG_FIGURE", "a series")\nos.environ.get("PYTEST_MIG_PROFILE")\n'
                       '"""$PYTEST_MIG_BUILT_SYSTEMS in a sentence"""\n')
     assert _own_variables(module) == ["PYTEST_MIG_STACK_CACHE", "PYTEST_MIG_NODE_WORKER", "PYTEST_MIG_PROFILE"]
+
+
+#: What a function may import where it is used (docs/architecture.md): the libraries that are optional
+#: or slow to import, so that the plugin and the command load without them and a test that needs none
+#: does not pay for them, and ``fcntl``, which only POSIX has.  Everything else is imported at the top.
+LAZY_LIBRARIES = {"torch", "triton", "transformers", "peft", "bitsandbytes", "openmm", "pynvml", "numpy", "pandas",
+                  "matplotlib", "tabulate", "prometheus_client", "jsonschema", "filelock", "scipy", "fcntl"}
+
+
+def _module_path(module: str) -> Path | None:
+    base = PACKAGE.parent.joinpath(*module.split("."))
+    return next((p for p in (base.with_suffix(".py"), base / "__init__.py") if p.exists()), None)
+
+
+def _imports_a_lazy_library_at_its_top(module: str) -> bool:
+    """Whether a pytest_mig module imports one of :data:`LAZY_LIBRARIES` when it is imported."""
+    path = _module_path(module)
+    if path is None:
+        return False
+    for node in ast.parse(path.read_text()).body:
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+        if any(n.split(".")[0] in LAZY_LIBRARIES for n in names):
+            return True
+    return False
+
+
+def _function_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import made inside a function of a file."""
+    found = []
+    for fn in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Import):
+                    found += [(node.lineno, a.name) for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    subs = [f"{node.module}.{a.name}" for a in node.names if _module_path(f"{node.module}.{a.name}")]
+                    found += [(node.lineno, m) for m in subs or [node.module]]
+    return found
+
+
+def _lazy_allowed(module: str) -> bool:
+    if module.split(".")[0] in LAZY_LIBRARIES:
+        return True
+    return module.startswith("pytest_mig.") and _imports_a_lazy_library_at_its_top(module)
+
+
+def test_functions_import_only_what_is_optional_or_slow() -> None:
+    """An import inside a function is one of :data:`LAZY_LIBRARIES`, or a pytest_mig module that imports
+    one of them at its top (``report.tables``: pandas; ``workloads.training``: torch)."""
+    lazy = [f"{path.relative_to(PACKAGE)}:{line} imports {module}" for path in _checked_modules()
+            for line, module in _function_imports(path) if not _lazy_allowed(module)]
+    assert not lazy, "\n".join(lazy)
+
+
+def test_the_function_import_check_tells_the_two_kinds_apart() -> None:
+    assert _lazy_allowed("torch.cuda") and _lazy_allowed("pytest_mig.report.tables")
+    assert not _lazy_allowed("statistics") and not _lazy_allowed("pytest_mig.store.results")

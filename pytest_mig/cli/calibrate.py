@@ -12,6 +12,7 @@ from pytest_mig.cli.common import BASELINE_DIR_HELP, CliError, Command, add_base
 from pytest_mig.cli.common import pytest_args, runs_arg
 from pytest_mig.settings import HELP_KEEP, HELP_SHRINK
 from pytest_mig.store.history import DEFAULT_KEEP
+from pytest_mig.night import calibrate as calibration
 
 
 class Calibrate(Command):
@@ -38,15 +39,13 @@ class Calibrate(Command):
 
     @classmethod
     def run(cls, args: argparse.Namespace, out: TextIO) -> int:
-        from pytest_mig.night.calibrate import PytestRefused, check_pytest_args, cmd_calibrate
-
         given = pytest_args(args.pytest_args)
         try:
-            check_pytest_args(given)
+            calibration.check_pytest_args(given)
         except ValueError as exc:
             raise CliError(str(exc)) from None
         try:  # the folder as the working directory names it, whatever rootdir each run's pytest finds
-            return cmd_calibrate(given, args.runs, args.baseline_dir.resolve(), args.work_dir, args.keep, out,
-                                 args.shrink)
-        except PytestRefused as exc:  # every run would be refused: pytest's own sentence
+            return calibration.cmd_calibrate(given, args.runs, args.baseline_dir.resolve(), args.work_dir, args.keep,
+                                             out, args.shrink)
+        except calibration.PytestRefused as exc:  # every run would be refused: pytest's own sentence
             raise CliError(str(exc)) from None

@@ -9,6 +9,8 @@ from typing import TextIO
 
 from pytest_mig.cli.common import CliError, Command, path_arg, pytest_args, runs_arg
 from pytest_mig.common.text import printable
+from pytest_mig.night.detection import cmd_detection
+from pytest_mig.night.calibrate import PytestRefused
 
 
 class Detection(Command):
@@ -30,9 +32,6 @@ class Detection(Command):
 
     @classmethod
     def run(cls, args: argparse.Namespace, out: TextIO) -> int:
-        from pytest_mig.night.calibrate import PytestRefused
-        from pytest_mig.night.detection import cmd_detection
-
         if args.analyse_only and not args.out.is_dir():
             raise CliError(f"--out {printable(args.out)}: no such folder (--analyse-only reads the results "
                            f"files that earlier runs left there)")

@@ -7,21 +7,17 @@ from typing import TextIO
 
 from pytest_mig.cli.common import Command
 from pytest_mig.cli.reference import reference_lines
+from pytest_mig.device import nvml
 
 
 def cmd_devices(out: TextIO) -> int:
     """Describe what NVML sees; without a GPU or driver it says so and succeeds."""
     try:
-        from pytest_mig.device.nvml import describe_inventory, discover
-    except ImportError as exc:
-        print(f"no GPU information: the NVML layer cannot be loaded ({exc})", file=out)
-        return 0
-    try:
-        inv = discover()
+        inv = nvml.discover()
     except Exception as exc:  # no driver, no library, no permission: a machine without a GPU is normal
         print(f"no NVIDIA GPU visible: {exc}", file=out)
         return 0
-    lines = list(describe_inventory(inv))
+    lines = list(nvml.describe_inventory(inv))
     for line in lines or ["no NVIDIA GPU visible"]:
         print(line, file=out)
     for line in reference_lines([g.name for g in inv.gpus]):

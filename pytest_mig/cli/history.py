@@ -9,11 +9,11 @@ from typing import Sequence, TextIO
 
 from pytest_mig.cli.common import CliError, Command, add_baseline_dir, kept_folders, path_arg
 from pytest_mig.common.files import check_output, output_file
+from pytest_mig.report.trend import write_page
 
 
 def cmd_history(files: Sequence[Path], baselines: Path | None, page: Path, title: str, out: TextIO) -> int:
     """Write the trend page from results files and a baseline folder."""
-    from pytest_mig.report.trend import write_page
 
     if not files and baselines is None:
         raise CliError("give results files, --mig-baseline-dir DIR, or both: the page is made from them")

@@ -11,6 +11,8 @@ from typing import Sequence, TextIO
 from pytest_mig.cli.common import CliError, Command, path_arg
 from pytest_mig.device.profiles import model_slug
 from pytest_mig.judge.reference import SHIPPED, ReferenceStore, UnknownTestError, build, count_range
+from pytest_mig.judge.reference_check import check_folder, summary
+from pytest_mig.judge.noise import REFERENCE_FLOOR, REFERENCE_MAX
 
 
 def judged_by(root: Path) -> dict[tuple[str, str, str], tuple[int, int]]:
@@ -25,7 +27,6 @@ def reference_lines(gpu_names: Sequence[str], root: Path | None = None,
                     before: dict[tuple[str, str, str], tuple[int, int]] | None = None) -> list[str]:
     """Which GPU models have shipped references (first-night verdicts), and whether this machine's do.
     With ``before`` (:func:`judged_by` of the folder before a build), a count that changed says what it was."""
-    from pytest_mig.judge.noise import REFERENCE_FLOOR, REFERENCE_MAX
 
     store = ReferenceStore(root or SHIPPED)
     models = store.models()
@@ -85,7 +86,6 @@ def cmd_reference(files: Sequence[Path], out_dir: Path, out: TextIO, drop: Seque
         print(f"{built.repeated} figure(s) not added again: their run is in the reference already (a results file "
               f"given twice)", file=out)
     print(f"reference written: {', '.join(str(p) for p in built.files)}", file=out)
-    from pytest_mig.judge.reference_check import check_folder, summary
 
     print(summary(check_folder(out_dir)), file=out)
     return 0

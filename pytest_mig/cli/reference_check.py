@@ -10,11 +10,11 @@ from typing import TextIO
 from pytest_mig.cli.common import CliError, Command, path_arg
 from pytest_mig.judge.reference import SHIPPED
 from pytest_mig.settings import tolerance_arg
+from pytest_mig.judge.reference_check import LOSS, check_folder, check_lines
 
 
 def cmd_reference_check(folder: Path | None, loss: float | None, out: TextIO) -> int:
     """Each run of a reference folder judged against the others (:mod:`pytest_mig.judge.reference_check`)."""
-    from pytest_mig.judge.reference_check import LOSS, check_folder, check_lines
 
     root = folder if folder is not None else SHIPPED
     if not root.is_dir():

@@ -18,6 +18,7 @@ from pytest_mig.report.tables import (
     write_report,
 )
 from pytest_mig.store.results import ResultRecord, read_results
+from pytest_mig.report.fleet import find_device_outliers, slices_vs_one
 
 #: Columns the merged report prints on the terminal (files get every column).
 REPORT_COLUMNS = ("test", "metric", "gpu", "profile", "node", "value", "unit", "verdict", "outlier")
@@ -50,7 +51,6 @@ def cmd_report(files: Sequence[Path], out_path: Path | None, factor: float, fail
     print(f"{len(records)} metric(s) from {len(files)} file(s), {len(nodes)} node(s): {', '.join(nodes)}", file=out)
     for o in outliers:
         print(o.line(), file=out)
-    from pytest_mig.report.fleet import find_device_outliers, slices_vs_one
 
     # a board far off the others of its model and profile (records that name their board; a node
     # already flagged as a whole is not flagged again as its device)

@@ -9,11 +9,11 @@ from typing import Sequence, TextIO
 
 from pytest_mig.cli.common import CliError, Command, path_arg
 from pytest_mig.store.results import read_results
+from pytest_mig.report.samples import MIN_RUNS, analyse, energy_windows, lines, window_lines
 
 
 def cmd_samples(files: Sequence[Path], out: TextIO) -> int:
     """The samples table (:mod:`pytest_mig.report.samples`); exit 2 where no figure has runs enough."""
-    from pytest_mig.report.samples import MIN_RUNS, analyse, energy_windows, lines, window_lines
 
     records = [r for path in files for r in read_results(path)]
     rows, windows = analyse(records), energy_windows(records)

@@ -41,6 +41,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from pytest_mig.device.target import DoesNotFit
 
 if TYPE_CHECKING:
     from pytest_mig.device.target import Target
@@ -219,7 +220,6 @@ def confine(sms: int | None, total_sms: int | None, memory_limit_bytes: int,
 def confine_engine(target: Target, base: Mapping[str, str], engine: str) -> tuple[dict[str, str], dict[str, Any]]:
     """:func:`confine` for an engine (OpenMM, GROMACS's mdrun) on an emulated Target: its SMs and
     memory budget; DoesNotFit (a skip) with the reason where MPS cannot confine it."""
-    from pytest_mig.device.target import DoesNotFit
 
     try:
         return confine(target.effective_sms, _total_sms(target), target.memory_budget(), base,

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 from pytest_mig.common.text import printable
+from importlib.metadata import PackageNotFoundError, version
 
 #: NVML's GPU-instance profile enums (NVML_GPU_INSTANCE_PROFILE_*): 1, 2, 3, 4, 7, 8, 6 slices,
 #: then 1-slice +me (REV1), 2-slice REV1, 1-slice double memory (REV2), and the newer ones.
@@ -404,7 +405,6 @@ PACKAGES = (("pytest_mig", "pytest-mig"), ("transformers", "transformers"), ("pe
 def package_versions() -> dict[str, str]:
     """Versions of the installed :data:`PACKAGES`, from their metadata (nothing is imported); a
     package that is not installed is left out."""
-    from importlib.metadata import PackageNotFoundError, version
 
     out: dict[str, str] = {}
     for key, dist in PACKAGES:

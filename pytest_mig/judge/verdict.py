@@ -53,7 +53,7 @@ from pytest_mig.judge.noise import (
 )
 from pytest_mig.judge.reference import Reference, ReferenceStore, fingerprint_beside
 from pytest_mig.store.results import ResultRecord
-from pytest_mig.store.verdicts import OUTCOMES, ClockNote, Outcome, Verdict
+from pytest_mig.store.verdicts import ClockNote, Outcome, Verdict
 from pytest_mig.common.text import SHOWN, quoted
 
 #: The tolerance a figure is held to when nobody set one: a figure whose run-to-run noise needs a

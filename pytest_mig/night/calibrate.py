@@ -17,15 +17,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Collection, Iterable, Sequence, TextIO
 
-from pytest_mig.judge.verdict import DEFAULT_TOLERANCE
+from pytest_mig.judge.verdict import DEFAULT_TOLERANCE, format_number
 from pytest_mig.store.baselines import BaselineStore, meta_from_record
 from pytest_mig.store.history import Baseline, BaselineError
 from pytest_mig.store.reader import load_baseline_file
 from pytest_mig.common.files import FileProblem
 from pytest_mig.judge.noise import PRIOR, PRIOR_RUNS, band
 from pytest_mig.judge.reference import Reference, ReferenceStore
-from pytest_mig.store.results import ResultsFileError, read_results
+from pytest_mig.store.results import ResultsFileError, read_results, read_results_file
 from pytest_mig.common.text import printable
+from pytest_mig.night.nights import gates_nothing
+import statistics
+import datetime as _dt
 
 #: Options calibrate sets itself; given in the pytest arguments they would fight it.
 OWN_OPTIONS = ("--mig-save-baseline", "--mig-save-if-passed", "--mig-results", "--mig-baseline-dir", "--mig-slowdown-sms",
@@ -103,7 +106,6 @@ def calibration_folder(work_dir: Path) -> Path:
     """A new folder for one calibration's files, ``<work_dir>/<UTC time>`` (``-2``, ``-3`` ... after
     it where another calibration made that one in the same second): made here, exclusively, so that a
     second calibration never writes over the first one's results files and logs."""
-    import datetime as _dt
 
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     try:
@@ -215,9 +217,6 @@ def _cv_cell(row: dict[str, object]) -> str:
 
 def test_seconds(results: Iterable[Path]) -> dict[str, float]:
     """Per test (node id), the median of its seconds over the runs (each results file's ``durations``)."""
-    import statistics
-
-    from pytest_mig.store.results import read_results_file
 
     seen: dict[str, list[float]] = {}
     for path in results:
@@ -239,7 +238,6 @@ STILL_RUN = f"nothing yet: still run to build the history (the reference's sigma
 def left_out_tests(base: Baseline, reference: Reference | None) -> set[tuple[str, str]]:
     """(test, mode) pairs of ``base`` that the next night leaves out, by the plugin's own rule
     (:func:`pytest_mig.night.nights.gates_nothing`: the history's own band, else the reference's)."""
-    from pytest_mig.night.nights import gates_nothing
 
     pairs = {(test, mode) for test, _, mode in base.entries}
     return {(test.split("::", 1)[-1], mode) for test, mode in pairs if gates_nothing(test, mode, base, reference)}
@@ -266,8 +264,6 @@ def budget_rows(rows: Sequence[dict[str, object]], seconds: dict[str, float],
 
 def print_thresholds(bases: Sequence[Baseline], out: TextIO, results: Iterable[Path] = ()) -> None:
     from tabulate import tabulate
-
-    from pytest_mig.judge.verdict import format_number
 
     seconds = test_seconds(results)
     references = ReferenceStore()

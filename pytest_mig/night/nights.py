@@ -39,6 +39,10 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from pytest_mig.workloads.caches import Caches
+from pytest_mig.store.results import NOT_RESULTS, ResultsFileError, read_results_file
+from pytest_mig.store.history import BaselineError
+from pytest_mig.judge.noise import band
+from pytest_mig.common.files import FileProblem
 
 #: Fingerprint keys that make compiled code stale when they change.
 STACK_KEYS = ("gpu_name", "driver", "cuda_driver", "cuda_runtime", "torch", "triton")
@@ -90,7 +94,6 @@ def check_cache(folder: Path) -> None:
     exist: FileProblem naming one that is a file where a folder belongs, a folder, pipe or device where
     a file belongs, or a link that loops or leads nowhere.  A cache is made again, but what is in its
     place may be a site's own file: it is never removed, the run is refused with its name."""
-    from pytest_mig.common.files import FileProblem
 
     entries = [(folder.parent, True), (folder, True), (folder / "inductor", True), (folder / "triton", True),
                (folder / "openmm", True), (folder / "batches.json", False), (folder.parent / BUILT_SYSTEMS, True)]
@@ -117,7 +120,6 @@ def gates_nothing(test: str, mode: str, local: Any, reference: Any) -> bool:
     """Whether no compared figure of ``test`` in ``mode`` would gate: each figure's band from the site's
     own history (a ``Baseline``) where it has one, else from the reference (a ``Reference``).  False
     where neither knows the test: a test nobody has measured here is run."""
-    from pytest_mig.judge.noise import band
 
     known = False
     for key, entry in (reference.baseline.entries.items() if reference is not None else ()):
@@ -145,7 +147,6 @@ def ungated(tests: Iterable[tuple[Any, str, Any]], mode: str, store: Any, refere
     """The items of ``tests`` ((item, test key, Target) triples) that gate nothing in ``mode`` on their
     Target (:func:`gates_nothing`); a history or reference that cannot be read decides nothing (the
     test runs, and its verdict names the file)."""
-    from pytest_mig.store.history import BaselineError
 
     out = []
     histories: dict[tuple[str, str], Any] = {}  # each history read once, not once per test
@@ -227,7 +228,6 @@ def last_runs(folder: Path | None, current: Path | None = None,
     normal ones, gives each its own times.  A test a window left out of a night did not run in it
     (:mod:`pytest_mig.night.window`).  Files that cannot be read are passed over: they decide nothing; the
     sentence of each results file among them (not of other JSON files) is added to ``passed_over``."""
-    from pytest_mig.store.results import NOT_RESULTS, ResultsFileError, read_results_file
 
     times: dict[str, list[float]] = {}
     when: dict[str, float] = {}

@@ -38,9 +38,10 @@ from pytest_mig.night import window
 from pytest_mig.store.checkpoint import stop_on_sigterm
 from pytest_mig.device.nvml import Inventory, cuda_visible
 from pytest_mig.device.profiles import ALL, FULL
-from pytest_mig.store.results import ResultRecord, ResultsFileError, read_results_file, write_results
+from pytest_mig.store.results import ResultRecord, ResultsFileError, default_results_path, read_results_file, write_results
 from pytest_mig.device.target import SelectionError
 from pytest_mig.common.text import shown
+from pytest_mig.report.fleet import device_rows, find_device_outliers, provider_figures, provider_lines
 
 #: Options a worker must not get from the command line: the node runner writes these itself.
 OWN_OPTIONS = ("--mig-device", "--mig-results", "--mig-report", "--mig-scaling-plot", "--mig-export",
@@ -216,9 +217,7 @@ def merge(workers: Sequence[Worker], out: TextIO) -> tuple[list[ResultRecord], l
 def main(args: Sequence[str], inv: Inventory, profile: str | None, emulate: bool, results: str | None,
          report: str | None, out: TextIO, rootdir: Path, exports_to: Sequence[tuple[str, Path]] = ()) -> int:
     """Run ``args`` on every device, merge and report; the exit status of the whole node."""
-    from pytest_mig.report.fleet import device_rows, find_device_outliers, provider_figures, provider_lines
     from pytest_mig.report.tables import frame_table, write_report
-    from pytest_mig.store.results import default_results_path
 
     devs = devices(inv, profile, emulate, os.environ.get("CUDA_VISIBLE_DEVICES"))
     folder = Path(tempfile.mkdtemp(prefix="pytest-mig-node-"))

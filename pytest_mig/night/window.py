@@ -33,6 +33,7 @@ from typing import Any, Iterable
 
 from pytest_mig.night.nights import duration_text as _short
 from pytest_mig.common.text import SHOWN, quoted
+import argparse
 
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 
@@ -50,7 +51,6 @@ def parse_window(text: str) -> float:
 
 def window_arg(text: str) -> float:
     """:func:`parse_window` as an argparse type (a usage error in one sentence)."""
-    import argparse
 
     try:
         return parse_window(text)

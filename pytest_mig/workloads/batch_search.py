@@ -36,6 +36,7 @@ import torch
 
 from pytest_mig.workloads import DoesNotFit
 from pytest_mig.workloads.caches import Caches
+from pytest_mig.common.files import FileProblem, atomic_write_text, folder_lock, read_json
 
 #: The exception torch raises when the device runs out of memory.
 OOM_ERROR: type[BaseException] = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
@@ -240,7 +241,6 @@ def key(config: str, mode: str, compiled: bool, search: str, target: Any) -> str
 def recall(case: str, caches: Caches | None = None) -> dict[str, int]:
     """The batches remembered for ``case`` (``{"eager": 48, "compiled": 126}``) in the stack's folder of
     ``caches``; empty when none."""
-    from pytest_mig.common.files import FileProblem, read_json
 
     path = _path(caches)
     if path is None or not path.exists():
@@ -271,8 +271,6 @@ def remember(case: str, versions: dict[str, str] | None = None, *, caches: Cache
     """Keep the batches found for ``case`` in the stack's folder of ``caches`` (under the folder's lock:
     node mode's workers share the file), with the ``versions`` they were found under (what :func:`seed`
     matches in another stack's file).  Without a stack's folder nothing is kept."""
-    from pytest_mig.common.files import folder_lock
-    from pytest_mig.common.files import FileProblem, atomic_write_text, read_json
 
     path = _path(caches)
     found = {k: v for k, v in batches.items() if v}
@@ -307,7 +305,6 @@ def seed(case: str, versions: dict[str, str], caches: Caches | None = None) -> t
     and where: another stack's folder beside the stack's folder of ``caches`` (the newest first), else
     the ``batches.json`` of its references.  None where neither has one; a file that cannot be read is
     passed over."""
-    from pytest_mig.common.files import FileProblem, read_json
 
     if not versions:
         return None

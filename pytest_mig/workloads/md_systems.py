@@ -23,6 +23,7 @@ import json
 import math
 from pathlib import Path
 from typing import Any, Callable
+from pytest_mig.common.files import FileProblem, atomic_write_text, read_json
 
 #: Bumped when the file's layout changes: an older file is then rebuilt, never misread.
 FORMAT = 1
@@ -43,7 +44,6 @@ def cache_path(name: str, key: str, folder: Path | None) -> Path | None:
 
 def load(path: Path | None, key: str) -> tuple[Any, list[tuple[float, float, float]]] | None:
     """(System, positions in nm) from ``path``, or None where it is absent or not exactly this build's."""
-    from pytest_mig.common.files import FileProblem, read_json
 
     if path is None:
         return None
@@ -78,8 +78,6 @@ def store(path: Path | None, key: str, system: Any, positions_nm: list[tuple[flo
     if path is None:
         return False
     import openmm
-
-    from pytest_mig.common.files import atomic_write_text
 
     doc = {"format": FORMAT, "key": key, "openmm": openmm.__version__,
            "positions_nm": [[float(x), float(y), float(z)] for x, y, z in positions_nm],

@@ -63,6 +63,8 @@ from pytest_mig.measure import (
 from pytest_mig.device.target import Target
 from pytest_mig.workloads import DoesNotFit, WorkloadError, md_systems
 from pytest_mig.workloads.caches import Caches
+import traceback
+from pytest_mig.device.mps import context_resources
 
 
 @dataclass(frozen=True)
@@ -360,7 +362,6 @@ def _checked_nve(context: Any, integrator: Any, effort: MdEffort, precision: str
 def _resources(device: str) -> dict[str, Any]:
     if device == "cpu":
         return {}
-    from pytest_mig.device.mps import context_resources
 
     return context_resources()
 
@@ -378,7 +379,6 @@ def worker_main(argv: list[str]) -> int:
     except WorkloadError as exc:
         result = {"workload_error": str(exc)}
     except Exception as exc:  # reported by the parent with its type; the worker's traceback is on stderr
-        import traceback
 
         traceback.print_exc()
         result = {"error": f"{type(exc).__name__}: {exc}"}

@@ -69,6 +69,7 @@ from pytest_mig.workloads.training_plan import (LOGIT_BYTES, MEMORY_SHARE, MFU_F
 from pytest_mig.workloads.trainer import (ALPHABET, BETAS, DATA_POOL, GRAPH_WARMUP_STEPS, INITIAL_LOSS_TOLERANCE, LR,
     LR_CPU, MAX_GRAD_NORM, MIN_LOSS_DROP, SEED, WEIGHT_DECAY, CycleTask, check_initial_loss, check_loss,
     clip_gradients, optimizer_step, _Trainer, _release)
+from pytest_mig.device.nvml import package_versions
 
 MODES: tuple[str, ...] = ("full", "lora", "qlora")
 BATCH_POLICIES: tuple[str, ...] = ("fixed", "maxbatch")
@@ -252,7 +253,6 @@ def _compiled_graphs() -> int:
 
 def _engine_versions(mode: str) -> dict[str, str]:
     """Versions of the packages the mode ran through (they go into the record beside torch's)."""
-    from pytest_mig.device.nvml import package_versions
 
     names = ["transformers"] + (["peft"] if mode != "full" else []) + (["bitsandbytes"] if mode == "qlora" else [])
     installed = package_versions()
