@@ -483,8 +483,9 @@ def counter_instants(ticks: list[tuple[float, float]], min_period_s: float) -> l
     """The (seconds, mJ) ticks of an energy counter, each at the instant its value belongs to.
 
     An H100's counter advances every 100 ms, each step the energy of its own period (steady to
-    0.5-0.7% under steady load), but the host sees each step late by a delay that varies: the gaps
-    between ticks as read ran from 75 to 133 ms, also in a separate process polling every millisecond
+    0.6-1.3% from step to step under steady load), but the host sees each step late by a delay that
+    varies: the gaps between ticks as read ran from 67 to 136 ms (33 to 150 ms in a separate process
+    polling every millisecond), so a step's energy over its gap as seen varied by 9-14%
     (docs/detection.md, "Energy, before and after").  The energy between the first and last tick of a
     1.5 s window, over the time between them as seen, was off by that delay at each end.  Where the
     ticks come on a period (at least ``min_period_s`` apart), each is given the instant of the
