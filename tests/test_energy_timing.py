@@ -1,4 +1,10 @@
-"""An energy figure shares the timing of its test's rate figure: it is never judged more tightly.
+"""Energy per unit of work: how its window reads the counter, and whose timing it shares.
+
+The window (pytest_mig.measure.counter_instants, EnergyTicks.mean_power_w): an energy counter that
+advances on a fixed period, each step seen by the host late by a varying delay, read through a fake
+counter and a fake clock; the power comes from the steps' own instants, not from when they were seen.
+
+An energy figure shares the timing of its test's rate figure: it is never judged more tightly.
 
 J/token is power x step time / tokens.  When the steps slow down (a host-bound small batch), power
 drops, but not in proportion, so J/token moves with tokens/s even where its own history happened to
@@ -10,6 +16,9 @@ the detection analysis and ``devices``' judged counts.  The values are synthetic
 
 from __future__ import annotations
 
+import random
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +27,8 @@ from pytest_mig import cli
 from pytest_mig.store.baselines import BaselineStore
 from pytest_mig.night.calibrate import threshold_rows
 from pytest_mig.night.detection import analyse
-from pytest_mig.measure import Metric, timing_partners
+from pytest_mig.measure import EnergyTicks, Metric, Telemetry, Timer, energy_metrics, timing_partners
+from pytest_mig.measure.timing import FIT_SLACK, counter_instants
 from pytest_mig.judge.noise import FEW_RUNS_BAND, K, REFERENCE_FLOOR, band, reference_band, run_sigma, spread
 from pytest_mig.judge.reference import ReferenceStore, build
 from pytest_mig.device.target import TargetInfo
@@ -180,3 +190,106 @@ def test_the_detection_analysis_applies_the_same_rule(tmp_path: Path) -> None:
     energy = figures["energy_j_per_token"]
     assert not energy.gates and energy.cv == pytest.approx(max(figures["tokens_per_s"].cv or 0,
                                                                figures["step_time_s"].cv or 0))
+
+
+# --------------------------------------------------------------------------- the window: the counter's own instants
+
+PERIOD = 0.1  # the counter's step (an H100's: 100 ms)
+WATTS = 400.0
+
+
+def seen_late(steps: int, delays: list[float], t0: float = 50.0, watts: float = WATTS) -> list[tuple[float, float]]:
+    """Ticks (seconds seen, mJ) of a counter stepping every PERIOD at ``watts``, step k seen ``delays[k]`` late."""
+    return [(t0 + k * PERIOD + delays[k], watts * PERIOD * 1e3 * k) for k in range(steps)]
+
+
+def as_seen_power(ticks: list[tuple[float, float]]) -> float:
+    (t0, e0), (t1, e1) = ticks[0], ticks[-1]
+    return (e1 - e0) / 1e3 / (t1 - t0)
+
+
+def test_a_counter_seen_late_by_a_varying_delay_gives_its_power_from_its_own_instants() -> None:
+    rng = random.Random(48)
+    delays = [rng.uniform(0.0, 0.03) for _ in range(16)]  # 0-30 ms, as the gaps of 75-133 ms on an H100 show
+    delays[0], delays[-1] = 0.0, 0.03  # the worst case at the ends: the window looks 30 ms longer than it is
+    ticks = seen_late(16, delays)
+    assert as_seen_power(ticks) == pytest.approx(WATTS * 1.5 / 1.53)  # 2% low, read as seen
+    placed = counter_instants(ticks, 0.01)
+    assert len(placed) == 16 and [e for _, e in placed] == [e for _, e in ticks]
+    gaps = [b[0] - a[0] for a, b in zip(placed, placed[1:])]
+    assert max(gaps) - min(gaps) < 1e-9 and gaps[0] == pytest.approx(PERIOD, rel=0.02)  # one period, as stepped
+    energy = EnergyTicks(None, interval=0.002)
+    energy.ticks = ticks
+    assert energy.mean_power_w(0.0, 100.0) == pytest.approx(WATTS, rel=0.02)
+    assert abs(energy.mean_power_w(0.0, 100.0) / WATTS - 1) < abs(as_seen_power(ticks) / WATTS - 1) / 2
+
+
+def test_the_power_is_exact_where_the_delay_is_steady_and_where_a_step_was_missed() -> None:
+    ticks = seen_late(20, [0.007] * 20)
+    del ticks[8]  # the poller missed a step: a gap of two periods
+    placed = counter_instants(ticks, 0.01)
+    assert len(placed) == 19 and placed[8][0] - placed[7][0] == pytest.approx(2 * PERIOD)
+    energy = EnergyTicks(None)
+    energy.ticks = ticks
+    assert energy.mean_power_w(0.0, 100.0) == pytest.approx(WATTS, rel=1e-9)
+
+
+def test_a_tick_seen_too_late_to_place_is_left_out() -> None:
+    delays = [0.005] * 20
+    delays[11] = 0.005 + (FIT_SLACK + 0.1) * PERIOD  # seen half a period late: nearer the next step than its own
+    ticks = seen_late(20, delays)
+    placed = counter_instants(ticks, 0.01)
+    assert len(placed) == 19 and ticks[11][1] not in [e for _, e in placed]
+    energy = EnergyTicks(None)
+    energy.ticks = ticks
+    assert energy.mean_power_w(0.0, 100.0) == pytest.approx(WATTS, rel=1e-6)
+
+
+def test_ticks_with_no_period_of_their_own_are_taken_as_seen() -> None:
+    every_read = [(1.0 + 0.002 * k + 0.0005 * (k % 3), 10.0 * k) for k in range(50)]  # a counter read when it changes
+    assert counter_instants(every_read, 0.01) == every_read
+    few = seen_late(3, [0.0, 0.02, 0.01])
+    assert counter_instants(few, 0.01) == few
+    rng = random.Random(7)
+    times = sorted(rng.uniform(0.0, 2.0) for _ in range(20))  # no period: too many ticks off any line
+    scattered = [(t, 100.0 * k) for k, t in enumerate(times)]
+    assert counter_instants(scattered, 0.0) == scattered
+
+
+def test_only_the_ticks_inside_the_window_are_placed_and_read() -> None:
+    ticks = seen_late(40, [0.004 * (k % 5) for k in range(40)], t0=0.0)
+    energy = EnergyTicks(None)
+    energy.ticks = ticks[:10] + [(t, e + 5e5) for t, e in ticks[10:]]  # a jump before the window: not in it
+    assert energy.mean_power_w(1.05, 3.95) == pytest.approx(WATTS, rel=0.01)
+    assert energy.mean_power_w(1.05, 1.12) is None  # one tick: no power, rather than a guess
+
+
+class SteppingCounter:
+    """A fake energy counter on the real clock: steps every ``period`` at ``watts``, each step seen after
+    its own delay (0 to ``late`` seconds), as an H100's is seen by the host."""
+
+    def __init__(self, watts: float, period: float, late: float, seed: int = 1) -> None:
+        self.watts, self.period, self.late = watts, period, late
+        self.rng = random.Random(seed)
+        self.t0 = time.perf_counter()
+        self.delays: list[float] = []
+        self.lock = threading.Lock()
+
+    def __call__(self) -> float:
+        now = time.perf_counter() - self.t0
+        with self.lock:
+            while len(self.delays) <= now / self.period:
+                self.delays.append(self.rng.uniform(0.0, self.late))
+            seen = max((k for k in range(len(self.delays)) if k * self.period + self.delays[k] <= now), default=0)
+        return self.watts * self.period * 1e3 * seen
+
+
+def test_the_energy_window_reads_a_stepping_counter_seen_late_through_the_timer() -> None:
+    counter = SteppingCounter(watts=250.0, period=0.02, late=0.006)
+    tel = Telemetry(read_energy_mj=counter, window_s=0.6)
+    timing = Timer("cpu", tel)(lambda: time.sleep(0.003), warmup=1, repeats=3)
+    assert timing.power is not None and timing.power.source == "energy-counter"
+    by = {m.name: m for m in energy_metrics(timing, 1.0, "call")}
+    assert by["power_w"].value == pytest.approx(250.0, rel=0.05)
+    seconds_per_call = timing.power.seconds / timing.energy_calls
+    assert by["energy_j_per_call"].value == pytest.approx(250.0 * seconds_per_call, rel=0.05)

@@ -107,12 +107,12 @@ def test_a_short_history_borrows_the_references_sigma_until_it_has_ten_runs() ->
     rec = ResultRecord("t", Metric("rate", 707.1, "items/s"), TargetInfo.from_dict(TARGET), {})
     assert compare(rec, _entry(five)).outcome == "regressed"  # the false alarm of the issue
     v = compare(rec, _entry(five), prior=0.007)
-    assert v.outcome == "pass" and "the reference's, across nights and boards" in v.message
+    assert v.outcome == "pass" and "the reference's for this GPU model, across nights and boards" in v.message
 
 
 def test_the_judge_takes_the_prior_from_the_shipped_reference() -> None:
     from pytest_mig.judge.reference import ReferenceStore
-    from pytest_mig.judge.verdict import reference_prior
+    from pytest_mig.judge.prior import reference_prior
 
     refs = ReferenceStore()
     ref = refs.load("nvidia-h100-80gb-hbm3", "full")

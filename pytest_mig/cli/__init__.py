@@ -42,6 +42,7 @@ from pytest_mig.cli.devices import Devices, cmd_devices
 from pytest_mig.cli.history import History, cmd_history
 from pytest_mig.cli.reference import Reference, cmd_reference, judged_by, reference_lines
 from pytest_mig.cli.reference_check import ReferenceCheck, cmd_reference_check
+from pytest_mig.cli.replay import Replay
 from pytest_mig.cli.report import REPORT_COLUMNS, Report, cmd_report
 from pytest_mig.cli.samples import Samples, cmd_samples
 from pytest_mig.common.files import FileProblem
@@ -57,7 +58,7 @@ __all__ = [
 
 #: Every subcommand by its name, in the order ``pytest-mig --help`` lists them.
 COMMANDS: dict[str, type[Command]] = {c.name: c for c in (
-    Devices, Report, Compare, Reference, ReferenceCheck, History, Samples, Calibrate, Detection)}
+    Devices, Report, Compare, Reference, ReferenceCheck, History, Samples, Calibrate, Detection, Replay)}
 
 #: What a user's mistake raises: printed as one sentence, exit status 2.
 USAGE_ERRORS = (ResultsFileError, BaselineError, ReportError, CliError, FileProblem)

@@ -204,6 +204,11 @@ class TargetInfo:
     def gpu_instance_id(self) -> int | None:
         return self.instance.get("gpu_instance_id")
 
+    @property
+    def slowed_to_sms(self) -> int | None:
+        """The SMs a detection experiment slowed a whole GPU to (``--mig-slowdown-sms``), else None."""
+        return self.extra.get("slowed_to_sms")
+
     def to_dict(self) -> dict[str, Any]:
         """The ``target`` object of a results file."""
         return {**{k: getattr(self, k) for k in TARGET_KEYS}, **self.board, **self.instance, **self.extra}

@@ -24,9 +24,18 @@ measures on the GPU):
   run's own dips are not normal, so 5 leaves room for both.  A figure beyond its threshold is then
   re-measured (see pytest_mig.judge.verdict), which removes transient dips, the cases where 5 alone was
   seen to fail on the GPU.
-* **Too few runs** (fewer than ``MIN_RUNS`` = 5) give no usable estimate of sigma: the band is then
-  conservative, never tight: at least ``FEW_RUNS_BAND`` (10%), wider when the few runs already
-  differ (``K`` x their sample standard deviation), and the verdict says so.
+* **A short history** (1 to ``MIN_RUNS`` - 1 = 4 runs) cannot measure its own sigma, so it is judged
+  with a **prior** (:class:`Prior`): the figure's run-to-run sigma measured across nights and boards
+  in the shipped reference of its GPU model and profile or, for a GPU model with no reference, on the
+  models that have one (see :mod:`pytest_mig.judge.prior`).  Sigma is the larger of the prior, the
+  few runs' own sample standard deviation and their timing partners', and the threshold is
+  ``K`` x sigma x sqrt(1 + 1/n): a new run differs from the mean of n runs by sigma x sqrt(1 + 1/n),
+  so one run in the history widens the band by 41%, four by 12%.  Where that threshold is within the
+  tolerance the figure gates from the second night; where it is wider, the band is the conservative
+  one below (it never judges a noisy figure at its tolerance on a handful of runs).  With no prior
+  at all (no reference knows the figure or its kind), **too few runs** give no usable estimate of
+  sigma: the band is at least ``FEW_RUNS_BAND`` (10%), wider when the few runs already differ
+  (``K`` x their sample standard deviation), and the verdict says so.
 * **A short history borrows the reference's noise**: from ``MIN_RUNS`` up to ``PRIOR_RUNS`` (10)
   runs, sigma is never below the figure's pooled sigma in the shipped reference (``prior``: its runs
   across nights and boards of the model).  Runs taken back to back understate night-to-night noise:
@@ -81,8 +90,10 @@ FLOOR = 0.01
 MIN_RUNS = 5
 #: Until a history has this many runs, its sigma is never below the reference's (``band(prior=...)``).
 PRIOR_RUNS = 10
-#: ``Band.sigma_of`` where the reference's sigma (the prior) was the larger.
+#: ``Band.sigma_of`` where the reference's sigma for the figure's own GPU model and profile (the prior) was the larger.
 PRIOR = "the reference"
+#: How ``Band.sigma_of`` starts where a prior from other GPU models was the larger (see :class:`Prior`).
+PRIOR_ELSEWHERE = "prior: "
 #: The threshold while a history has fewer than MIN_RUNS runs.
 FEW_RUNS_BAND = 0.10
 #: The narrowest band against a shipped reference (another board of the model): board-to-board spread.
@@ -91,6 +102,21 @@ REFERENCE_FLOOR = 0.10
 REFERENCE_MAX = 0.12
 #: Sigmas between the threshold and a change caught in >= 95% of runs (re-measured, see the docstring).
 DETECT_Z = 2.2
+
+
+@dataclass(frozen=True)
+class Prior:
+    """A figure's run-to-run sigma known before its history can measure it, and whose it is:
+    ``PRIOR`` (the reference of its own GPU model and profile) or a phrase starting with
+    ``PRIOR_ELSEWHERE`` that a verdict shows as it is."""
+
+    sigma: float
+    source: str = PRIOR
+
+
+def is_prior(sigma_of: str | None) -> bool:
+    """Whether ``Band.sigma_of`` names a prior rather than a timing partner."""
+    return sigma_of is not None and (sigma_of == PRIOR or sigma_of.startswith(PRIOR_ELSEWHERE))
 
 
 @dataclass(frozen=True)
@@ -103,9 +129,10 @@ class Band:
     threshold: float  # relative change beyond which the figure is called changed
     detectable: float  # the smallest sustained change caught in >= 95% of runs
     gates: bool  # False: too noisy to gate at the tolerance
-    basis: str  # "noise", "floor", "few-runs", "tolerance" (capped by an explicit tolerance) or "reference"
+    basis: str  # "noise", "floor", "short" (a prior), "few-runs", "tolerance" (capped by an explicit tolerance), "reference"
     limit: float  # the tolerance the threshold was held to
-    sigma_of: str | None = None  # the partner figure whose larger spread set the sigma (None: its own)
+    sigma_of: str | None = None  # the partner figure or prior whose larger spread set the sigma (None: its own)
+    widen: float = 1.0  # sqrt(1 + 1/n) for a short history judged with a prior
 
     @property
     def cv(self) -> float | None:
@@ -142,16 +169,23 @@ def _widest(own: float, partners: Mapping[str, float]) -> tuple[float, str | Non
     return (value, name) if value > own else (own, None)
 
 
+def _as_prior(prior: Prior | float | None) -> Prior | None:
+    if isinstance(prior, Prior):
+        return prior if _known(prior.sigma) else None
+    return Prior(float(prior)) if _known(prior) else None
+
+
 def band(values: Sequence[float], *, tolerance: float | None = None,
          default_tolerance: float = 0.05, partners: Mapping[str, Sequence[float]] | None = None,
-         prior: float | None = None) -> Band:
+         prior: Prior | float | None = None) -> Band:
     """The band of a figure whose kept runs are ``values`` (oldest first).
 
     ``tolerance`` is a site's explicit tolerance (it caps the threshold); ``default_tolerance`` is
     what a figure must be able to hold to gate when no tolerance was set.  ``partners`` are the
     histories of the rate figures whose timing an energy figure shares, by name: its sigma is at
-    least each one's :func:`spread`.  ``prior`` is the figure's sigma in the shipped reference: a
-    history of fewer than ``PRIOR_RUNS`` runs is never judged with a smaller one.
+    least each one's :func:`spread`.  ``prior`` is the figure's sigma known from elsewhere (a float:
+    the shipped reference's): a history of fewer than ``PRIOR_RUNS`` runs is never judged with a
+    smaller one, and one of fewer than ``MIN_RUNS`` runs is judged with it (the module docstring).
     """
     xs = [float(v) for v in values if math.isfinite(v)]
     if not xs:
@@ -160,15 +194,12 @@ def band(values: Sequence[float], *, tolerance: float | None = None,
     n = len(xs)
     limit = tolerance if tolerance is not None else default_tolerance
     shared = {name: spread(v) for name, v in (partners or {}).items()}
+    known = _as_prior(prior)
     if n < MIN_RUNS:
-        own, sigma_of = _widest(spread(xs), shared)
-        threshold, basis = max(FEW_RUNS_BAND, K * own), "few-runs"
-        if tolerance is not None and tolerance < threshold:
-            threshold, basis = tolerance, "tolerance"
-        return Band(center, n, None, threshold, threshold, True, basis, limit, sigma_of)
+        return _short_band(xs, center, shared, known, tolerance, limit)
     sigma, sigma_of = _widest(run_sigma(xs), shared)
-    if n < PRIOR_RUNS and _known(prior) and float(prior) > sigma:  # type: ignore[arg-type]
-        sigma, sigma_of = float(prior), PRIOR  # type: ignore[arg-type]
+    if n < PRIOR_RUNS and known is not None and known.sigma > sigma:
+        sigma, sigma_of = known.sigma, known.source
     noise_threshold = K * sigma
     threshold, basis = (noise_threshold, "noise") if noise_threshold > FLOOR else (FLOOR, "floor")
     gates = True
@@ -178,6 +209,31 @@ def band(values: Sequence[float], *, tolerance: float | None = None,
     elif threshold > default_tolerance:
         gates = False
     return Band(center, n, sigma, threshold, threshold + DETECT_Z * sigma, gates, basis, limit, sigma_of)
+
+
+def _short_band(xs: list[float], center: float, shared: Mapping[str, float], prior: Prior | None,
+                tolerance: float | None, limit: float) -> Band:
+    """The band of a history of fewer than MIN_RUNS runs (the module docstring)."""
+    n = len(xs)
+    own, sigma_of = _widest(spread(xs), shared)
+    few = max(FEW_RUNS_BAND, K * own)
+    if prior is not None:
+        sigma = own
+        if prior.sigma > own:
+            sigma, sigma_of = prior.sigma, prior.source
+        widen = math.sqrt(1.0 + 1.0 / n)
+        threshold = max(FLOOR, K * sigma * widen)
+        if threshold <= limit or (tolerance is not None and threshold <= FEW_RUNS_BAND):
+            basis = "short"
+            if tolerance is not None and tolerance < threshold:
+                threshold, basis = tolerance, "tolerance"
+            return Band(center, n, sigma, threshold, threshold + DETECT_Z * sigma * widen, True, basis, limit,
+                        sigma_of, widen)
+        few = max(few, threshold)
+    basis = "few-runs"
+    if tolerance is not None and tolerance < few:
+        few, basis = tolerance, "tolerance"
+    return Band(center, n, None, few, few, True, basis, limit, sigma_of)
 
 
 def _known(sigma: float | None) -> bool:
@@ -205,6 +261,6 @@ def reference_band(values: Sequence[float], sigma: float | None,
                 known and threshold <= REFERENCE_MAX, "reference", REFERENCE_MAX, sigma_of)
 
 
-__all__ = ["Band", "DETECT_Z", "FEW_RUNS_BAND", "FLOOR", "K", "MIN_RUNS", "PRIOR", "PRIOR_RUNS", "REFERENCE_FLOOR",
-           "REFERENCE_MAX",
-           "TRIM_FROM", "band", "reference_band", "run_sigma", "spread"]
+__all__ = ["Band", "DETECT_Z", "FEW_RUNS_BAND", "FLOOR", "K", "MIN_RUNS", "PRIOR", "PRIOR_ELSEWHERE", "PRIOR_RUNS",
+           "Prior", "REFERENCE_FLOOR", "REFERENCE_MAX", "TRIM_FROM", "band", "is_prior", "reference_band", "run_sigma",
+           "spread"]

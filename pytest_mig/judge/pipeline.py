@@ -25,6 +25,7 @@ from pytest_mig.measure.clocks import throttle_reasons
 from pytest_mig.store.baselines import BaselineStore, entry_from_records, meta_from_record
 from pytest_mig.store.history import Baseline, BaselineEntry, BaselineMeta
 from pytest_mig.device.health import annotate
+from pytest_mig.judge.prior import PriorSource, Priors
 from pytest_mig.judge.reference import Reference, ReferenceStore
 from pytest_mig.store.results import ResultRecord
 from pytest_mig.judge.verdict import (
@@ -36,7 +37,6 @@ from pytest_mig.judge.verdict import (
     explain_clock,
     format_number,
     make_verdict,
-    reference_prior,
     value_text,
 )
 
@@ -130,9 +130,11 @@ class Pipeline:
     """
 
     def __init__(self, histories: Histories, *, references: ReferenceStore | None = None,
-                 improvement_fails: bool = False, default_tolerance: float = DEFAULT_TOLERANCE) -> None:
+                 improvement_fails: bool = False, default_tolerance: float = DEFAULT_TOLERANCE,
+                 priors: PriorSource | None = None) -> None:
         self.histories = histories
         self.references = references
+        self.priors: PriorSource = priors if priors is not None else Priors(references)
         self.improvement_fails = improvement_fails
         self.default_tolerance = default_tolerance
 
@@ -198,7 +200,7 @@ class Pipeline:
             if base is None or base.other_mode(rec.test, rec.metric.name, rec.mode) is None:
                 return self.histories.missing(rec, base)
         return compare(rec, base, tolerance=tol, improvement_fails=self.improvement_fails,
-                       default_tolerance=self.default_tolerance, prior=reference_prior(self.references, rec))
+                       default_tolerance=self.default_tolerance, prior=self.priors.for_record(rec))
 
     def confirm(self, rec: ResultRecord, verdict: Verdict, values: Sequence[float]) -> Verdict:
         """The verdict re-judged on the median of the first measurement and ``values``."""

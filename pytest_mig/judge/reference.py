@@ -29,7 +29,7 @@ import math
 import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from pytest_mig.common.files import folder_lock
 from pytest_mig.device.fingerprint import FINGERPRINT_FIELDS, fingerprint_value
@@ -176,6 +176,17 @@ class ReferenceStore:
         (its test, metric and mode); None otherwise."""
         ref = self.for_record(record)
         return ref if ref is not None and ref.get(record.test, record.metric.name, record.mode) is not None else None
+
+    def readable(self) -> Iterator[Reference]:
+        """Every reference of the folder that can be read; one that cannot is passed over (where a
+        figure's first night is judged, reading it again says what is wrong with it)."""
+        for path in self._baselines.files():
+            try:
+                ref = self.load(path.parent.name, path.stem)
+            except BaselineError:
+                continue
+            if ref is not None:
+                yield ref
 
     def models(self) -> dict[str, list[str]]:
         """GPU model name -> the profiles it has references for (``1g.10gb-emulated``, ``full``)."""

@@ -38,20 +38,22 @@ from typing import Any, Iterable, Mapping, Sequence
 from pytest_mig.device.fingerprint import FINGERPRINT_FIELDS, fingerprint_value
 from pytest_mig.measure.clocks import throttle_reasons
 from pytest_mig.store.baselines import meta_from_record
-from pytest_mig.store.history import Baseline, BaselineEntry, BaselineError, BaselineMeta
+from pytest_mig.store.history import Baseline, BaselineEntry, BaselineMeta
 from pytest_mig.judge.noise import (
     FEW_RUNS_BAND,
     FLOOR,
     MIN_RUNS,
     PRIOR,
     PRIOR_RUNS,
+    Prior,
     REFERENCE_FLOOR,
     REFERENCE_MAX,
     Band,
     K,
     band,
+    is_prior,
 )
-from pytest_mig.judge.reference import Reference, ReferenceStore, fingerprint_beside
+from pytest_mig.judge.reference import Reference, fingerprint_beside
 from pytest_mig.store.results import ResultRecord
 from pytest_mig.store.verdicts import ClockNote, Outcome, Verdict
 from pytest_mig.common.text import SHOWN, quoted
@@ -170,12 +172,21 @@ def worse_by(value: float, center: float, direction: str) -> float:
 
 
 def _sigma_text(v: Verdict) -> str:
-    """'0.42%', or '5.1% (that of tokens_per_s, whose timing it shares)' where a partner's sigma was used."""
+    """'0.42%', or '5.1% (that of tokens_per_s, whose timing it shares)' where a partner's sigma was used,
+    or the prior's (:class:`~pytest_mig.judge.noise.Prior`) where it was the larger."""
     if v.sigma_of == PRIOR:
-        return (f"{_pct(v.sigma or 0.0)} (the reference's, across nights and boards: larger than this history's "
-                f"own until it has {PRIOR_RUNS} runs)")
+        return (f"{_pct(v.sigma or 0.0)} (the reference's for this GPU model, across nights and boards: larger than "
+                f"this history's own until it has {PRIOR_RUNS} runs)")
+    if is_prior(v.sigma_of):
+        return f"{_pct(v.sigma or 0.0)} ({v.sigma_of})"
     shared = f" (that of {v.sigma_of}, whose timing it shares)" if v.sigma_of else ""
     return f"{_pct(v.sigma or 0.0)}{shared}"
+
+
+def _widen(runs: int | None) -> str:
+    """'1.41 (sqrt(1 + 1/1))': the widening of a short history's band for the uncertainty of its median."""
+    n = max(runs or 1, 1)
+    return f"{math.sqrt(1 + 1 / n):.2f} (sqrt(1 + 1/{n}))"
 
 
 def _band_text(v: Verdict) -> str:
@@ -186,13 +197,21 @@ def _band_text(v: Verdict) -> str:
                 f"between boards, {K:g} x the reference's run-to-run sigma {_sigma_text(v)}), detects >= "
                 f"{_pct(v.detectable or 0.0)}")
     if v.basis == "few-runs":
-        widened = (f", widened to the spread of {v.sigma_of}, whose timing it shares"
-                   if v.sigma_of and (v.threshold or 0.0) > FEW_RUNS_BAND else "")
+        if is_prior(v.sigma_of) and (v.threshold or 0.0) > FEW_RUNS_BAND:
+            widened = f", widened to {K:g} x sqrt(1 + 1/{v.runs}) x the run-to-run sigma of {v.sigma_of}"
+        elif v.sigma_of and (v.threshold or 0.0) > FEW_RUNS_BAND:
+            widened = f", widened to the spread of {v.sigma_of}, whose timing it shares"
+        else:
+            widened = ""
         return (f"threshold {threshold}: only {v.runs} run(s) in the baseline, too few to measure its "
                 f"noise, so a conservative band until {MIN_RUNS} runs (pytest-mig calibrate){widened}")
     sig = f"run-to-run sigma {_sigma_text(v)}"
+    if v.basis == "short":
+        return (f"threshold {threshold} ({K:g} x {sig} x {_widen(v.runs)} for a baseline of {v.runs} run(s)), "
+                f"detects >= {_pct(v.detectable or 0.0)}")
     if v.basis == "tolerance":
-        alone = _pct(max(K * (v.sigma or 0.0), FLOOR))
+        short = (v.runs or 0) < MIN_RUNS
+        alone = _pct(max(K * (v.sigma or 0.0) * (math.sqrt(1 + 1 / (v.runs or 1)) if short else 1.0), FLOOR))
         head = f"threshold {threshold} (the tolerance set; {sig} alone would give {alone})"
     elif v.basis == "floor":
         head = f"threshold {threshold} (the floor; {sig} over {v.runs} runs)"
@@ -210,7 +229,7 @@ def compare(
     improvement_fails: bool = False,
     default_tolerance: float = DEFAULT_TOLERANCE,
     partners: Mapping[str, Sequence[float]] | None = None,
-    prior: float | None = None,
+    prior: Prior | float | None = None,
 ) -> Verdict:
     """Judge one record against its figure's history (see the module docstring for the rule).
 
@@ -409,21 +428,6 @@ def confirm(verdict: Verdict, record: ResultRecord, values: Sequence[float], *,
     return v
 
 
-def reference_prior(references: ReferenceStore | None, rec: ResultRecord) -> float | None:
-    """The figure's sigma in the reference of its GPU model and profile (the larger of its own and
-    its timing partners'), which a short local history is never judged with less of
-    (:func:`pytest_mig.judge.noise.band`'s ``prior``); None where the reference does not know the figure's
-    noise.  A reference that cannot be read gives none: the site's own history still judges."""
-    if references is None:
-        return None
-    try:
-        ref = references.holding(rec)
-    except BaselineError:
-        return None
-    entry = ref.get(rec.test, rec.metric.name, rec.mode) if ref is not None else None
-    return ref.band_for(entry).sigma if ref is not None and entry is not None else None
-
-
 def explain_clock(records: Sequence[ResultRecord], verdicts: Sequence[Verdict]) -> list[Verdict]:
     """Say, in a failing throughput verdict, whether its clock-normalised partner moved too.
 
@@ -459,5 +463,5 @@ def failure_text(verdicts: Sequence[Verdict]) -> str:
 __all__ = [
     "DEFAULT_TOLERANCE", "compare", "compare_reference", "confirm", "explain_clock", "failing", "failure_text",
     "fingerprint_changes", "fingerprint_diff", "format_number",
-    "incomparable_reason", "make_verdict", "parse_tolerance", "reference_prior", "value_text", "worse_by",
+    "incomparable_reason", "make_verdict", "parse_tolerance", "value_text", "worse_by",
 ]

@@ -282,8 +282,8 @@ class Telemetry:
         self.interval = interval
         self.window_s = window_s  # how long the energy window after a timing runs the work
         #: The window of a timing whose window also times a rate that is judged (GEMM's sustained
-        #: TFLOPS at the clock the power cap settles on): longer, since that rate needs the clock to
-        #: settle; ``window_s`` where None.
+        #: TFLOPS at the clock the power cap settles on), its length set by that rate's references;
+        #: ``window_s`` where None.
         self.sustained_window_s = sustained_window_s
         self.power_limit_w = power_limit_w  # the board's enforced limit: an average above it is an error
 
@@ -348,8 +348,9 @@ class Timer:
         at two arbitrary instants is off by up to a step at each end, which over one second moves
         J/TFLOP by tens of percent between runs.  Here a thread polls the counter every 2 ms and
         keeps the instants at which it ticked; the mean power is the energy between the first and
-        the last tick inside the window over the time between them (exact at both ends, whatever
-        the length of one call), and the energy of the window is that power times its length,
+        the last tick inside the window over the time between them, each tick at the instant of its
+        counter step (:meth:`EnergyTicks.mean_power_w`: exact at both ends, whatever the length of
+        one call), and the energy of the window is that power times its length,
         divided by the calls made in it.  Power is also sampled (the fallback where there is no
         counter), with the SM clock.  Returns the trace, the calls, and the calls made (the same).
         """
@@ -432,12 +433,90 @@ class EnergyTicks:
             self._thread.join(timeout=2)
 
     def mean_power_w(self, start: float, end: float) -> float | None:
-        """Watts between the first and last tick inside [start, end]; None with fewer than two."""
-        inside = [(ts, e) for ts, e in self.ticks if start <= ts <= end]
+        """Watts between the first and last tick inside [start, end], each at the instant its counter
+        step belongs to (:func:`counter_instants`); None with fewer than two."""
+        seen = [(ts, e) for ts, e in self.ticks if start <= ts <= end]
+        inside = [(ts, e) for ts, e in counter_instants(seen, MIN_PERIOD_POLLS * self.interval) if start <= ts <= end]
         if len(inside) < 2 or inside[-1][0] <= inside[0][0] or inside[-1][1] <= inside[0][1]:
             return None
         (t0, e0), (t1, e1) = inside[0], inside[-1]
         return (e1 - e0) / 1e3 / (t1 - t0)
+
+
+#: A counter whose ticks come at least this many polls apart updates on a period of its own; one that
+#: changes at (nearly) every read is read when it changes, and its instants are the reads'.
+MIN_PERIOD_POLLS = 5
+#: Fewer ticks than this are taken as seen: a line through them would say little.
+MIN_FIT_TICKS = 4
+#: A tick farther than this share of a period from the line was seen too late to place: it is left out.
+FIT_SLACK = 0.4
+#: Ticks whose RMS distance from the line is above this share of a period do not come on a period (an
+#: H100's: 5-9% of its 100 ms): they are taken as seen.
+FIT_SPREAD = 0.2
+
+
+def _line(xs: list[int], ys: list[float]) -> tuple[float, float]:
+    """Least-squares intercept and slope of ys against xs (xs not all equal)."""
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    return my - slope * mx, slope
+
+
+def _steps(times: list[float], period: float) -> list[int] | None:
+    """Each tick's counter step, from the line through the ticks (None where no line with a positive
+    period fits them)."""
+    steps = [0]
+    for gap in (b - a for a, b in zip(times, times[1:])):  # a gap of about two periods is a step the poller missed
+        steps.append(steps[-1] + max(1, round(gap / period)))
+    for _ in range(2):  # then each tick's step from the line itself, not from its neighbour's
+        origin, period = _line(steps, times)
+        if not period > 0:
+            return None
+        steps = [round((t - origin) / period) for t in times]
+        if len(set(steps)) < 2:
+            return None
+    return steps
+
+
+def counter_instants(ticks: list[tuple[float, float]], min_period_s: float) -> list[tuple[float, float]]:
+    """The (seconds, mJ) ticks of an energy counter, each at the instant its value belongs to.
+
+    An H100's counter advances every 100 ms, each step the energy of its own period (steady to
+    0.6-1.3% from step to step under steady load), but the host sees each step late by a delay that
+    varies: the gaps between ticks as read ran from 67 to 136 ms (33 to 150 ms in a separate process
+    polling every millisecond), so a step's energy over its gap as seen varied by 9-14%
+    (docs/detection.md, "Energy, before and after").  The energy between the first and last tick of a
+    1.5 s window, over the time between them as seen, was off by that delay at each end.  Where the
+    ticks come on a period (at least ``min_period_s`` apart), each is given the instant of the
+    least-squares line through the tick times against their step numbers; a tick farther than
+    :data:`FIT_SLACK` of a period from the line (seen very late), or on a step another tick holds, is
+    left out.  Where more than a fifth would be left out or more than a fifth of the steps went
+    unseen (ticks at random instants fit a short enough period), the rest lie farther from the line than
+    :data:`FIT_SPREAD` of a period (RMS), or too few are there to fit, the ticks are returned as seen.
+    """
+    if len(ticks) < MIN_FIT_TICKS:
+        return list(ticks)
+    times = [t for t, _ in ticks]
+    period = statistics.median(b - a for a, b in zip(times, times[1:]))
+    steps = _steps(times, period) if period >= min_period_s else None
+    if steps is None:
+        return list(ticks)
+    origin, period = _line(steps, times)
+    best: dict[int, int] = {}  # step -> the index of the tick nearest the line on it
+    for i, (n, t) in enumerate(zip(steps, times)):
+        off = abs(t - origin - period * n)
+        if off <= FIT_SLACK * period and (n not in best or off < abs(times[best[n]] - origin - period * n)):
+            best[n] = i
+    keep = sorted(best.values())
+    if (len(keep) < max(MIN_FIT_TICKS, 0.8 * len(ticks)) or len({steps[i] for i in keep}) < 2
+            or steps[keep[-1]] - steps[keep[0]] > 1.25 * (len(keep) - 1)):  # a fifth of the steps unseen: no period
+        return list(ticks)
+    origin, period = _line([steps[i] for i in keep], [times[i] for i in keep])
+    spread = statistics.fmean((times[i] - origin - period * steps[i]) ** 2 for i in keep) ** 0.5
+    if not period > 0 or spread > FIT_SPREAD * period:
+        return list(ticks)
+    return [(origin + period * steps[i], ticks[i][1]) for i in keep]
 
 
 def energy_metrics(timing: Timing, work_per_call: float, unit: str, *, label: str | None = None) -> list[Metric]:

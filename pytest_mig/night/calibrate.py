@@ -22,7 +22,8 @@ from pytest_mig.store.baselines import BaselineStore, meta_from_record
 from pytest_mig.store.history import Baseline, BaselineError
 from pytest_mig.store.reader import load_baseline_file
 from pytest_mig.common.files import FileProblem
-from pytest_mig.judge.noise import PRIOR, PRIOR_RUNS, band
+from pytest_mig.judge.noise import PRIOR, PRIOR_RUNS, Band, band
+from pytest_mig.judge.prior import Priors
 from pytest_mig.judge.reference import Reference, ReferenceStore
 from pytest_mig.store.results import ResultsFileError, read_results, read_results_file
 from pytest_mig.common.text import printable
@@ -189,12 +190,20 @@ def threshold_rows(base: Baseline, default_tolerance: float = DEFAULT_TOLERANCE,
     a verdict will judge it (a short history with the reference's sigma as its floor)."""
     rows: list[dict[str, object]] = []
     ref = _reference_of(base, references)
+    priors = Priors(references)
     for (test, metric, mode), e in sorted(base.entries.items()):
         partners = {p.metric: p.values for p in base.timing_partners(e)}
         ref_entry = ref.get(test, metric, mode) if ref is not None else None
-        prior = ref.band_for(ref_entry).sigma if ref is not None and ref_entry is not None else None
+        prior = priors.for_figure(base.meta, (test, metric, mode))
         b = band(e.values, tolerance=e.tolerance, default_tolerance=default_tolerance, partners=partners,
                  prior=prior)
+        first = ref.band_for(ref_entry) if ref is not None and ref_entry is not None else None
+        nights = {1: _cell(first) if first is not None else "-"}
+        for night in NIGHTS[1:]:
+            runs = e.values[:night - 1]
+            shared = {k: v[:night - 1] for k, v in partners.items()}
+            nights[night] = _cell(band(runs, tolerance=e.tolerance, default_tolerance=default_tolerance,
+                                       partners=shared, prior=prior), len(runs) < night - 1)
         rows.append({
             "test": test.split("::", 1)[-1], "metric": metric, "mode": mode, "runs": b.runs,
             "median": b.center, "unit": e.unit,
@@ -204,8 +213,21 @@ def threshold_rows(base: Baseline, default_tolerance: float = DEFAULT_TOLERANCE,
             "detects_pct": round(b.detectable * 100, 2) if b.gates else None,
             "gates": "yes" if b.gates else "no: too noisy",
             "basis": b.basis,
+            "nights": nights,
         })
     return rows
+
+
+#: The nights whose thresholds calibrate shows: the first (against the reference), the second (one
+#: run of the site's own), the fifth (four) and the tenth (nine).
+NIGHTS = (1, 2, 5, 10)
+
+
+def _cell(b: Band, short: bool = False) -> str:
+    """'±2.1%', '±10%' (a conservative band), or 'no' (too noisy to gate); '~' in front where the
+    history holds fewer runs than that night would have (the band of all of them)."""
+    text = f"±{b.threshold * 100:.1f}%" if b.gates else "no"
+    return ("~" + text) if short else text
 
 
 def _cv_cell(row: dict[str, object]) -> str:
@@ -262,6 +284,11 @@ def budget_rows(rows: Sequence[dict[str, object]], seconds: dict[str, float],
     return sorted(table, key=lambda r: (r[3].startswith("0/") is False, -float(r[2]) if r[2] != "-" else 0.0))
 
 
+NIGHTS_NOTE = ("night N: the threshold a site's night N would be judged with (night 1 against the reference, "
+               "night N against the first N-1 of these runs with the reference's sigma as a prior); 'no': too "
+               "noisy to gate; '~': fewer runs here than that night has, so the band of all of them.")
+
+
 def print_thresholds(bases: Sequence[Baseline], out: TextIO, results: Iterable[Path] = ()) -> None:
     from tabulate import tabulate
 
@@ -272,9 +299,12 @@ def print_thresholds(bases: Sequence[Baseline], out: TextIO, results: Iterable[P
         print(f"\n{base.meta.path}: {len(rows)} figure(s)", file=out)
         table = [[r["test"], r["metric"], r["mode"], r["runs"], format_number(float(r["median"])),  # type: ignore[arg-type]
                   r["unit"], _cv_cell(r), f"±{r['threshold_pct']:.1f}%",
-                  "-" if r["detects_pct"] is None else f"{r['detects_pct']:.1f}%", r["gates"]] for r in rows]
+                  "-" if r["detects_pct"] is None else f"{r['detects_pct']:.1f}%", r["gates"],
+                  *(r["nights"][n] for n in NIGHTS)] for r in rows]  # type: ignore[index]
         print(tabulate(table, headers=["test", "metric", "mode", "runs", "median", "unit", "CV", "threshold",
-                                       "detects", "gates"], disable_numparse=True), file=out)
+                                       "detects", "gates", *(f"night {n}" for n in NIGHTS)], disable_numparse=True),
+              file=out)
+        print(NIGHTS_NOTE, file=out)
         few = [r for r in rows if r["basis"] == "few-runs"]
         if few:
             print(f"{len(few)} figure(s) have fewer than 5 runs: their band is a conservative 10% until they do.",

@@ -1,0 +1,137 @@
+"""Priors: a figure's run-to-run sigma known before its own history can measure it.
+
+A site's history of 1 to 4 runs cannot measure its figures' noise; :func:`pytest_mig.judge.noise.band`
+judges it with a prior instead (and, up to ``PRIOR_RUNS`` runs, never with less).  Where it comes
+from, most specific first:
+
+1. **The reference of the figure's GPU model and profile**: the figure's sigma across the
+   reference's runs, pooled over the model's profiles and boards (the larger of its own and its
+   timing partners', :meth:`pytest_mig.judge.reference.Reference.band_for`).
+2. **The same figure in the model's other profiles** (a profile with no reference of its own: a
+   real MIG slice where the references hold emulated ones): the model's sigma, which is pooled over
+   its profiles anyway.
+3. **The same figure on the GPU models that have a reference** (a GPU model with no reference: an
+   A100, an L40S, a B200): the largest of their sigmas.  The figure's noise comes mostly from the
+   workload's own timing (launches, the host, the energy window), which a GPU model does not change
+   much; the largest is the cautious side.
+
+A figure no reference holds (a site's own benchmark) has no prior: its first runs are judged with
+the conservative band of :func:`~pytest_mig.judge.noise.band` until they can measure its noise, since
+nothing known says how noisy a workload of the site's own is.
+
+A verdict judged with 2 or 3 says so, naming the models.  The shipped references are always
+consulted for 2 and 3, also where a site replaced or switched off the reference its first nights
+are judged against (``--mig-reference``): what they say about noise holds either way.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Protocol
+
+from pytest_mig.judge.noise import PRIOR, PRIOR_ELSEWHERE, Prior
+from pytest_mig.judge.reference import SHIPPED, Reference, ReferenceStore
+from pytest_mig.store.baselines import meta_from_record
+from pytest_mig.store.history import BaselineError, BaselineMeta
+from pytest_mig.store.results import ResultRecord
+
+Figure = tuple[str, str, str]  # (test, metric, mode)
+
+
+class PriorSource(Protocol):
+    """Where a pipeline gets each figure's prior."""
+
+    def for_record(self, rec: ResultRecord) -> Prior | None:
+        """The prior of the record's figure (None: none is known)."""
+
+
+class Priors:
+    """The prior of each record's figure, from ``references`` (the site's reference folder, or None
+    where it switched them off) and the shipped references."""
+
+    def __init__(self, references: ReferenceStore | None, shipped: ReferenceStore | None = None) -> None:
+        self.references = references
+        self.shipped = shipped if shipped is not None else _shipped_like(references)
+        self._figures: dict[Figure, dict[str, float]] | None = None
+
+    def for_record(self, rec: ResultRecord) -> Prior | None:
+        """The prior of the record's figure (None: no reference knows the figure)."""
+        return self.for_figure(meta_from_record(rec), (rec.test, rec.metric.name, rec.mode))
+
+    def for_figure(self, meta: BaselineMeta, key: Figure) -> Prior | None:
+        """The prior of figure ``key`` (test, metric, mode) on the GPU model and profile of ``meta``."""
+        own = self._own(meta, key)
+        if own is not None:
+            return own
+        others = self._table().get(key, {})
+        model = meta.gpu_model
+        if model in others:
+            return Prior(others[model], f"{PRIOR_ELSEWHERE}this figure's across nights and boards of {model}'s "
+                                        f"other profiles; no reference for this profile")
+        if others:
+            name = max(others, key=lambda m: others[m])
+            return Prior(others[name], f"{PRIOR_ELSEWHERE}this figure's across nights and boards of "
+                                       f"{_names(others)}, the largest ({name}); no reference for this GPU model")
+        return None
+
+    def _own(self, meta: BaselineMeta, key: Figure) -> Prior | None:
+        """The prior from the reference of the figure's own GPU model and profile."""
+        for store in (self.references, self.shipped):
+            sigma = _reference_sigma(store, meta, key)
+            if sigma is not None:
+                return Prior(sigma, PRIOR)
+            if store is not None and self.references is not None:
+                break  # a site's own reference folder speaks for its GPU models: the shipped one is not asked
+        return None
+
+    def _table(self) -> dict[Figure, dict[str, float]]:
+        """Every figure's sigma in the references, by GPU model."""
+        if self._figures is None:
+            self._figures = {}
+            for ref in _all(self.references, self.shipped):
+                model = ref.baseline.meta.gpu_model
+                for entry in ref.baseline.entries.values():
+                    sigma = ref.band_for(entry).sigma
+                    if sigma is not None:  # pooled over the model's profiles: the same in each of its files
+                        self._figures.setdefault((entry.test, entry.metric, entry.mode), {})[model] = sigma
+        return self._figures
+
+
+def reference_prior(references: ReferenceStore | None, rec: ResultRecord) -> float | None:
+    """The figure's sigma in the reference of its GPU model and profile (the larger of its own and
+    its timing partners'); None where the reference does not know the figure's noise."""
+    return _reference_sigma(references, meta_from_record(rec), (rec.test, rec.metric.name, rec.mode))
+
+
+def _reference_sigma(references: ReferenceStore | None, meta: BaselineMeta, key: Figure) -> float | None:
+    """Figure ``key``'s sigma in the reference of ``meta``'s GPU model and profile.  A reference that
+    cannot be read gives none: the site's own history still judges."""
+    if references is None:
+        return None
+    try:
+        ref = references.load(meta.gpu_slug, meta.profile)
+    except BaselineError:
+        return None
+    entry = ref.get(*key) if ref is not None else None
+    return ref.band_for(entry).sigma if ref is not None and entry is not None else None
+
+
+def _shipped_like(references: ReferenceStore | None) -> ReferenceStore | None:
+    """The shipped references, unless ``references`` is that folder already."""
+    if references is not None and references.root.resolve() == SHIPPED.resolve():
+        return None
+    return ReferenceStore(SHIPPED)
+
+
+def _all(*stores: ReferenceStore | None) -> Iterable[Reference]:
+    """Every readable reference of the stores."""
+    for store in stores:
+        if store is not None:
+            yield from store.readable()
+
+
+def _names(models: dict[str, float]) -> str:
+    names = sorted(models)
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+__all__ = ["PriorSource", "Priors", "reference_prior"]

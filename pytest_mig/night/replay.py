@@ -1,0 +1,262 @@
+"""``pytest-mig replay``: the verdict rule replayed over recorded nights, night by night.
+
+What a site would have seen had it run the suite on each recorded board from its first night:
+every night of a board (a results file; the nights of one folder and board form its series, oldest
+first) is judged, through the one :class:`~pytest_mig.judge.pipeline.Pipeline`, against the board's
+earlier nights of that series (its last ``KEEP``), with the re-measurements the night itself took.
+A figure that fails is a **false alarm**: the nights are unchanged runs.  Then each judged figure
+is made 5% worse (direction-aware, its re-measurements alike) and judged again: **caught** or not.
+
+The priors a short history is judged with (:mod:`pytest_mig.judge.prior`) are computed
+**leave-one-out**, as a shipped reference computes them but from the other boards' nights only:
+the runs of each profile of the GPU model (every other board's, every session's) relative to
+their median, pooled over the profiles (:func:`pytest_mig.judge.reference.pooled_sigma`), with at
+least ``MIN_DOF`` degrees of freedom; an energy figure's is the larger of its own and its timing
+partners'.  So no night is judged with noise measured on its own board.
+
+Runs slowed on purpose (``--mig-slowdown-sms``) and tests that shared the GPU with another
+process (their health note names it) are left out, and so are files matching ``exclude`` (runs of
+another version of a workload kept beside the current one for comparison); a file that cannot be
+read is named and passed over.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence, TextIO
+
+from pytest_mig.judge.noise import PRIOR_ELSEWHERE, Prior
+from pytest_mig.judge.pipeline import Pipeline, RecordHistories
+from pytest_mig.judge.reference import pooled_sigma
+from pytest_mig.measure import partner_keys
+from pytest_mig.store.baselines import measured_value, meta_from_record
+from pytest_mig.store.results import ResultRecord, ResultsFileError, read_results
+from pytest_mig.store.verdicts import Verdict
+from pytest_mig.common.text import printable
+
+#: Runs a history keeps (the store's default).
+KEEP = 10
+#: The loss each judged figure is made to show.
+LOSS = 0.05
+#: The tolerance a figure must gate within to count as gating.
+GATE = 0.05
+#: Degrees of freedom a leave-one-out prior needs (runs less groups), as the shipped references have.
+MIN_DOF = 4
+#: History lengths reported one by one; longer ones are counted with the last.
+SHOWN = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
+
+Key = tuple[str, str, str]  # (test, metric, mode)
+Series = tuple[str, str, str, str]  # (folder, board, baseline profile, mode)
+
+
+@dataclass
+class Night:
+    """One board's unchanged night: its gating-eligible records."""
+
+    series: Series
+    model: str
+    at: str
+    records: list[ResultRecord]
+
+
+@dataclass
+class Length:
+    """What nights judged against a history of one length found."""
+
+    nights: int = 0
+    alarmed: int = 0  # nights with at least one false alarm
+    judged: int = 0  # figure-nights against a history (judged, or too noisy to gate)
+    gating: int = 0  # ... of which gated at <= GATE
+    caught: int = 0  # ... of those, a LOSS caught
+    alarms: list[str] = field(default_factory=list)
+
+
+def nights_of(paths: Iterable[Path], out: TextIO) -> list[Night]:
+    """Every unchanged night in the results files ``paths``, each board's series oldest first."""
+    seen: set[tuple[str, str]] = set()
+    nights: list[Night] = []
+    for path in paths:
+        try:
+            records = read_results(path)
+        except (ResultsFileError, OSError) as exc:
+            print(f"passed over {printable(path)}: {exc}", file=out)
+            continue
+        by_board: dict[tuple[str, str, str], list[ResultRecord]] = {}
+        for r in records:
+            t = r.target
+            if t.slowed_to_sms or not t.gpu_name or not r.metric.compare or _shared(r):
+                continue
+            board = str(t.uuid or (r.fingerprint or {}).get("gpu_uuid") or r.node)
+            by_board.setdefault((board, meta_from_record(r).profile, r.mode), []).append(r)
+        for (board, profile, mode), recs in by_board.items():
+            stamp = (board, min(r.timestamp for r in recs) + str(len(recs)))
+            if stamp in seen:  # the same night copied into two archives
+                continue
+            seen.add(stamp)
+            model = meta_from_record(recs[0]).gpu_model
+            nights.append(Night((str(path.parent), board, profile, mode), model, min(r.timestamp for r in recs), recs))
+    return sorted(nights, key=lambda n: (n.series, n.at))
+
+
+def _shared(rec: ResultRecord) -> bool:
+    """Whether another process used the GPU during the record's test (its health note names one):
+    a real slowdown, not an unchanged night."""
+    health = rec.health if isinstance(rec.health, dict) else {}
+    return any(isinstance(part, dict) and part.get("others") for part in health.values())
+
+
+class LeaveOneOut:
+    """Priors from every series but the judged board's (the module docstring)."""
+
+    def __init__(self, nights: Sequence[Night]) -> None:
+        self._values: dict[tuple[str, Key], dict[tuple[str, str], list[float]]] = {}
+        self._kinds: dict[Key, str] = {}
+        for night in nights:
+            for r in night.records:
+                key = (r.test, r.metric.name, r.mode)
+                self._kinds[key] = r.metric.kind
+                groups = self._values.setdefault((night.model, key), {})
+                groups.setdefault((night.series[2], night.series[1]), []).append(measured_value(r))
+        self.board: str | None = None
+        self._cache: dict[tuple[str | None, str, Key], float | None] = {}
+
+    def _sigma(self, model: str, key: Key) -> float | None:
+        memo = (self.board, model, key)
+        if memo not in self._cache:
+            by_profile: dict[str, list[float]] = {}
+            for (profile, board), values in self._values.get((model, key), {}).items():
+                if board != self.board:
+                    by_profile.setdefault(profile, []).extend(values)
+            groups = list(by_profile.values())
+            dof = sum(len(g) - 1 for g in groups if len(g) > 1)
+            self._cache[memo] = pooled_sigma(groups) if dof >= MIN_DOF else None
+        return self._cache[memo]
+
+    def for_record(self, rec: ResultRecord) -> Prior | None:
+        model = meta_from_record(rec).gpu_model
+        key = (rec.test, rec.metric.name, rec.mode)
+        sigmas = [self._sigma(model, k) for k in [key, *partner_keys(key, rec.metric.kind, self._kinds)]]
+        if sigmas[0] is None or any(s is None for s in sigmas):
+            return None
+        return Prior(max(s for s in sigmas if s is not None), f"{PRIOR_ELSEWHERE}the other boards' (leave-one-out)")
+
+
+def _worse(rec: ResultRecord, loss: float) -> ResultRecord:
+    """The record made ``loss`` worse, its re-measurements alike."""
+    factor = 1 - loss if rec.metric.direction == "higher" else 1 + loss
+    verdict = None if rec.verdict is None else \
+        replace(rec.verdict, confirmations=[x * factor for x in rec.verdict.confirmations])
+    return replace(rec, metric=replace(rec.metric, value=rec.metric.value * factor), verdict=verdict)
+
+
+def _remeasured(records: Sequence[ResultRecord]) -> dict[str, list[float]]:
+    """A night's own re-measurements by metric; a figure it did not re-measure repeats its reading
+    (a sustained change stays where the first reading put it)."""
+    out: dict[str, list[float]] = {}
+    for r in records:
+        taken = [float(x) for x in (r.verdict.confirmations if r.verdict is not None else [])]
+        out[r.metric.name] = taken or [r.metric.value, r.metric.value]
+    return out
+
+
+def _judge(pipeline: Pipeline, records: Sequence[ResultRecord]) -> list[Verdict]:
+    plain = [replace(r, verdict=None) for r in records]
+    verdicts: list[Verdict] = []
+    by_test: dict[str, list[int]] = {}
+    for i, r in enumerate(records):
+        by_test.setdefault(r.test, []).append(i)
+    for idx in by_test.values():
+        mine = [records[i] for i in idx]
+        taken = _remeasured(mine)
+        verdicts += pipeline.judge([plain[i] for i in idx], remeasure=lambda taken=taken: taken)
+    return verdicts
+
+
+JUDGED = ("pass", "regressed", "improved", "transient")
+
+
+def replay(nights: Sequence[Night], priors: LeaveOneOut) -> dict[int, Length]:
+    """The nights judged one by one against their series' earlier nights: per history length."""
+    by_series: dict[Series, list[Night]] = {}
+    for n in nights:
+        by_series.setdefault(n.series, []).append(n)
+    lengths: dict[int, Length] = {n: Length() for n in SHOWN}
+    for series, runs in by_series.items():
+        priors.board = series[1]
+        for i in range(1, len(runs)):
+            history = [n.records for n in runs[max(0, i - KEEP):i]]
+            _one_night(Pipeline(RecordHistories(history), priors=priors), runs[i], lengths[min(i, SHOWN[-1])])
+    return lengths
+
+
+def _one_night(pipeline: Pipeline, night: Night, into: Length) -> None:
+    records = [r for r in night.records if r.metric.compare]
+    verdicts = _judge(pipeline, records)
+    judged = [(r, v) for r, v in zip(records, verdicts) if v.outcome in JUDGED or v.outcome == "noisy"]
+    if not judged:
+        return
+    into.nights += 1
+    alarms = [v for _, v in judged if v.failed]
+    if alarms:
+        into.alarmed += 1
+        into.alarms += [f"{night.series[1][:12]} {night.at[:16]} {v.test} {v.metric} {v.change_pct:+.1f}% "
+                        f"(threshold {100 * (v.threshold or 0):.1f}%)" for v in alarms]
+    gating = [(r, v) for r, v in judged if v.gates and (v.threshold or 1) <= GATE]
+    into.judged += len(judged)
+    into.gating += len(gating)
+    if gating:
+        worse = [_worse(r, LOSS) for r, _ in gating]
+        caught = _judge(pipeline, worse)
+        into.caught += sum(1 for v in caught if v.outcome == "regressed")
+
+
+def _pct(a: int, b: int) -> str:
+    return f"{100 * a / b:.0f}%" if b else "-"
+
+
+def markdown(lengths: Mapping[int, Length], nights: Sequence[Night]) -> str:
+    """The replay's table, one row per history length, and every false alarm."""
+    boards = {n.series[1] for n in nights}
+    models = sorted({n.model for n in nights})
+    lines = [f"{len(nights)} unchanged nights of {len(boards)} boards ({', '.join(models)}), "
+             f"{len({n.series for n in nights})} series; each night judged against the earlier nights of its series "
+             f"(at most {KEEP}), priors leave-one-out.", "",
+             "| night | history runs | nights judged | nights with a false alarm | figures with a history | gate at <= 5% | "
+             "5% loss caught (of gating) |", "|---|---|---|---|---|---|---|"]
+    for n, row in lengths.items():
+        runs = f"{n}+" if n == SHOWN[-1] else str(n)
+        lines.append(f"| {n + 1}{'+' if n == SHOWN[-1] else ''} | {runs} | {row.nights} | {row.alarmed} | {row.judged} | "
+                     f"{row.gating} ({_pct(row.gating, row.judged)}) | {row.caught} ({_pct(row.caught, row.gating)}) |")
+    total = Length()
+    for row in lengths.values():
+        total.nights += row.nights
+        total.alarmed += row.alarmed
+        total.alarms += row.alarms
+    lines += ["", f"False alarms: {total.alarmed} night(s) of {total.nights}."]
+    lines += [f"- {a}" for a in total.alarms]
+    return "\n".join(lines) + "\n"
+
+
+def results_files(paths: Sequence[Path], exclude: Sequence[str] = ()) -> list[Path]:
+    """The .json files named, and those under the folders named, in a stable order, less those
+    whose path matches a glob of ``exclude``."""
+    out: list[Path] = []
+    for p in paths:
+        out += sorted(p.rglob("*.json")) if p.is_dir() else [p]
+    return [p for p in out if not any(fnmatch.fnmatch(str(p), pattern) for pattern in exclude)]
+
+
+def cmd_replay(paths: Sequence[Path], exclude: Sequence[str], out: TextIO) -> int:
+    nights = nights_of(results_files(paths, exclude), out)
+    if not nights:
+        print("no unchanged GPU nights in the files given", file=out)
+        return 1
+    lengths = replay(nights, LeaveOneOut(nights))
+    out.write(markdown(lengths, nights))
+    return 0
+
+
+__all__ = ["KEEP", "LOSS", "LeaveOneOut", "Length", "Night", "cmd_replay", "markdown", "nights_of", "replay",
+           "results_files"]

@@ -1,0 +1,132 @@
+"""A short history judged with a prior: the band of 1-4 runs, and where the prior comes from."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from pytest_mig.judge.noise import FEW_RUNS_BAND, FLOOR, K, MIN_RUNS, PRIOR, PRIOR_ELSEWHERE, Prior, band
+from pytest_mig.judge.pipeline import Pipeline, RecordHistories
+from pytest_mig.judge.prior import Priors
+from pytest_mig.judge.reference import SHIPPED, ReferenceStore
+from pytest_mig.measure import Metric
+from pytest_mig.device.target import TargetInfo
+from pytest_mig.store.results import ResultRecord
+
+GEMM = "benchmarks/test_gemm.py::test_gemm[bf16]"
+FMA = "benchmarks/test_cuda_cores.py::test_cuda_core_fma[fp32]"
+
+
+def rec(value: float, *, gpu: str = "NVIDIA H100 80GB HBM3", profile: str = "full", emulated: bool = False,
+        test: str = GEMM, name: str = "bf16_tflops", kind: str = "tensor") -> ResultRecord:
+    slug = gpu.lower().replace(" ", "-")
+    target = {"kind": "emulated" if emulated else ("full" if profile == "full" else "mig"), "profile": profile,
+              "baseline_profile": f"{profile}-emulated" if emulated else profile, "gpu_name": gpu,
+              "gpu_slug": slug, "emulated": emulated}
+    metric = Metric(name, value, "TFLOPS", "higher", [value] * 3, kind)  # type: ignore[arg-type]
+    return ResultRecord(test, metric, TargetInfo.from_dict(target), {"driver": "580.159.04"}, "2026-01-01T00:00:00+00:00", "n1")
+
+
+# --------------------------------------------------------------------------- the band of a short history
+
+
+@pytest.mark.parametrize("runs", [1, 2, 3, 4])
+def test_a_short_history_is_judged_with_the_prior_widened_for_its_own_few_runs(runs: int) -> None:
+    b = band([100.0] * runs, prior=Prior(0.004))
+    widen = math.sqrt(1 + 1 / runs)
+    assert b.basis == "short" and b.gates and b.sigma == 0.004 and b.sigma_of == PRIOR
+    assert b.threshold == pytest.approx(K * 0.004 * widen) and b.widen == pytest.approx(widen)
+    assert b.threshold < FEW_RUNS_BAND / 2  # from the second night, far tighter than the flat band
+    assert b.detectable == pytest.approx(b.threshold + 2.2 * 0.004 * widen)
+
+
+def test_the_band_narrows_night_by_night_and_meets_the_full_rule_at_five_runs() -> None:
+    thresholds = [band([100.0] * n, prior=0.006).threshold for n in range(1, MIN_RUNS + 1)]
+    assert thresholds == sorted(thresholds, reverse=True) and len(set(thresholds)) == MIN_RUNS
+    assert thresholds[-1] == pytest.approx(K * 0.006)  # 5 runs: the prior floors sigma, unwidened
+
+
+def test_the_few_runs_own_spread_or_a_partner_widens_the_band_beyond_the_prior() -> None:
+    wide = band([100.0, 100.4], prior=0.002)
+    assert wide.sigma == pytest.approx(0.00283, rel=0.01) and wide.sigma_of is None and wide.basis == "short"
+    shared = band([100.0, 100.0], prior=0.002, partners={"tokens_per_s": [100.0, 101.0, 99.5]})
+    assert shared.sigma_of == "tokens_per_s" and shared.sigma > 0.002
+
+
+def test_a_prior_too_wide_for_the_tolerance_keeps_the_conservative_band_never_a_narrower_one() -> None:
+    b = band([100.0], prior=0.03)  # 5 x 3% x 1.41 = 21%: too wide to gate at 5%
+    assert b.basis == "few-runs" and b.gates and b.threshold == pytest.approx(K * 0.03 * math.sqrt(2))
+    assert band([100.0], prior=0.012).threshold == FEW_RUNS_BAND  # 8.5% by the prior: the flat 10% stands
+    capped = band([100.0], prior=0.012, tolerance=0.05)  # a site's tolerance caps it, as for any history
+    assert capped.threshold == 0.05 and capped.basis == "tolerance"
+
+
+def test_without_a_prior_a_short_history_keeps_the_conservative_band() -> None:
+    assert band([100.0]).threshold == FEW_RUNS_BAND and band([100.0]).basis == "few-runs"
+    assert band([100.0], prior=None).sigma is None
+    assert band([100.0], prior=float("nan")).basis == "few-runs"  # a prior that is not a number is none
+
+
+def test_the_floor_holds_for_the_quietest_prior() -> None:
+    assert band([100.0, 100.0, 100.0, 100.0], prior=0.0001).threshold == FLOOR
+
+
+# --------------------------------------------------------------------------- where the prior comes from
+
+
+def shipped_sigma(slug: str, profile: str, name: str = "bf16_tflops", test: str = GEMM) -> float:
+    ref = ReferenceStore(SHIPPED).load(slug, profile)
+    assert ref is not None
+    entry = ref.get(test, name, "normal")
+    assert entry is not None
+    sigma = ref.band_for(entry).sigma
+    assert sigma is not None
+    return sigma
+
+
+def test_the_prior_is_the_reference_of_the_figures_own_model_and_profile() -> None:
+    p = Priors(ReferenceStore(SHIPPED)).for_record(rec(700.0))
+    assert p == Prior(shipped_sigma("nvidia-h100-80gb-hbm3", "full"), PRIOR)
+
+
+def test_a_real_slice_borrows_its_models_emulated_profiles_sigma_and_says_so() -> None:
+    p = Priors(ReferenceStore(SHIPPED)).for_record(rec(100.0, profile="3g.40gb"))
+    assert p is not None and p.sigma == shipped_sigma("nvidia-h100-80gb-hbm3", "full")
+    assert p.source.startswith(PRIOR_ELSEWHERE) and "NVIDIA H100 80GB HBM3's other profiles" in p.source
+
+
+def test_a_gpu_model_with_no_reference_borrows_the_largest_sigma_of_the_models_that_have_one() -> None:
+    p = Priors(ReferenceStore(SHIPPED)).for_record(rec(250.0, gpu="NVIDIA A100-SXM4-80GB", profile="1g.10gb"))
+    expected = max(shipped_sigma("nvidia-h100-80gb-hbm3", "full"), shipped_sigma("nvidia-h200", "full"))
+    assert p is not None and p.sigma == expected
+    assert "NVIDIA H100 80GB HBM3 and NVIDIA H200" in p.source and "no reference for this GPU model" in p.source
+
+
+def test_a_site_figure_no_reference_holds_has_no_prior() -> None:
+    own = rec(1.0, test="benchmarks/test_site.py::test_own", name="own_rate")
+    assert Priors(ReferenceStore(SHIPPED)).for_record(own) is None
+
+
+def test_the_shipped_references_still_give_noise_where_a_site_switched_references_off() -> None:
+    assert Priors(None).for_record(rec(700.0)) == Prior(shipped_sigma("nvidia-h100-80gb-hbm3", "full"), PRIOR)
+
+
+def test_a_sites_own_reference_folder_speaks_for_its_models(tmp_path: Path) -> None:
+    (tmp_path / "refs").mkdir()
+    p = Priors(ReferenceStore(tmp_path / "refs")).for_record(rec(700.0))
+    assert p is not None and p.source.startswith(PRIOR_ELSEWHERE)  # its folder is empty: the shipped ones speak
+
+
+# --------------------------------------------------------------------------- through the pipeline
+
+
+def test_the_second_night_on_an_unknown_gpu_catches_a_5_percent_loss_and_passes_an_unchanged_run() -> None:
+    a100 = dict(gpu="NVIDIA A100-SXM4-80GB", profile="1g.10gb", test=FMA, name="fp32_fma_tflops", kind="compute")
+    pipeline = Pipeline(RecordHistories([[rec(2.8, **a100)]]), references=ReferenceStore(SHIPPED))
+    same = pipeline.judge([rec(2.79, **a100)])[0]
+    assert same.outcome == "pass" and same.basis == "short" and same.runs == 1
+    assert "for a baseline of 1 run(s)" in same.message and "no reference for this GPU model" in same.message
+    slow = pipeline.judge([rec(2.8 * 0.95, **a100)], remeasure=lambda: {"fp32_fma_tflops": [2.66, 2.661]})[0]
+    assert slow.outcome == "regressed" and slow.failed and (slow.threshold or 1) < 0.05

@@ -1,0 +1,102 @@
+"""``pytest-mig replay``: recorded nights judged night by night, priors leave-one-out."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from pytest_mig import cli
+from pytest_mig.measure import Metric
+from pytest_mig.night.calibrate import NIGHTS, threshold_rows
+from pytest_mig.night.replay import LeaveOneOut, nights_of, replay
+from pytest_mig.store.baselines import entry_from_records
+from pytest_mig.store.history import Baseline, BaselineMeta
+from pytest_mig.device.target import TargetInfo
+from pytest_mig.store.results import ResultRecord, write_results
+
+FMA = "benchmarks/test_cuda_cores.py::test_cuda_core_fma[fp32]"
+
+
+def night(value: float, board: str, day: int, *, health: dict | None = None) -> ResultRecord:
+    target = {"kind": "full", "profile": "full", "baseline_profile": "full", "gpu_name": "NVIDIA A100-SXM4-80GB",
+              "gpu_slug": "nvidia-a100-sxm4-80gb", "emulated": False, "uuid": board}
+    metric = Metric("fp32_fma_tflops", value, "TFLOPS", "higher", [value] * 3, "compute")
+    return ResultRecord(FMA, metric, TargetInfo.from_dict(target), {"driver": "580.159.04"}, f"2026-01-{day:02d}T00:00:00+00:00", "n1",
+                        health=health)
+
+
+def series(tmp_path: Path, boards: int = 4, nights: int = 5, slow: dict[tuple[int, int], float] | None = None) -> Path:
+    rng = random.Random(7)
+    for b in range(boards):
+        folder = tmp_path / "runs" / f"board{b}"
+        folder.mkdir(parents=True)
+        for n in range(nights):
+            value = 19.0 * (1 + rng.gauss(0, 0.003)) * (slow or {}).get((b, n), 1.0)
+            write_results(folder / f"night{n}.json", [night(value, f"GPU-{b}", n + 1)])
+    return tmp_path / "runs"
+
+
+def test_unchanged_nights_raise_no_alarm_and_a_5_percent_loss_is_caught_from_the_second_night(tmp_path: Path) -> None:
+    nights = nights_of(sorted(series(tmp_path).rglob("*.json")), open("/dev/null", "w"))
+    lengths = replay(nights, LeaveOneOut(nights))
+    assert lengths[1].nights == 4 and lengths[1].alarmed == 0
+    assert lengths[1].gating == 4 and lengths[1].caught == 4  # 5 x 0.3% x 1.41 = 2.1%: a 5% loss is beyond it
+    assert sum(row.alarmed for row in lengths.values()) == 0
+
+
+def test_a_real_slowdown_in_a_series_is_counted_as_an_alarm_and_named(tmp_path: Path, capsys) -> None:
+    root = series(tmp_path, slow={(2, 3): 0.9})
+    assert cli.main(["replay", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "False alarms: 1 night(s) of 16." in out and "GPU-2 2026-01-04" in out and "fp32_fma_tflops -9.8%" in out
+
+
+def test_the_prior_never_comes_from_the_judged_board(tmp_path: Path) -> None:
+    nights = nights_of(sorted(series(tmp_path, boards=2).rglob("*.json")), open("/dev/null", "w"))
+    priors = LeaveOneOut(nights)
+    rec = nights[0].records[0]
+    priors.board = "GPU-0"
+    from_one = priors.for_record(rec)
+    priors.board = None
+    assert from_one is not None and from_one.sigma != priors.for_record(rec).sigma  # type: ignore[union-attr]
+    priors.board = "GPU-0"
+    nights_one = [n for n in nights if n.series[1] == "GPU-1"][:2]  # 1 dof left: too little for a prior
+    assert LeaveOneOut(nights_one).for_record(rec) is None
+
+
+def test_nights_that_shared_the_gpu_or_were_slowed_on_purpose_are_left_out(tmp_path: Path) -> None:
+    busy = night(10.0, "GPU-9", 1, health={"after": {"others": [1343]}})
+    write_results(tmp_path / "busy.json", [busy])
+    assert nights_of([tmp_path / "busy.json"], open("/dev/null", "w")) == []
+    assert cli.main(["replay", str(tmp_path / "busy.json")]) == 1
+
+
+def test_replay_names_a_missing_path_in_one_sentence(tmp_path: Path, capsys) -> None:
+    assert cli.main(["replay", str(tmp_path / "nope")]) == 2
+    assert "no such file or folder" in capsys.readouterr().err
+
+
+def test_calibrate_shows_each_figures_threshold_on_nights_1_2_5_and_10() -> None:
+    recs = [night(19.0 * (1 + 0.001 * (i % 3 - 1)), "GPU-0", i + 1) for i in range(10)]
+    meta = BaselineMeta(gpu_model="NVIDIA H100 80GB HBM3", gpu_slug="nvidia-h100-80gb-hbm3", profile="full", emulated=False)
+    base = Baseline(meta=meta, entries={(FMA, "fp32_fma_tflops", "normal"): entry_from_records(recs)})
+    from pytest_mig.judge.reference import SHIPPED, ReferenceStore
+
+    (row,) = threshold_rows(base, references=ReferenceStore(SHIPPED))
+    cells = row["nights"]
+    assert list(cells) == list(NIGHTS)  # type: ignore[arg-type]
+    assert cells[1] == "±10.0%"  # the first night: against the reference, another board's band
+    shrinking = [float(cells[n].strip("±%~")) for n in NIGHTS[1:]]  # type: ignore[index]
+    assert shrinking == sorted(shrinking, reverse=True) and shrinking[0] < 5
+    assert not any(str(c).startswith("~") for c in cells.values())  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("runs", [3])
+def test_calibrate_marks_a_night_its_runs_cannot_show_yet(runs: int) -> None:
+    recs = [night(19.0, "GPU-0", i + 1) for i in range(runs)]
+    meta = BaselineMeta(gpu_model="NVIDIA H100 80GB HBM3", gpu_slug="nvidia-h100-80gb-hbm3", profile="full", emulated=False)
+    base = Baseline(meta=meta, entries={(FMA, "fp32_fma_tflops", "normal"): entry_from_records(recs)})
+    (row,) = threshold_rows(base)
+    assert str(row["nights"][5]).startswith("~") and str(row["nights"][10]).startswith("~")  # type: ignore[index]
