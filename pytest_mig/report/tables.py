@@ -131,7 +131,7 @@ def _baseline_cell(v: dict[str, Any]) -> str:
     """The baseline a verdict compared with; ``(ref)`` when it was the shipped reference."""
     if v.get("baseline") is None:
         return "-"
-    return format_number(v["baseline"]) + (" (ref)" if v.get("source") == "reference" else "")
+    return format_number(v["baseline"]) + {"reference": " (ref)", "ceiling": " (ceiling)"}.get(v.get("source") or "", "")
 
 
 def summary_lines(records: Sequence[ResultRecord]) -> list[str]:
