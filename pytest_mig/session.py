@@ -22,8 +22,9 @@ from pytest_mig.device import target as _target
 from pytest_mig.device import emulation
 from pytest_mig.device.plan import Plan, plan_run
 from pytest_mig.device.target import SelectionError, Target, pin, verify
+from pytest_mig.judge.ceiling import Ceilings
 from pytest_mig.judge.pipeline import Pipeline, StoreHistories
-from pytest_mig.judge.reference import ReferenceStore, judged_against
+from pytest_mig.judge.reference import SHIPPED, ReferenceStore, judged_against
 from pytest_mig.markers import history_key, item_target, marked_imports, skip_reason
 from pytest_mig.measure import Metric, Telemetry
 from pytest_mig.settings import (
@@ -89,7 +90,10 @@ class MigSession:
         self.plan = plan
         self.store = BaselineStore(settings.baseline_dir, keep=settings.keep, shrink=settings.shrink)
         self.references: ReferenceStore | None = reference_store(config)
-        self.pipeline = Pipeline(StoreHistories(self.store), references=self.references,
+        # the floors of the device's ceiling come from the shipped references, whichever --mig-reference names
+        shipped = self.references if self.references is not None and self.references.root == SHIPPED else None
+        self.ceilings = Ceilings(shipped)
+        self.pipeline = Pipeline(StoreHistories(self.store), references=self.references, ceilings=self.ceilings,
                                  improvement_fails=settings.fail_on_improvement)
         self.tests: dict[str, ItemRun] = {}
         self.records: list[ResultRecord] = []
@@ -219,7 +223,8 @@ class MigSession:
             lines.append(f"green contexts, SMs asked -> obtained: {got}")
         lines += list(self.plan.left_out)
         lines.append(f"check: {t.verified}")
-        lines += judged_against(self.plan.targets, self.store, self.references, self.settings.mode)
+        lines += judged_against(self.plan.targets, self.store, self.references, self.settings.mode,
+                                ceilings=self.ceilings, fingerprint=self.fingerprint)
         if self.health is not None:
             lines += self.health.header()
         if self.caches is not None and self.caches.stack is not None:

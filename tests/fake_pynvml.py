@@ -945,6 +945,10 @@ class FakeNvml:
         return self._clock(self._gpu(handle), type, maximum=True)
 
     @_api(_BOARD_LEVEL)
+    def nvmlDeviceGetMemoryBusWidth(self, device: Any) -> int:
+        return self._gpu(device).memory_bus_width
+
+    @_api(_BOARD_LEVEL)
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int:
         return self._gpu(handle).throttle_reasons
 

@@ -326,7 +326,8 @@ def test_pytest_mig_reference_builds_a_folder_and_devices_names_the_models(
     ref = ReferenceStore(tmp_path / "mine").load("nvidia-h200", "3g.71gb")
     assert ref is not None and ref.describe("quick").startswith("2-4 run(s) of NVIDIA H200 3g.71gb (quick)")
     assert ref.describe("normal").startswith("1 run(s) of NVIDIA H200 3g.71gb (normal)")
-    assert lines[2].startswith("  no reference for NVIDIA A100-SXM4-40GB: its first runs are reported, not judged")
+    assert lines[2].startswith("  no reference for NVIDIA A100-SXM4-40GB: its first runs' compute and bandwidth figures "
+                               "are judged against the device's own ceiling")
     assert main(["reference", str(tmp_path / "missing.json"), "--out", str(tmp_path / "x")]) == 2
     assert "no such results file" in capsys.readouterr().err
 

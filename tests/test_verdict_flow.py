@@ -494,7 +494,9 @@ def test_a_first_run_is_judged_against_the_reference_until_a_baseline_is_saved(
     quick = h200("--mig-reference", "ref", "--mig-quick")  # the reference holds normal runs only
     quick.assert_outcomes(passed=1)
     quick.stdout.fnmatch_lines(["pytest-mig: verdicts for full: no local baseline (*), and the reference for NVIDIA "
-                                "H200 full holds normal runs only: this run's figures are reported, not judged; *"])
+                                "H200 full holds normal runs only: this run's compute and bandwidth figures judged "
+                                "against this device's ceiling (Hopper, 132 SMs at up to 1980 MHz, memory 4917 GB/s)*; "
+                                "the other figures are reported, not judged; *"])
     mig_env.setenv("RATE", "95")
     h200("--mig-reference", "ref").assert_outcomes(passed=1)  # 5% under: another board, not a fault
     h200("--mig-reference", "ref", "--mig-save-baseline").assert_outcomes(passed=1)

@@ -127,6 +127,7 @@ class Gpu:
     max_sm_clock_mhz: int = 1410
     max_mem_clock_mhz: int = 1215
     max_video_clock_mhz: int = 1290
+    memory_bus_width: int = 5120  # bits, as nvmlDeviceGetMemoryBusWidth reports it
     throttle_reasons: int = 0  # nvmlClocksEventReason* bitmask
     temperature_c: int = 33
     utilization: tuple[int, int] = (0, 0)  # (gpu %, memory %)
@@ -262,7 +263,7 @@ A100_40GB = dict(
     vbios="92.00.36.00.02", inforom="G503.0201.00.03", gsp_firmware=None,
     power_limit_mw=400_000, power_min_mw=100_000, power_max_mw=400_000, power_usage_mw=61_523,
     sm_clock_mhz=1410, mem_clock_mhz=1215, video_clock_mhz=1275,
-    max_sm_clock_mhz=1410, max_mem_clock_mhz=1215, max_video_clock_mhz=1290,
+    max_sm_clock_mhz=1410, max_mem_clock_mhz=1215, max_video_clock_mhz=1290, memory_bus_width=5120,
     pci_device_id=0x20B010DE, pci_subsystem_id=0x134F10DE,
 )
 
@@ -271,7 +272,7 @@ A100_80GB = dict(
     vbios="92.00.45.00.03", inforom="G506.0210.00.01", gsp_firmware=b"550.54.15",
     power_limit_mw=400_000, power_min_mw=100_000, power_max_mw=400_000, power_usage_mw=68_412,
     sm_clock_mhz=1410, mem_clock_mhz=1593, video_clock_mhz=1275,
-    max_sm_clock_mhz=1410, max_mem_clock_mhz=1593, max_video_clock_mhz=1290,
+    max_sm_clock_mhz=1410, max_mem_clock_mhz=1593, max_video_clock_mhz=1290, memory_bus_width=5120,
     pci_device_id=0x20B210DE, pci_subsystem_id=0x147F10DE,
 )
 
@@ -280,8 +281,8 @@ H100_SXM5 = dict(
     vbios="96.00.74.00.0D", inforom="G520.0200.00.05", gsp_firmware=b"550.54.15",
     power_limit_mw=700_000, power_min_mw=200_000, power_max_mw=700_000, power_usage_mw=72_880,
     sm_clock_mhz=1980, mem_clock_mhz=2619, video_clock_mhz=1545,
-    max_sm_clock_mhz=1980, max_mem_clock_mhz=2619, max_video_clock_mhz=1545,
-    pci_device_id=0x233010DE, pci_subsystem_id=0x16C110DE,
+    max_sm_clock_mhz=1980, max_mem_clock_mhz=2619, max_video_clock_mhz=1545, memory_bus_width=5120,
+    pcie_link=(5, 16, 5, 16), pci_device_id=0x233010DE, pci_subsystem_id=0x16C110DE,
 )
 
 #: Exactly as read on the real H200 (h200-probe.md); current clocks/power are an idle example.
@@ -290,8 +291,8 @@ H200 = dict(
     vbios="96.00.A5.00.1A", inforom="G520.0282.02.02", gsp_firmware=b"580.159.04",
     power_limit_mw=700_000, power_min_mw=200_000, power_max_mw=700_000, power_usage_mw=77_964,
     sm_clock_mhz=1980, mem_clock_mhz=3201, video_clock_mhz=1545,
-    max_sm_clock_mhz=1980, max_mem_clock_mhz=3201, max_video_clock_mhz=1545,
-    pci_device_id=0x233510DE, pci_subsystem_id=0x18BE10DE,
+    max_sm_clock_mhz=1980, max_mem_clock_mhz=3201, max_video_clock_mhz=1545, memory_bus_width=6144,
+    pcie_link=(5, 16, 5, 16), pci_device_id=0x233510DE, pci_subsystem_id=0x18BE10DE,
 )
 
 L40S = dict(
@@ -299,8 +300,23 @@ L40S = dict(
     vbios="95.02.66.00.02", inforom="G133.0242.00.03", gsp_firmware=b"550.54.15",
     power_limit_mw=350_000, power_min_mw=100_000, power_max_mw=350_000, power_usage_mw=35_219,
     sm_clock_mhz=2520, mem_clock_mhz=9001, video_clock_mhz=1965,
-    max_sm_clock_mhz=2520, max_mem_clock_mhz=9001, max_video_clock_mhz=1965,
+    max_sm_clock_mhz=2520, max_mem_clock_mhz=9001, max_video_clock_mhz=1965, memory_bus_width=384,
     pci_device_id=0x26B910DE, pci_subsystem_id=0x185110DE,
+)
+
+#: Not read on a real B200: NVIDIA's HGX B200 specifications (https://www.nvidia.com/en-us/data-center/hgx/:
+#: 180 GB HBM3e at 7.7 TB/s per GPU, up to 1,000 W, PCIe Gen5), the name, memory (183359 MiB), 148 SMs and
+#: compute capability 10.0 that public nvidia-smi and CUDA device queries show, and eight 1024-bit HBM3e
+#: stacks.  The maximum memory clock is the datasheet bandwidth over that bus at 2 transfers per clock
+#: (7.7 TB/s / 2 / 1024 B = 3760 MHz); the maximum SM clock is the 1965 MHz B200 users lock their clocks
+#: to (nvidia-smi -lgc 1965).  No profile table: none was read on a B200.
+B200 = dict(
+    name="NVIDIA B200", memory_mib=183359, compute_capability=(10, 0), profiles=(),
+    vbios="97.00.A7.00.01", inforom="G525.0210.00.02", gsp_firmware=b"580.159.04",
+    power_limit_mw=1_000_000, power_min_mw=200_000, power_max_mw=1_000_000, power_usage_mw=141_210,
+    sm_clock_mhz=1965, mem_clock_mhz=3760, video_clock_mhz=1650,
+    max_sm_clock_mhz=1965, max_mem_clock_mhz=3760, max_video_clock_mhz=1650, memory_bus_width=8192,
+    pcie_link=(5, 16, 5, 16), pci_device_id=0x290110DE, pci_subsystem_id=0x199910DE,
 )
 
 
@@ -341,6 +357,7 @@ H100_1G = (
 
 H200_GPU0 = "GPU-29a2971f-983e-542c-94c8-c6e1dc28c573"
 L40S_GPU0 = "GPU-5ee179e9-bbf6-5e7f-8170-74c048184fad"
+B200_GPU0 = "GPU-8f3c2d1e-5a4b-5c6d-9e7f-0a1b2c3d4e5f"
 
 # NVML error codes used below (pynvml.NVML_ERROR_*).
 _ERROR_DRIVER_NOT_LOADED = 9
@@ -428,6 +445,14 @@ def _l40s_no_mig() -> Topology:
     )
 
 
+def _b200_mig_off() -> Topology:
+    gpu = Gpu(uuid=B200_GPU0, mig_mode=(0, 0), max_mig_devices=0, pci_bus_id="00000000:1B:00.0", **B200)
+    return Topology(
+        name="b200-mig-off", description="1x B200 (183359 MiB, 148 SMs), MIG off; from NVIDIA's published specs",
+        gpus=(gpu,), driver_version="580.159.04", cuda_driver_version=13000, nvml_version="13.580.159.04",
+    )
+
+
 TOPOLOGIES: dict[str, Topology] = {
     t.name: t
     for t in (
@@ -436,6 +461,7 @@ TOPOLOGIES: dict[str, Topology] = {
         _h100_mig(),
         _h200_mig_off(),
         _l40s_no_mig(),
+        _b200_mig_off(),
         Topology(name="no-gpu", description="NVML loads, no GPU (device count 0)", driver_version="550.54.15",
                  cuda_driver_version=12040, nvml_version="12.550.54.15"),
         Topology(name="no-nvml", description="no NVIDIA driver: nvmlInit raises NVMLError_LibraryNotFound",

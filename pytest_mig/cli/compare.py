@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Sequence, TextIO
 
 from pytest_mig.cli.common import CliError, Command, path_arg
+from pytest_mig.judge.ceiling import Ceilings
 from pytest_mig.judge.pipeline import Pipeline, RecordHistories
 from pytest_mig.judge.reference import ReferenceStore, store_for
 from pytest_mig.store.verdicts import Verdict
@@ -32,13 +33,15 @@ def compare_records(
     ``old`` is one run's records or a list of runs' records, oldest first; a figure's history is
     its records on the same GPU model and profile (another one is reported as incomparable).  A
     figure with no such history is judged against ``references`` (the reference of its GPU model
-    and profile, in the reference band) where one holds it, as the plugin judges a first night.  A
+    and profile, in the reference band) where one holds it, else, given ``references``, a compute or
+    bandwidth figure against its device's ceiling, as the plugin judges a first night.  A
     figure beyond its threshold is re-judged on the re-measurements its own run took, where the
     results file holds them (the plugin records them), as the plugin would have.
     """
     runs: list[Sequence[ResultRecord]]
     runs = [old] if not old or isinstance(old[0], ResultRecord) else list(old)  # type: ignore[list-item]
-    pipeline = Pipeline(RecordHistories(runs), references=references, improvement_fails=improvement_fails)
+    pipeline = Pipeline(RecordHistories(runs), references=references, improvement_fails=improvement_fails,
+                        ceilings=Ceilings() if references is not None else None)
     return pipeline.judge_runs(new, tolerance=tolerance)
 
 

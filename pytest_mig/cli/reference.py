@@ -55,8 +55,9 @@ def reference_lines(gpu_names: Sequence[str], root: Path | None = None,
     have = {model_slug(m) for m in models}
     for name in dict.fromkeys(gpu_names):
         if model_slug(name) not in have:
-            lines.append(f"  no reference for {name}: its first runs are reported, not judged, until a baseline "
-                         f"is saved (pytest-mig calibrate)")
+            lines.append(f"  no reference for {name}: its first runs' compute and bandwidth figures are judged against "
+                         f"the device's own ceiling where its architecture's rates are known, the others reported, "
+                         f"not judged, until a baseline is saved (pytest-mig calibrate)")
     return lines
 
 

@@ -18,6 +18,8 @@ FINGERPRINT_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("power_limit_w", "power limit", " W"),
     ("max_sm_clock_mhz", "max SM clock", " MHz"),
     ("max_mem_clock_mhz", "max memory clock", " MHz"),
+    ("memory_bus_width_bits", "memory bus", " bit"),
+    ("compute_capability", "compute capability", ""),
     ("torch", "torch", ""),
     ("pytest_mig", "pytest-mig", ""),
     ("transformers", "transformers", ""),

@@ -365,6 +365,7 @@ def fingerprint(gpu_index: int | None) -> dict[str, Any]:
         ecc = _try(nv.nvmlDeviceGetEccMode, h)
         limit = _try(nv.nvmlDeviceGetEnforcedPowerLimit, h) or _try(nv.nvmlDeviceGetPowerManagementLimit, h)
         mem = _try(nv.nvmlDeviceGetMemoryInfo, h)
+        cc = _try(nv.nvmlDeviceGetCudaComputeCapability, h)
         fp.update({
             "gpu_name": _try(lambda: _text(nv.nvmlDeviceGetName(h))),
             # the board itself: figures such as energy per unit of work differ between boards of one model
@@ -379,6 +380,9 @@ def fingerprint(gpu_index: int | None) -> dict[str, Any]:
             "power_limit_w": None if limit is None else round(int(limit) / 1000),
             "max_sm_clock_mhz": _try(lambda: int(nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_SM))),
             "max_mem_clock_mhz": _try(lambda: int(nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_MEM))),
+            # what the device's ceiling is computed from (judge/ceiling.py), besides the SMs and clocks
+            "compute_capability": f"{int(cc[0])}.{int(cc[1])}" if cc else None,
+            "memory_bus_width_bits": _try(lambda: int(nv.nvmlDeviceGetMemoryBusWidth(h))),
         })
     return fp
 

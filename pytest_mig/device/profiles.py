@@ -177,13 +177,6 @@ CATALOG: tuple[GpuModel, ...] = (
     ), None, 8.0),
 )
 
-#: CUDA-core FMA instructions per SM per clock, by compute-capability major (torch/cuda/_device_limits.py).
-FMA_PER_SM_PER_CLOCK: dict[int, dict[str, int]] = {
-    8: {"fp32": 64, "fp64": 32, "fp16": 128},
-    9: {"fp32": 128, "fp64": 64, "fp16": 256, "bf16": 256},  # H100 whitepaper: bf16 non-tensor = fp16's
-    10: {"fp32": 128, "fp64": 64, "fp16": 256},
-}
-
 
 def lookup_model(gpu_name: str, memory_mib: float | None = None) -> GpuModel | None:
     """The catalog entry for a device name such as 'NVIDIA A100-SXM4-40GB' (memory breaks ties)."""

@@ -5,8 +5,9 @@ ends), ``pytest-mig compare`` (a results file against earlier ones), the detecti
 replay of recorded nights) and node mode's workers (each a plugin run).  The steps, in order:
 
 1. the first verdict: against the figure's own history (:func:`pytest_mig.judge.verdict.compare`), else
-   the reference of its GPU model and profile (:func:`pytest_mig.judge.verdict.compare_reference`), else
-   why neither exists;
+   the reference of its GPU model and profile (:func:`pytest_mig.judge.verdict.compare_reference`), else,
+   for a compute or bandwidth figure, the device's own ceiling (:class:`pytest_mig.judge.ceiling.Ceilings`),
+   else why none of them exists;
 2. a verdict beyond its threshold is re-judged on re-measurements (:func:`pytest_mig.judge.verdict.confirm`):
    the plugin runs the test again, compare and detection read the ones the run recorded;
 3. a throughput verdict says whether its clock-normalised partner moved too
@@ -26,6 +27,7 @@ from pytest_mig.store.baselines import BaselineStore, entry_from_records, meta_f
 from pytest_mig.store.history import Baseline, BaselineEntry, BaselineMeta
 from pytest_mig.device.health import annotate
 from pytest_mig.judge.prior import PriorSource, Priors
+from pytest_mig.judge.ceiling import Ceilings
 from pytest_mig.judge.reference import Reference, ReferenceStore
 from pytest_mig.store.results import ResultRecord
 from pytest_mig.judge.verdict import (
@@ -123,17 +125,20 @@ class RecordHistories:
 
 class Pipeline:
     """Judges records against ``histories``, falling back on ``references`` for a figure with no
-    history of its own: a site's first night, until its own history takes over figure by figure.
+    history of its own, and on ``ceilings`` (the device's own ceiling) for a compute or bandwidth
+    figure that no reference holds either: a site's first night, until its own history takes over
+    figure by figure.
 
     A baseline or reference file that cannot be read raises BaselineError: a broken baseline is an
     error to fix, not a reason to pass.
     """
 
     def __init__(self, histories: Histories, *, references: ReferenceStore | None = None,
-                 improvement_fails: bool = False, default_tolerance: float = DEFAULT_TOLERANCE,
-                 priors: PriorSource | None = None) -> None:
+                 ceilings: Ceilings | None = None, improvement_fails: bool = False,
+                 default_tolerance: float = DEFAULT_TOLERANCE, priors: PriorSource | None = None) -> None:
         self.histories = histories
         self.references = references
+        self.ceilings = ceilings
         self.priors: PriorSource = priors if priors is not None else Priors(references)
         self.improvement_fails = improvement_fails
         self.default_tolerance = default_tolerance
@@ -194,17 +199,31 @@ class Pipeline:
             return compare_reference(rec, ref, improvement_fails=self.improvement_fails)
         tol = _tolerance_for(tolerance, rec.metric.name)
         if base is None or base.get(rec.test, rec.metric.name, rec.mode) is None:
+            # nothing of this GPU model and profile in either mode: the device's ceiling, where it has one
+            unseen = base is None or base.other_mode(rec.test, rec.metric.name, rec.mode) is None
+            judged = self.ceilings.judge(rec) if unseen and self.ceilings is not None else None
+            if isinstance(judged, Verdict):
+                return judged
             alt = self.histories.elsewhere(rec)
             if alt is not None:
                 return compare(rec, *alt, tolerance=tol, improvement_fails=self.improvement_fails)
-            if base is None or base.other_mode(rec.test, rec.metric.name, rec.mode) is None:
-                return self.histories.missing(rec, base)
+            if unseen:
+                return _why_no_ceiling(self.histories.missing(rec, base), judged)
         return compare(rec, base, tolerance=tol, improvement_fails=self.improvement_fails,
                        default_tolerance=self.default_tolerance, prior=self.priors.for_record(rec))
 
     def confirm(self, rec: ResultRecord, verdict: Verdict, values: Sequence[float]) -> Verdict:
         """The verdict re-judged on the median of the first measurement and ``values``."""
+        if verdict.source == "ceiling" and self.ceilings is not None:
+            return self.ceilings.confirm(verdict, values)
         return confirm(verdict, rec, values, improvement_fails=self.improvement_fails)
+
+
+def _why_no_ceiling(verdict: Verdict, why: str | None) -> Verdict:
+    """A no-baseline verdict with why the device's ceiling did not judge the figure either."""
+    if why and verdict.outcome == "no-baseline":
+        verdict.message += f"; {why}"
+    return verdict
 
 
 def _tolerance_for(tolerance: Tolerance, metric: str) -> float | None:

@@ -188,6 +188,15 @@ class ReferenceStore:
             if ref is not None:
                 yield ref
 
+    def references(self) -> list[Reference]:
+        """Every reference of the folder (each GPU model and profile), in the folder's order."""
+        out = []
+        for path in self._baselines.files():
+            ref = self.load(path.parent.name, path.stem)
+            if ref is not None:
+                out.append(ref)
+        return out
+
     def models(self) -> dict[str, list[str]]:
         """GPU model name -> the profiles it has references for (``1g.10gb-emulated``, ``full``)."""
         out: dict[str, list[str]] = {}
@@ -253,11 +262,17 @@ def _reference_of(base: Baseline, path: Path) -> Reference:
 
 
 def judged_against(targets: Iterable[Any], store: BaselineStore, references: ReferenceStore | None,
-                   mode: str) -> list[str]:
+                   mode: str, *, ceilings: Any = None, fingerprint: dict[str, Any] | None = None) -> list[str]:
     """The header's line per Target (a ``pytest_mig.device.target.Target``): what its figures are judged
-    against, the local baseline file or else the reference, and when neither."""
+    against, the local baseline file or else the reference, and when neither: the device's ceiling
+    (``ceilings``, a :class:`pytest_mig.judge.ceiling.Ceilings`, with the run's NVML ``fingerprint``)
+    where it has one."""
     lines = []
     for t in targets:
+        unjudged = "figures are reported, not judged"
+        ceiling = ceilings.header(t.to_dict(), fingerprint) if ceilings is not None else None
+        if ceiling:
+            unjudged = ceiling
         name = t.baseline_profile
         path = store.path_for(t.gpu_slug, name)
         if path.exists():
@@ -270,12 +285,11 @@ def judged_against(targets: Iterable[Any], store: BaselineStore, references: Ref
             continue
         if ref is None:
             lines.append(f"verdicts for {name}: no local baseline ({path}) and no reference for {t.gpu_name} {name}: "
-                         f"figures are reported, not judged; record a baseline with --mig-save-baseline")
+                         f"{unjudged}; record a baseline with --mig-save-baseline")
         elif not any(e.mode == mode for e in ref.baseline.entries.values()):
             other = "quick runs (--mig-quick)" if mode == "normal" else "normal runs"
             lines.append(f"verdicts for {name}: no local baseline ({path}), and the reference for {t.gpu_name} {name} "
-                         f"holds {other} only: this run's figures are reported, not judged; record a baseline with "
-                         f"--mig-save-baseline")
+                         f"holds {other} only: this run's {unjudged}; record a baseline with --mig-save-baseline")
         elif (judged := ref.judged_counts()[mode])[0] == 0:
             why = (f"no figure of this mode has a second reference run of {t.gpu_name} to show its run-to-run noise"
                    if mode not in ref.judged_modes() else

@@ -133,7 +133,7 @@ def _baseline_cell(v: Verdict | None) -> str:
     """The baseline a verdict compared with; ``(ref)`` when it was the shipped reference."""
     if v is None or v.baseline is None:
         return "-"
-    return format_number(v.baseline) + (" (ref)" if v.source == "reference" else "")
+    return format_number(v.baseline) + {"reference": " (ref)", "ceiling": " (ceiling)"}.get(v.source or "", "")
 
 
 def summary_lines(records: Sequence[ResultRecord]) -> list[str]:

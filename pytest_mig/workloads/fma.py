@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from pytest_mig.measure import Metric, Timer, Timing, energy_metrics, time_fn
-from pytest_mig.device.profiles import FMA_PER_SM_PER_CLOCK
+from pytest_mig.device.architectures import fma_per_sm_per_clock
 from pytest_mig.device.target import Target
 from pytest_mig.workloads import DoesNotFit, WorkloadError, all_finite, check_close
 from pytest_mig.workloads.gemm import device_capability
@@ -306,9 +306,9 @@ def peak_clock(target: Target, timing: Timing) -> tuple[float | None, str]:
     return None, "unknown"
 
 
-def theoretical_tflops(sms: int, fma_per_sm_per_clock: int, clock_mhz: float) -> float:
+def theoretical_tflops(sms: int, fma_per_clock: int, clock_mhz: float) -> float:
     """SMs x FMA/clock x 2 FLOPs x clock, in TFLOPS."""
-    return sms * fma_per_sm_per_clock * 2.0 * clock_mhz * 1e6 / 1e12
+    return sms * fma_per_clock * 2.0 * clock_mhz * 1e6 / 1e12
 
 
 def _metrics(target: Target, prec: FmaPrecision, timing: Timing, flops: float, info: dict[str, Any]) -> list[Metric]:
@@ -322,7 +322,7 @@ def _metrics(target: Target, prec: FmaPrecision, timing: Timing, flops: float, i
         info["throttled"] = bool(after["throttled"])
     metrics = [Metric(f"{p}_tflops", tflops, "TFLOPS", "higher", samples, kind="compute", info=info)]
     cap = None if target.is_cpu else device_capability(target)
-    per_clock = FMA_PER_SM_PER_CLOCK.get(cap[0], {}).get(prec.name) if cap else None
+    per_clock = fma_per_sm_per_clock(cap, prec.name, target.gpu_name) if cap else None
     clock, source = peak_clock(target, timing)
     sms = target.effective_sms
     if per_clock and clock and sms and not target.is_cpu:
