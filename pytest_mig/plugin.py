@@ -203,7 +203,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 
 def _judged(mig: MigSession, item: pytest.Item, health: dict[str, Any] | None) -> list[str]:
     """The test's records judged; the lines that fail it (verdicts, then health signs); its metrics,
-    units and verdicts as JUnit XML properties for CI dashboards."""
+    units and verdicts as JUnit XML properties for CI dashboards (:func:`_junit`)."""
     records = mig.records_of(item)
     for rec in records:
         rec.health = health
@@ -213,10 +213,29 @@ def _judged(mig: MigSession, item: pytest.Item, health: dict[str, Any] | None) -
 
         failures += failing(health)  # a health sign alone fails the test (an XID, uncorrected ECC errors)
         if records:
-            from pytest_mig.report.tables import junit_properties
-
-            item.user_properties.extend(junit_properties(records))
+            _junit(item, records)
     return failures
+
+
+def _junit(item: pytest.Item, records: list[ResultRecord]) -> None:
+    """The records' JUnit properties where the junit family being written allows them: the test
+    case's own under ``xunit1`` and ``legacy``; under ``xunit2`` (pytest's default), whose schema has
+    properties only on the test suite, the suite's, named by the test's node id.  Without
+    ``--junitxml`` they are the test's ``user_properties``, for the reporters that read those."""
+    from pytest_mig.report.tables import junit_properties
+
+    if not getattr(item.config.option, "xmlpath", None) or item.config.getini("junit_family") in ("xunit1", "legacy"):
+        item.user_properties.extend(junit_properties(records))
+        return
+    try:
+        from _pytest.junitxml import xml_key  # the LogXML that record_testsuite_property writes to
+    except ImportError:
+        return
+    xml = item.config.stash.get(xml_key, None)
+    if xml is None:  # an xdist worker: its suite properties never reach the controller (pytest #7767)
+        return
+    for name, value in junit_properties(records, prefix=item.nodeid):
+        xml.add_global_property(name, value)
 
 
 @pytest.hookimpl(wrapper=True)

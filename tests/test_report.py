@@ -168,6 +168,8 @@ def test_junit_properties_of_one_test() -> None:
     ]
     ref = junit_properties([rec(138.2, verdict={**verdict("regressed", 151.7, -8.8991), "source": "reference"})])
     assert ("fp16_tflops.baseline_source", "reference") in ref
+    suite = junit_properties([rec(138.2, verdict=verdict("regressed", 151.7, -8.8991))], prefix="b/t.py::t[3g.71gb]")
+    assert [n for n, _ in suite] == [f"b/t.py::t[3g.71gb]::{n}" for n, _ in props]  # a suite's properties
 
 
 def test_junit_properties_name_the_test_when_there_are_several(judged: list[ResultRecord]) -> None:
