@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import jsonschema
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -29,8 +30,41 @@ def _records() -> list[ResultRecord]:
     ]
 
 
+#: github-action-benchmark's rule for a customBiggerIsBetter / customSmallerIsBetter file
+#: (benchmark-action/github-action-benchmark, src/extract.ts at c38cce98: the zod schema
+#: BenchmarkResults = z.array(BenchmarkResult), then extractResult refuses an empty list with "No
+#: benchmark result was found"), as a JSON schema.  The action coerces name, unit, range and extra to
+#: strings and value to a number; pytest-mig writes them as those types, so the schema asks for them.
+ACTION_SCHEMA = {
+    "type": "array", "minItems": 1,
+    "items": {"type": "object", "required": ["name", "value", "unit"],
+              "properties": {"name": {"type": "string", "minLength": 1}, "value": {"type": "number"},
+                             "unit": {"type": "string"}, "range": {"type": "string"}, "extra": {"type": "string"}}},
+}
+
+
+def action_accepts(path) -> None:
+    """The action's check of one file: parsed by a strict JSON reader (JSON.parse refuses NaN and
+    Infinity), then the schema; names are unique so that each figure is one line of the chart."""
+    doc = json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"{path} holds {c}"))
+    jsonschema.validate(doc, ACTION_SCHEMA)
+    assert len({e["name"] for e in doc}) == len(doc), f"{path}: two entries of one name"
+
+
+def test_the_action_rule_refuses_what_the_action_refuses(tmp_path):
+    (tmp_path / "empty.json").write_text("[]\n")
+    with pytest.raises(jsonschema.ValidationError, match="should be non-empty|is too short"):
+        action_accepts(tmp_path / "empty.json")
+    (tmp_path / "novalue.json").write_text('[{"name": "x", "unit": "s"}]\n')
+    with pytest.raises(jsonschema.ValidationError, match="'value' is a required property"):
+        action_accepts(tmp_path / "novalue.json")
+
+
 def test_github_action_benchmark_json(tmp_path):
-    paths = exports.write_github(_records(), tmp_path / "gab")
+    paths, skipped = exports.write_github(_records(), tmp_path / "gab")
+    assert skipped == []
+    for p in paths:
+        action_accepts(p)
     bigger, smaller = (json.loads(p.read_text()) for p in paths)
     assert [p.name for p in paths] == ["bigger-is-better.json", "smaller-is-better.json"]
     assert bigger == [{"name": "test_gemm[bf16] tflops [H100 80GB HBM3 1g.10gb]", "unit": "TFLOPS", "value": 101.5,
@@ -40,6 +74,24 @@ def test_github_action_benchmark_json(tmp_path):
     assert [e["name"] for e in smaller] == ["test_training[x] step_time_s [H100 80GB HBM3 1g.10gb]"]
     # info figures are not exported
     assert all("batch_size" not in e["name"] for e in bigger + smaller)
+
+
+def test_a_direction_with_no_figure_gets_no_file(tmp_path):
+    """A night of bandwidth tests only: no smaller-is-better figure, so no smaller-is-better.json (the
+    action refuses `[]`), and the file an earlier night left is removed rather than charted again."""
+    folder = tmp_path / "gab"
+    exports.write_github(_records(), folder)  # last night: both directions
+    bigger_only = [r for r in _records() if r.metric.direction == "higher"]
+    paths, skipped = exports.write_github(bigger_only, folder)
+    assert [p.name for p in paths] == ["bigger-is-better.json"]
+    action_accepts(paths[0])
+    assert skipped == ["smaller-is-better.json not written: no smaller-is-better figure (the older file removed)"]
+    assert sorted(p.name for p in folder.iterdir()) == ["bigger-is-better.json"]
+    (line,) = exports.write([("github", folder)], [])
+    assert line == ("export github-action-benchmark: nothing to chart; bigger-is-better.json not written: no "
+                    "bigger-is-better figure (the older file removed); smaller-is-better.json not written: no "
+                    "smaller-is-better figure")
+    assert list(folder.iterdir()) == []
 
 
 def test_prometheus_textfile_parses_back(tmp_path):
@@ -90,6 +142,9 @@ def test_a_run_writes_both_exports(pytester):
     result.assert_outcomes(passed=1)
     bigger = json.loads((pytester.path / "gab" / "bigger-is-better.json").read_text())
     assert [e["value"] for e in bigger] == [100.0]
+    assert not (pytester.path / "gab" / "smaller-is-better.json").exists()
+    result.stdout.fnmatch_lines(["*export github-action-benchmark: gab/bigger-is-better.json; smaller-is-better.json "
+                                 "not written: no smaller-is-better figure"])
     text = (pytester.path / "out" / "mig.prom").read_text()
     assert 'metric="rate"' in text and "PYTEST_MIG_LAST_RUN_TIMESTAMP_SECONDS" in text
     result.stdout.fnmatch_lines(["*export prometheus: out/mig.prom*"])
@@ -110,8 +165,9 @@ def test_non_finite_figures_never_reach_an_export(tmp_path):
                                          TARGET, FP),
                             ResultRecord("test_cost[x]", Metric("su_nan", float("nan"), "SU", "lower", kind="cost"),
                                          TARGET, FP)]
-    paths = exports.write_github(records, tmp_path / "gab")
+    paths, _ = exports.write_github(records, tmp_path / "gab")
     for p in paths:
+        action_accepts(p)
         text = p.read_text()
         assert "Infinity" not in text and "NaN" not in text
         json.loads(text, parse_constant=lambda c: pytest.fail(f"{p} holds {c}"))

@@ -136,9 +136,16 @@ def test_the_github_workflow_runs_the_night_on_a_gpu_runner_and_publishes_what_i
     assert _steps_running(job["steps"], "recipes/pytest-mig-nightly.sh")
     upload = next(s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/upload-artifact"))
     assert upload["if"] == "always()" and upload["with"]["path"] == "publish/"
-    chart = next(s for s in job["steps"] if "github-action-benchmark" in str(s.get("uses", "")))
-    published = nights["tmp"] / chart["with"]["output-file-path"]  # the same layout the script wrote
-    assert published.exists() and chart["with"]["tool"] == "customBiggerIsBetter"
+    charts = {s["with"]["tool"]: s for s in job["steps"] if "github-action-benchmark" in str(s.get("uses", ""))}
+    assert set(charts) == {"customBiggerIsBetter", "customSmallerIsBetter"}
+    assert len({c["with"]["name"] for c in charts.values()}) == 2  # one chart each, never mixed
+    for tool, chart in charts.items():
+        file = chart["with"]["output-file-path"]
+        assert file.endswith("bigger-is-better.json" if tool == "customBiggerIsBetter" else "smaller-is-better.json")
+        assert chart["if"] == f"always() && hashFiles('{file}') != ''"  # a file not written is not charted
+    # the same layout the script wrote: the suite's one figure is bigger-is-better
+    assert (nights["tmp"] / charts["customBiggerIsBetter"]["with"]["output-file-path"]).exists()
+    assert not (nights["tmp"] / charts["customSmallerIsBetter"]["with"]["output-file-path"]).exists()
     assert job["env"]["MIG_PUBLISH"].endswith("/publish")
 
 

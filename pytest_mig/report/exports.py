@@ -2,7 +2,8 @@
 
 ``--mig-export github=DIR`` writes ``DIR/bigger-is-better.json`` and ``DIR/smaller-is-better.json``
 in github-action-benchmark's ``customBiggerIsBetter`` / ``customSmallerIsBetter`` format (a list of
-``{"name", "unit", "value", "range", "extra"}``), one entry per compared figure.
+``{"name", "unit", "value", "range", "extra"}``), one entry per compared figure; a direction with no
+figure gets no file (the action refuses an empty list).
 
 ``--mig-export prometheus=FILE.prom`` writes a text file for node_exporter's textfile collector,
 made with ``prometheus-client`` and written atomically (a temporary file renamed over the old one,
@@ -112,15 +113,25 @@ def github_benchmark(records: Iterable[ResultRecord]) -> dict[str, list[dict[str
     return out
 
 
-def write_github(records: Iterable[ResultRecord], folder: Path) -> list[Path]:
+def write_github(records: Iterable[ResultRecord], folder: Path) -> tuple[list[Path], list[str]]:
+    """Write the file of each direction that has figures; (the files written, the files not written
+    and why).  github-action-benchmark refuses an empty list ("No benchmark result was found"), so a
+    direction with no figure gets no file, and one an earlier run left there is removed: a workflow
+    charting it would push last night's figures as tonight's."""
     data = github_benchmark(records)
     folder.mkdir(parents=True, exist_ok=True)
-    paths = []
+    written, skipped = [], []
     for key, name in GITHUB_NAMES.items():
         path = folder / name
-        atomic_write_text(path, json.dumps(data[key], indent=1, allow_nan=False) + "\n")
-        paths.append(path)
-    return paths
+        if data[key]:
+            atomic_write_text(path, json.dumps(data[key], indent=1, allow_nan=False) + "\n")
+            written.append(path)
+            continue
+        old = path.is_file()
+        if old:
+            path.unlink()
+        skipped.append(f"{name} not written: no {key}-is-better figure" + (" (the older file removed)" if old else ""))
+    return written, skipped
 
 
 def _gi_profile(profile: str) -> str:
@@ -203,8 +214,9 @@ def write(exports: Iterable[tuple[str, Path]], records: list[ResultRecord]) -> l
     for kind, path in exports:
         try:
             if kind == "github":
-                written = write_github(records, path)
-                lines.append(f"export github-action-benchmark: {', '.join(str(p) for p in written)}")
+                written, skipped = write_github(records, path)
+                lines.append(f"export github-action-benchmark: {', '.join(str(p) for p in written) or 'nothing to chart'}"
+                             + "".join(f"; {why}" for why in skipped))
             else:
                 lines.append(f"export prometheus: {write_prometheus(records, path)}")
         except OSError as exc:
