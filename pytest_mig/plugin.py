@@ -271,11 +271,31 @@ def pytest_runtestloop(session: pytest.Session) -> Iterator[Any]:
             mig.sigterm.hold()
 
 
+#: What pytest-benchmark's machine_info leaves out of the Target: what the session learns only once
+#: CUDA starts (verify, the green context), and who chose it (the plugin, or a scheduler's pin): not
+#: the machine.
+NOT_MACHINE_INFO = ("sms_obtained", "memory_bytes", "verified", "chosen_by")
+MACHINE_INFO = pytest.StashKey[dict[str, Any]]()
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict[str, Any]) -> None:
+    """The Target as planned and the fingerprint, under ``pytest_mig``.  pytest-benchmark asks at
+    configure time to compare (``--benchmark-compare``), before the session has read the fingerprint
+    or verified the Target, and again when it saves: both answers are made of what is known before
+    CUDA starts (the fingerprint read here if the session has not read it yet), so that a compare on
+    an unchanged machine finds its machine_info the same as the saved file's."""
     mig = session_of(config)
-    if mig is not None:
-        machine_info["pytest_mig"] = {"target": mig.plan.targets[0].to_dict(), "fingerprint": mig.fingerprint}
+    if mig is None:
+        return
+    info = config.stash.get(MACHINE_INFO, None)
+    if info is None:
+        target = mig.plan.targets[0]
+        fingerprint = mig.fingerprint or nvml.fingerprint(target.gpu_index)
+        info = {"target": {k: v for k, v in target.to_dict().items() if k not in NOT_MACHINE_INFO},
+                "fingerprint": dict(fingerprint)}
+        config.stash[MACHINE_INFO] = info
+    machine_info["pytest_mig"] = info
 
 
 # --------------------------------------------------------------------------- end of the run
@@ -303,7 +323,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         mig.sigterm.restore()
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """The results table and the lines naming the files written, before other plugins' summaries:
+    pytest-benchmark's raises when ``--benchmark-compare-fail`` finds a regression, and what comes
+    after it is never printed."""
     mig = session_of(config)
     if mig is not None:
         mig.summary(terminalreporter)
