@@ -22,6 +22,7 @@ from pytest_mig.report.tables import (
     plot_scaling,
     records_frame,
     summary_lines,
+    verdict_notes,
     summary_table,
     verdict_counts,
     write_report,
@@ -99,6 +100,13 @@ def test_throttled_verdicts_say_so_and_counts(judged: list[ResultRecord]) -> Non
     assert verdict_counts([rec(1.0)]) == {"not judged": 1}
     tail = summary_lines(judged)[-1]
     assert tail == "4 metric(s): 1 pass, 1 regressed, 1 no-baseline, 1 info"
+
+
+def test_an_incomparable_verdict_has_a_note_with_its_reason(judged: list[ResultRecord]) -> None:
+    assert verdict_notes(judged) == []  # nothing incomparable: no note
+    why = "fp16_tflops 138.2 TFLOPS not compared: measured on profile 3g.71gb but the baseline is for 2g.35gb"
+    judged[0].verdict = verdict("incomparable", message=why)
+    assert verdict_notes(judged) == [f"INCOMPARABLE {GEMM} {why}"]
 
 
 # --------------------------------------------------------------------------- report files

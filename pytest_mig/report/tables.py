@@ -127,6 +127,13 @@ def summary_table(records: Sequence[ResultRecord], *, tablefmt: str = "simple") 
     return tabulate(rows, headers=headers, tablefmt=tablefmt, disable_numparse=True)
 
 
+def verdict_notes(records: Sequence[ResultRecord]) -> list[str]:
+    """What the table has no room for: each incomparable verdict with its reason, as a failing test's
+    line reads (``INCOMPARABLE test rate 80.0 items/s not compared: measured with --mig-quick ...``)."""
+    return [f"INCOMPARABLE {r.test} {(r.verdict or {}).get('message') or r.metric.name}" for r in records
+            if (r.verdict or {}).get("outcome") == "incomparable"]
+
+
 def _baseline_cell(v: dict[str, Any]) -> str:
     """The baseline a verdict compared with; ``(ref)`` when it was the shipped reference."""
     if v.get("baseline") is None:
