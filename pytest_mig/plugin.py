@@ -91,8 +91,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("mig_device", list(range(len(targets))), ids=[t.profile for t in targets], indirect=True)
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip what does not fit its Target (every test, with or without mig_device); scaling checks last."""
+    """Skip what does not fit its Target (every test, with or without mig_device); scaling checks last.
+    After the other plugins' (pytest's own ``-k`` and ``-m``): what is left out and what the window
+    plans are the tests the run selected."""
     for item in items:
         marker_tolerance(item)  # a malformed marker is a usage error now, with the test's id, not after it ran
     mig = session_of(config)

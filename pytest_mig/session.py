@@ -276,10 +276,7 @@ class MigSession:
         if left:
             items[:] = [i for i in items if i not in left]
             self.config.hook.pytest_deselected(items=left)
-        message = night.message()
-        if message:
-            self.messages.append(message)
-        self.window = Guard(night)
+        self.window = Guard(night)  # its summary line is written at the end, with what ran (finish)
 
     def collected(self, items: list[pytest.Item]) -> None:
         """The run's tests, and their last runs' times, for the progress line; the imports to overlap."""
@@ -419,6 +416,8 @@ class MigSession:
         stopped = ("SIGTERM" if self.sigterm is not None and self.sigterm.hold()
                    else "interrupted" if exitstatus == pytest.ExitCode.INTERRUPTED else None)
         self._release_device(session)
+        if self.window is not None and self.window.message():
+            self.messages.append(self.window.message())
         if stopped and self.records:
             tests = len({r.test for r in self.records})
             why = "SIGTERM: a time limit or a cancelled job" if stopped == "SIGTERM" else stopped
