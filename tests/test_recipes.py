@@ -109,9 +109,11 @@ def test_the_slurm_script_resubmits_itself_and_runs_the_night_on_its_slice(night
     bin_.mkdir(exist_ok=True)
     _stand_in(bin_, "sbatch", f'echo "sbatch $*" >> {tmp}/slurm.log\n')
     _stand_in(bin_, "srun", f'echo "srun $*" >> {tmp}/slurm.log\nshift\nexec "$@"\n')  # drop --ntasks=1, run
+    _stand_in(bin_, "python3", f'exec {sys.executable} "$@"\n')  # the Python pytest-mig is installed in
     script = RECIPES / "slurm-nightly.sbatch"
+    # no PYTHON exported: the script finds the python3 that imports pytest_mig
     done = _night(tmp, 100.0, script=script, MIG_REPO=str(ROOT), PATH=f"{bin_}:{os.environ['PATH']}",
-                  MIG_STATE=str(tmp / "slurm-state"))
+                  MIG_STATE=str(tmp / "slurm-state"), PYTHON="")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     log = (tmp / "slurm.log").read_text().splitlines()
     assert log[0] == f"sbatch --begin=03:00 {ROOT}/recipes/slurm-nightly.sbatch"
@@ -119,6 +121,38 @@ def test_the_slurm_script_resubmits_itself_and_runs_the_night_on_its_slice(night
     assert (tmp / "slurm-state" / "trend.html").exists()  # the night ran and was published
     directives = re.findall(r"^#SBATCH (\S+)", script.read_text(), flags=re.M)
     assert "--gres=gpu:a100_1g.10gb:1" in directives and any(d.startswith("--time=") for d in directives)
+
+
+def test_a_python_without_pytest_mig_is_one_sentence(tmp_path: Path) -> None:
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    for name in ("python3", "python"):  # Pythons on the PATH that cannot import pytest_mig
+        _stand_in(bin_, name, "exit 1\n")
+    script = tmp_path / "recipes" / NIGHTLY.name  # a checkout with no .venv
+    script.parent.mkdir()
+    script.write_text(NIGHTLY.read_text())
+    env = _env(tmp_path, PYTHON="", PATH=f"{bin_}:/usr/bin:/bin")
+    done = subprocess.run(["bash", str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("pytest-mig-nightly: no Python with pytest-mig installed was found (")
+    assert "set PYTHON to the one it was installed with" in done.stderr and len(done.stderr.splitlines()) == 1
+    env["PYTHON"] = str(bin_ / "python3")
+    done = subprocess.run(["bash", str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 2 and done.stderr.startswith(f"pytest-mig-nightly: PYTHON={bin_ / 'python3'} cannot "
+                                                           "import pytest_mig; no Python")
+
+
+def test_tox_gpu_installs_the_engines_a_gpu_node_runs() -> None:
+    """README's `tox -e gpu`: OpenMM's CUDA plugin and bitsandbytes come with it (the gpu extra)."""
+    import configparser
+
+    tomllib = pytest.importorskip("tomllib", reason="Python 3.10 has no tomllib to read pyproject.toml")
+    tox = configparser.ConfigParser()
+    tox.read(ROOT / "tox.ini")
+    extras = tox["testenv:gpu"]["extras"].replace(",", " ").split()
+    wanted = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    packages = [req for extra in extras for req in wanted[extra]]
+    assert any(p.startswith("openmm[cuda") for p in packages) and any(p.startswith("bitsandbytes") for p in packages)
 
 
 def _steps_running(steps: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
