@@ -14,6 +14,11 @@ from typing import Any, Iterator
 
 import pytest
 
+try:  # the LogXML that record_testsuite_property writes to (pytest's own, not public API)
+    from _pytest.junitxml import xml_key
+except ImportError:  # a pytest without it: figures stay out of the xunit2 file
+    xml_key = None  # type: ignore[assignment]
+
 from pytest_mig.bench import MigBench, drop_failed_test
 from pytest_mig.device import nvml
 from pytest_mig.device.plan import Plan
@@ -92,8 +97,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("mig_device", list(range(len(targets))), ids=[t.profile for t in targets], indirect=True)
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip what does not fit its Target (every test, with or without mig_device); scaling checks last."""
+    """Skip what does not fit its Target (every test, with or without mig_device); scaling checks last.
+    After the other plugins' (pytest's own ``-k`` and ``-m``): what is left out and what the window
+    plans are the tests the run selected."""
     for item in items:
         marker_tolerance(item)  # a malformed marker is a usage error at collection, with the test's id, not after it ran
     mig = session_of(config)
@@ -203,7 +211,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 
 def _judged(mig: MigSession, item: pytest.Item, health: dict[str, Any] | None) -> list[str]:
     """The test's records judged; the lines that fail it (verdicts, then health signs); its metrics,
-    units and verdicts as JUnit XML properties for CI dashboards."""
+    units and verdicts as JUnit XML properties for CI dashboards (:func:`_junit`)."""
     records = mig.records_of(item)
     for rec in records:
         rec.health = health
@@ -212,10 +220,27 @@ def _judged(mig: MigSession, item: pytest.Item, health: dict[str, Any] | None) -
 
         failures += failing(health)  # a health sign alone fails the test (an XID, uncorrected ECC errors)
         if records:
-            from pytest_mig.report.tables import junit_properties
-
-            item.user_properties.extend(junit_properties(records))
+            _junit(item, records)
     return failures
+
+
+def _junit(item: pytest.Item, records: list[ResultRecord]) -> None:
+    """The records' JUnit properties where the junit family being written allows them: the test
+    case's own under ``xunit1`` and ``legacy``; under ``xunit2`` (pytest's default), whose schema has
+    properties only on the test suite, the suite's, named by the test's node id.  Without
+    ``--junitxml`` they are the test's ``user_properties``, for the reporters that read those."""
+    from pytest_mig.report.tables import junit_properties
+
+    if not getattr(item.config.option, "xmlpath", None) or item.config.getini("junit_family") in ("xunit1", "legacy"):
+        item.user_properties.extend(junit_properties(records))
+        return
+    if xml_key is None:
+        return
+    xml = item.config.stash.get(xml_key, None)
+    if xml is None:  # an xdist worker: its suite properties never reach the controller (pytest #7767)
+        return
+    for name, value in junit_properties(records, prefix=item.nodeid):
+        xml.add_global_property(name, value)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -251,11 +276,31 @@ def pytest_runtestloop(session: pytest.Session) -> Iterator[Any]:
             mig.sigterm.hold()
 
 
+#: What pytest-benchmark's machine_info leaves out of the Target: what the session learns only once
+#: CUDA starts (verify, the green context), and who chose it (the plugin, or a scheduler's pin): not
+#: the machine.
+NOT_MACHINE_INFO = ("sms_obtained", "memory_bytes", "verified", "chosen_by")
+MACHINE_INFO = pytest.StashKey[dict[str, Any]]()
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict[str, Any]) -> None:
+    """The Target as planned and the fingerprint, under ``pytest_mig``.  pytest-benchmark asks at
+    configure time to compare (``--benchmark-compare``), before the session has read the fingerprint
+    or verified the Target, and again when it saves: both answers are made of what is known before
+    CUDA starts (the fingerprint read here if the session has not read it yet), so that a compare on
+    an unchanged machine finds its machine_info the same as the saved file's."""
     mig = session_of(config)
-    if mig is not None:
-        machine_info["pytest_mig"] = {"target": mig.plan.targets[0].to_dict(), "fingerprint": mig.fingerprint}
+    if mig is None:
+        return
+    info = config.stash.get(MACHINE_INFO, None)
+    if info is None:
+        target = mig.plan.targets[0]
+        fingerprint = mig.fingerprint or nvml.fingerprint(target.gpu_index)
+        info = {"target": {k: v for k, v in target.to_dict().items() if k not in NOT_MACHINE_INFO},
+                "fingerprint": dict(fingerprint)}
+        config.stash[MACHINE_INFO] = info
+    machine_info["pytest_mig"] = info
 
 
 # --------------------------------------------------------------------------- end of the run
@@ -283,7 +328,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         mig.sigterm.restore()
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """The results table and the lines naming the files written, before other plugins' summaries:
+    pytest-benchmark's raises when ``--benchmark-compare-fail`` finds a regression, and what comes
+    after it is never printed."""
     mig = session_of(config)
     if mig is not None:
         mig.summary(terminalreporter)

@@ -278,10 +278,7 @@ class MigSession:
         if left:
             items[:] = [i for i in items if i not in left]
             self.config.hook.pytest_deselected(items=left)
-        message = night.message()
-        if message:
-            self.messages.append(message)
-        self.window = Guard(night)
+        self.window = Guard(night)  # its summary line is written at the end, with what ran (finish)
 
     def collected(self, items: list[pytest.Item]) -> None:
         """The run's tests, and their last runs' times, for the progress line; the imports to overlap."""
@@ -419,6 +416,8 @@ class MigSession:
         stopped = ("SIGTERM" if self.sigterm is not None and self.sigterm.hold()
                    else "interrupted" if exitstatus == pytest.ExitCode.INTERRUPTED else None)
         self._release_device(session)
+        if self.window is not None and self.window.message():
+            self.messages.append(self.window.message())
         if stopped and self.records:
             tests = len({r.test for r in self.records})
             why = "SIGTERM: a time limit or a cancelled job" if stopped == "SIGTERM" else stopped
@@ -498,13 +497,15 @@ class MigSession:
             for msg in self.messages + self.errors:  # health signs of a run that recorded nothing
                 tr.write_line(msg, red=msg in self.errors)
             return
-        from pytest_mig.report.tables import summary_table
+        from pytest_mig.report.tables import summary_table, verdict_notes
 
         tr.section("pytest-mig results")
         if self.plan.targets[0].is_cpu:
             tr.write_line("CPU run: real CPU measurements at small sizes, compared only with a CPU baseline "
                           "(baselines/cpu/), never with a GPU's.")
         tr.write_line(summary_table(self.records))
+        for line in verdict_notes(self.records):
+            tr.write_line(line)
         if self.settings.save == "always":
             tr.write_line("this run was added to the baseline: its verdicts against the earlier runs are shown, none "
                           "of them fails it" if self.saved else "this run was not added to the baseline (see below); "

@@ -13,12 +13,29 @@
 #                     node_exporter's --collector.textfile.directory to scrape it)
 #   MIG_KEEP_RESULTS  results files kept for the trend page (default 90)
 #   MIG_REQUIRE_GPU   1 (default): a runner without a usable GPU fails instead of measuring its CPU
-#   PYTHON            the Python that has pytest-mig installed (default python3)
+#   PYTHON            the Python that has pytest-mig installed (default: the first of the checkout's
+#                     .venv/bin/python, python3 and python that imports pytest_mig; a batch job's PATH
+#                     is often not the shell's that installed it)
 set -uo pipefail
 
 state=${MIG_STATE:-$HOME/pytest-mig}
 suite=${MIG_SUITE:-benchmarks}
-python=${PYTHON:-python3}
+checkout=$(cd "$(dirname "$0")/.." && pwd)
+python=${PYTHON:-}
+if [ -z "$python" ]; then
+    for candidate in "$checkout/.venv/bin/python" python3 python; do
+        if "$candidate" -c 'import pytest_mig' >/dev/null 2>&1; then
+            python=$candidate
+            break
+        fi
+    done
+fi
+if [ -z "$python" ] || ! "$python" -c 'import pytest_mig' >/dev/null 2>&1; then
+    echo "pytest-mig-nightly: ${PYTHON:+PYTHON=$PYTHON cannot import pytest_mig; }no Python with pytest-mig" \
+         "installed was found ($checkout/.venv/bin/python, python3, python): set PYTHON to the one it was" \
+         "installed with, e.g. PYTHON=/path/to/venv/bin/python" >&2
+    exit 2
+fi
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
 host=$(hostname -s 2>/dev/null || hostname)
 mkdir -p "$state/baselines" "$state/results" "$state/export" || exit 2

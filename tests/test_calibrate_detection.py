@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from pytest_mig import cli
+from pytest_mig.night.calibrate import CPU_NOT_A_BASELINE
 from pytest_mig.night.detection import SIZES, analyse, markdown
 from pytest_mig.measure import Metric
 from pytest_mig.device.target import TargetInfo
@@ -47,9 +48,12 @@ def test_calibrate_runs_the_suite_n_times_into_the_history_and_prints_the_thresh
     doc = json.loads((project / "baselines" / "cpu" / "cpu.json").read_text())
     runs = doc["modes"]["normal"]["test_bench.py::test_rate"]["rate"]["runs"]
     assert [r["value"] for r in runs] == [100.0, 100.0, 100.0]
-    assert "CV" in out and "threshold" in out and "detects" in out and "gates" in out
-    assert "test_rate" in out and "±10.0%" in out  # three runs: the conservative band, and it says why
-    assert "1 figure(s) have fewer than 5 runs: their band is a conservative 10% until they do." in out
+    # CPU figures are not a baseline: their spread, no threshold, nothing called gating, and the closing
+    # sentence says so
+    assert "spread (CV)" in out and "test_rate" in out
+    table = out[:out.index("1 figure(s) of 1 test(s) on the CPU.")]
+    assert "threshold" not in table and "detects" not in table and "gates" not in table and "yes" not in table
+    assert out.rstrip().endswith("1 figure(s) of 1 test(s) on the CPU. " + CPU_NOT_A_BASELINE)
     (folder,) = (project / ".mig-results" / "calibrate").iterdir()  # this calibration's own folder
     assert f"calibrate: each run's results file and log go to {folder.relative_to(project)}" in out
     assert sorted(p.name for p in folder.iterdir()) == [
@@ -188,7 +192,8 @@ def test_detection_counts_false_alarms_replays_slowdowns_and_reports_slowed_runs
         run_file(tmp_path / f"unchanged-{i:02d}.json", {"quiet_rate": q, "noisy_rate": n, "step_s": 1.0 + (q - 100) / 1000})
     for j in (1, 2):  # slowed runs the plugin judged and failed (quiet) or reported (noisy)
         run_file(tmp_path / f"slow-120-{j:02d}.json", {"quiet_rate": 90.0, "noisy_rate": 95.0, "step_s": 1.11},
-                 {"quiet_rate": {"failed": True}, "noisy_rate": {"failed": False}, "step_s": {"failed": True}})
+                 {"quiet_rate": {"outcome": "regressed", "failed": True}, "noisy_rate": {"outcome": "noisy", "failed": False},
+                  "step_s": {"outcome": "regressed", "failed": True}})
     assert cli.main(["detection", "--analyse-only", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     text = (tmp_path / "detection.md").read_text()

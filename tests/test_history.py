@@ -102,10 +102,27 @@ def test_the_command_writes_the_page_and_refuses_bad_input_in_one_sentence(
     assert main(["history", "--out", str(tmp_path / "x.html")]) == 2
     assert main(["history", str(files[0]), "--out", str(tmp_path / "x.txt")]) == 2
     assert main(["history", "--baselines", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x.html")]) == 2
+    assert main(["history", str(files[0]), "--baselines", str(files[1]), "--out", str(tmp_path / "x.html")]) == 2
     err = capsys.readouterr().err.splitlines()
     assert err == ["pytest-mig: error: give results files, --mig-baseline-dir DIR, or both: the page is made from them",
                    f"pytest-mig: error: --out {tmp_path / 'x.txt'}: the trend page is HTML, name it .html",
-                   f"pytest-mig: error: --mig-baseline-dir {tmp_path / 'nowhere'}: no such folder"]
+                   f"pytest-mig: error: --mig-baseline-dir {tmp_path / 'nowhere'}: no such folder",
+                   f"pytest-mig: error: --mig-baseline-dir {files[1]}: not a folder"]
+
+
+def test_a_baseline_folder_with_no_history_yet_is_accepted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """README's trend-page command right after its first run: the repository's own baselines/ (a README,
+    no history), or, with results files, a folder no save has made yet."""
+    files = nights(tmp_path, [100.0, 101.0])
+    shipped = Path(__file__).resolve().parent.parent / "baselines"
+    assert (shipped / "README.md").is_file()  # shipped, with no history until a site saves one
+    assert main(["history", *map(str, files), "--mig-baseline-dir", str(shipped), "--out", str(tmp_path / "a.html")]) == 0
+    assert main(["history", *map(str, files), "--mig-baseline-dir", str(tmp_path / "none-yet"),
+                 "--out", str(tmp_path / "b.html")]) == 0
+    out = capsys.readouterr().out
+    assert f"--mig-baseline-dir {tmp_path / 'none-yet'}: no such folder yet, so no history: the page shows the results " \
+           "files only" in out
+    assert out.count("trend page written: ") == 2 and not (tmp_path / "none-yet").exists()
 
 
 #: What a results file could hold to run script in the page: each breaks out of an attribute, of an

@@ -108,10 +108,11 @@ USER_SETTINGS = {"PYTEST_MIG_PROFILE", "PYTEST_MIG_GMX"}
 
 def _own_variables(path: Path) -> list[str]:
     """The PYTEST_MIG_* names a module spells out as a whole string or a keyword (``dict(os.environ,
-    PYTEST_MIG_X=...)``), other than the Prometheus series that report/exports names (a Gauge's name)."""
+    PYTEST_MIG_X=...)``), other than the Prometheus series that report/exports names (the name of a
+    Gauge or a GaugeMetricFamily)."""
     tree = ast.parse(path.read_text(), str(path))
     series = {id(n.args[0]) for n in ast.walk(tree) if isinstance(n, ast.Call) and n.args
-              and getattr(n.func, "id", getattr(n.func, "attr", None)) == "Gauge"}
+              and getattr(n.func, "id", getattr(n.func, "attr", None)) in ("Gauge", "GaugeMetricFamily")}
     found = []
     for node in ast.walk(tree):
         if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in series
@@ -133,6 +134,7 @@ def test_the_environment_scan_finds_what_it_looks_for(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text('import os\nENV = "PYTEST_MIG_STACK_CACHE"\nenv = dict(os.environ, PYTEST_MIG_NODE_WORKER="1")\n'
                       'g = Gauge("PYTEST_MIG_FIGURE", "a series")\nos.environ.get("PYTEST_MIG_PROFILE")\n'
+                      'f = GaugeMetricFamily("PYTEST_MIG_REGRESSED", "a family")\n'
                       '"""$PYTEST_MIG_BUILT_SYSTEMS in a sentence"""\n')
     assert _own_variables(module) == ["PYTEST_MIG_STACK_CACHE", "PYTEST_MIG_NODE_WORKER", "PYTEST_MIG_PROFILE"]
 

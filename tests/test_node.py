@@ -130,8 +130,10 @@ def test_every_slice_runs_at_once_and_merges_into_one_report(pytester: pytest.Py
     ])
     assert (pytester.path / "node.md").read_text().count("test_rate") == 7
     prom = (pytester.path / "node.prom").read_text()  # the node writes one export with every slice's figure
-    assert prom.count("PYTEST_MIG_FIGURE{") == 7 and len({line.split('UUID="')[1][:20] for line in prom.splitlines()
-                                                         if line.startswith("PYTEST_MIG_FIGURE{")}) == 7
+    figures = [line for line in prom.splitlines() if line.startswith("PYTEST_MIG_FIGURE{")]
+    # one board (UUID, as dcgm-exporter names it), seven GPU instances
+    assert len(figures) == 7 and len({line.split('UUID="')[1].split('"')[0] for line in figures}) == 1
+    assert len({line.split('GPU_I_ID="')[1].split('"')[0] for line in figures}) == 7
 
 
 def test_a_busy_slice_is_named_and_the_others_still_run(pytester: pytest.Pytester, mig_env: pytest.MonkeyPatch) -> None:

@@ -12,6 +12,7 @@ import re
 import stat
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +81,9 @@ def test_the_page_report_junit_and_exports_are_published(nights: dict[str, Any])
     pub = nights["tmp"] / "publish"
     page = (pub / "trend.html").read_text()
     assert 'data-verdict="regressed"' in page and "1 regressed" in page
-    assert (pub / "report.md").exists() and 'name="rate.verdict" value="regressed"' in (pub / "junit.xml").read_text()
+    assert (pub / "report.md").exists()
+    junit = {p.get("name"): p.get("value") for p in ET.parse(pub / "junit.xml").getroot().iter("property")}
+    assert junit["suite/test_suite.py::test_rate::rate.verdict"] == "regressed"  # xunit2: the suite's properties
     (bigger,) = json.loads((pub / "export" / "github" / "bigger-is-better.json").read_text())
     assert bigger["value"] == 80.0 and "verdict regressed" in bigger["extra"]
     prom = (nights["tmp"] / "state" / "export" / "pytest_mig.prom").read_text()
@@ -106,9 +109,11 @@ def test_the_slurm_script_resubmits_itself_and_runs_the_night_on_its_slice(night
     bin_.mkdir(exist_ok=True)
     _stand_in(bin_, "sbatch", f'echo "sbatch $*" >> {tmp}/slurm.log\n')
     _stand_in(bin_, "srun", f'echo "srun $*" >> {tmp}/slurm.log\nshift\nexec "$@"\n')  # drop --ntasks=1, run
+    _stand_in(bin_, "python3", f'exec {sys.executable} "$@"\n')  # the Python pytest-mig is installed in
     script = RECIPES / "slurm-nightly.sbatch"
+    # no PYTHON exported: the script finds the python3 that imports pytest_mig
     done = _night(tmp, 100.0, script=script, MIG_REPO=str(ROOT), PATH=f"{bin_}:{os.environ['PATH']}",
-                  MIG_STATE=str(tmp / "slurm-state"))
+                  MIG_STATE=str(tmp / "slurm-state"), PYTHON="")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     log = (tmp / "slurm.log").read_text().splitlines()
     assert log[0] == f"sbatch --begin=03:00 {ROOT}/recipes/slurm-nightly.sbatch"
@@ -116,6 +121,38 @@ def test_the_slurm_script_resubmits_itself_and_runs_the_night_on_its_slice(night
     assert (tmp / "slurm-state" / "trend.html").exists()  # the night ran and was published
     directives = re.findall(r"^#SBATCH (\S+)", script.read_text(), flags=re.M)
     assert "--gres=gpu:a100_1g.10gb:1" in directives and any(d.startswith("--time=") for d in directives)
+
+
+def test_a_python_without_pytest_mig_is_one_sentence(tmp_path: Path) -> None:
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    for name in ("python3", "python"):  # Pythons on the PATH that cannot import pytest_mig
+        _stand_in(bin_, name, "exit 1\n")
+    script = tmp_path / "recipes" / NIGHTLY.name  # a checkout with no .venv
+    script.parent.mkdir()
+    script.write_text(NIGHTLY.read_text())
+    env = _env(tmp_path, PYTHON="", PATH=f"{bin_}:/usr/bin:/bin")
+    done = subprocess.run(["bash", str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("pytest-mig-nightly: no Python with pytest-mig installed was found (")
+    assert "set PYTHON to the one it was installed with" in done.stderr and len(done.stderr.splitlines()) == 1
+    env["PYTHON"] = str(bin_ / "python3")
+    done = subprocess.run(["bash", str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 2 and done.stderr.startswith(f"pytest-mig-nightly: PYTHON={bin_ / 'python3'} cannot "
+                                                           "import pytest_mig; no Python")
+
+
+def test_tox_gpu_installs_the_engines_a_gpu_node_runs() -> None:
+    """README's `tox -e gpu`: OpenMM's CUDA plugin and bitsandbytes come with it (the gpu extra)."""
+    import configparser
+
+    tomllib = pytest.importorskip("tomllib", reason="Python 3.10 has no tomllib to read pyproject.toml")
+    tox = configparser.ConfigParser()
+    tox.read(ROOT / "tox.ini")
+    extras = tox["testenv:gpu"]["extras"].replace(",", " ").split()
+    wanted = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    packages = [req for extra in extras for req in wanted[extra]]
+    assert any(p.startswith("openmm[cuda") for p in packages) and any(p.startswith("bitsandbytes") for p in packages)
 
 
 def _steps_running(steps: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
@@ -133,9 +170,16 @@ def test_the_github_workflow_runs_the_night_on_a_gpu_runner_and_publishes_what_i
     assert _steps_running(job["steps"], "recipes/pytest-mig-nightly.sh")
     upload = next(s for s in job["steps"] if str(s.get("uses", "")).startswith("actions/upload-artifact"))
     assert upload["if"] == "always()" and upload["with"]["path"] == "publish/"
-    chart = next(s for s in job["steps"] if "github-action-benchmark" in str(s.get("uses", "")))
-    published = nights["tmp"] / chart["with"]["output-file-path"]  # the same layout the script wrote
-    assert published.exists() and chart["with"]["tool"] == "customBiggerIsBetter"
+    charts = {s["with"]["tool"]: s for s in job["steps"] if "github-action-benchmark" in str(s.get("uses", ""))}
+    assert set(charts) == {"customBiggerIsBetter", "customSmallerIsBetter"}
+    assert len({c["with"]["name"] for c in charts.values()}) == 2  # one chart each, never mixed
+    for tool, chart in charts.items():
+        file = chart["with"]["output-file-path"]
+        assert file.endswith("bigger-is-better.json" if tool == "customBiggerIsBetter" else "smaller-is-better.json")
+        assert chart["if"] == f"always() && hashFiles('{file}') != ''"  # a file not written is not charted
+    # the same layout the script wrote: the suite's one figure is bigger-is-better
+    assert (nights["tmp"] / charts["customBiggerIsBetter"]["with"]["output-file-path"]).exists()
+    assert not (nights["tmp"] / charts["customSmallerIsBetter"]["with"]["output-file-path"]).exists()
     assert job["env"]["MIG_PUBLISH"].endswith("/publish")
 
 

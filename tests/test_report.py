@@ -22,6 +22,7 @@ from pytest_mig.report.tables import (
     plot_scaling,
     records_frame,
     summary_lines,
+    verdict_notes,
     summary_table,
     verdict_counts,
     write_report,
@@ -104,6 +105,13 @@ def test_throttled_verdicts_say_so_and_counts(judged: list[ResultRecord]) -> Non
     assert tail == "4 metric(s): 1 pass, 1 regressed, 1 no-baseline, 1 info"
 
 
+def test_an_incomparable_verdict_has_a_note_with_its_reason(judged: list[ResultRecord]) -> None:
+    assert verdict_notes(judged) == []  # nothing incomparable: no note
+    why = "fp16_tflops 138.2 TFLOPS not compared: measured on profile 3g.71gb but the baseline is for 2g.35gb"
+    judged[0].verdict = Verdict.from_dict(verdict("incomparable", message=why))
+    assert verdict_notes(judged) == [f"INCOMPARABLE {GEMM} {why}"]
+
+
 # --------------------------------------------------------------------------- report files
 
 
@@ -171,6 +179,8 @@ def test_junit_properties_of_one_test() -> None:
     ]
     ref = junit_properties([rec(138.2, verdict={**verdict("regressed", 151.7, -8.8991), "source": "reference"})])
     assert ("fp16_tflops.baseline_source", "reference") in ref
+    suite = junit_properties([rec(138.2, verdict=verdict("regressed", 151.7, -8.8991))], prefix="b/t.py::t[3g.71gb]")
+    assert [n for n, _ in suite] == [f"b/t.py::t[3g.71gb]::{n}" for n, _ in props]  # a suite's properties
 
 
 def test_junit_properties_name_the_test_when_there_are_several(judged: list[ResultRecord]) -> None:

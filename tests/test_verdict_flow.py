@@ -363,6 +363,19 @@ def test_a_cpu_run_is_compared_with_a_cpu_baseline(pytester: pytest.Pytester, mi
     pytester.runpytest(*QUIET).assert_outcomes(failed=1)  # a CPU figure halving is caught too
 
 
+def test_an_incomparable_figure_is_printed_with_its_reason(pytester: pytest.Pytester,
+                                                          mig_env: pytest.MonkeyPatch) -> None:
+    """A quick run against a history of normal runs: the table says incomparable, the line under it why."""
+    fake_pynvml.install(mig_env, "no-gpu")
+    pytester.makepyfile(test_bench=BENCH)
+    pytester.runpytest("--mig-save-baseline", "--mig-results", "none", *QUIET).assert_outcomes(passed=1)
+    quick = pytester.runpytest("--mig-quick", "--mig-results", "none", *QUIET)
+    quick.assert_outcomes(passed=1)
+    assert summary_row(quick, "rate")[-1] == "incomparable"
+    quick.stdout.fnmatch_lines([f"INCOMPARABLE {TEST_ID} rate 100.0 items/s not compared: measured with --mig-quick "
+                                "but the baseline holds only normal runs, and the workloads' sizes differ; *"])
+
+
 def test_a_mig_slice_saves_under_its_model_and_profile(pytester: pytest.Pytester, mig_env: pytest.MonkeyPatch,
                                                        stand_in_cuda: Callable[..., None],
                                                        cuda_props_of: Callable[..., Any]) -> None:

@@ -104,6 +104,9 @@ def test_the_guard_skips_a_test_that_would_end_outside_the_window() -> None:
                       "end outside the window; the next night runs it first")
     assert guard.skipped == ["b"] and guard.plan.to_meta(guard.skipped) == {"seconds": 100.0, "left": ["b"]}
     assert guard.reason("a unit test", now=1e6) is None  # not a benchmark the plan counted
+    assert guard.message() == ("--mig-window 1 min 40 s: 1 test(s) run (about 40 s by their last times); 1 skipped "
+                               "while running, since each would have ended outside the window; the next night runs "
+                               "them first: b")
 
 
 def _results(path: Path, durations: dict[str, float], left: list[str] | None = None, age: float = 0.0,
@@ -198,6 +201,20 @@ def test_a_night_in_a_window_rotates_through_the_suite(suite: Callable[..., pyte
     assert meta["window"]["left"] == [] and IDS[2] in meta["durations"]
 
 
+def test_the_window_plans_over_the_tests_k_selected(suite: Callable[..., pytest.RunResult],
+                                                    pytester: pytest.Pytester) -> None:
+    """-k keeps two of the three benchmarks: the window plans over those two only, and the summary counts
+    the test that ran and names the one left, never the test -k removed."""
+    _results(pytester.path / "nights" / "last.json", {IDS[0]: 40.0, IDS[1]: 40.0, IDS[2]: 40.0}, age=300)
+    night = suite("n1", "--mig-window", "50", "-k", "gemm or stream")
+    night.assert_outcomes(passed=1, deselected=3)  # openmm and the unit test by -k, stream by the window
+    night.stdout.fnmatch_lines(["*--mig-window 50 s: 1 test(s) run (about 40 s by their last times); 1 left for the "
+                                "next night, which runs them first: test_stream"])
+    assert "test_openmm" not in night.stdout.str()
+    _, meta = read_results_file(pytester.path / "nights" / "n1.json")
+    assert meta["window"]["left"] == [IDS[1]]
+
+
 def test_a_night_whose_estimates_ran_long_ends_inside_the_window(suite: Callable[..., pytest.RunResult],
                                                                  pytester: pytest.Pytester,
                                                                  mig_env: pytest.MonkeyPatch) -> None:
@@ -207,6 +224,9 @@ def test_a_night_whose_estimates_ran_long_ends_inside_the_window(suite: Callable
     result.assert_outcomes(passed=2, skipped=2)
     result.stdout.fnmatch_lines(["SKIPPED [[]1[]] test_suite.py:16: --mig-window 1 s: 1 s spent and this test took 0 s the last time, so it would "
                                  "end outside the window; the next night runs it first*"])
+    result.stdout.fnmatch_lines(["*--mig-window 1 s: 1 test(s) run (about 0 s by their last times); 2 skipped while "
+                                 "running, since each would have ended outside the window; the next night runs them "
+                                 "first: test_stream, test_openmm"])
     _, meta = read_results_file(pytester.path / "nights" / "n1.json")
     assert meta["window"]["left"] == sorted([IDS[1], IDS[2]])
     seconds, _ = last_runs(pytester.path / "nights")

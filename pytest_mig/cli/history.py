@@ -13,12 +13,21 @@ from pytest_mig.report.trend import write_page
 
 
 def cmd_history(files: Sequence[Path], baselines: Path | None, page: Path, title: str, out: TextIO) -> int:
-    """Write the trend page from results files and a baseline folder."""
+    """Write the trend page from results files and a baseline folder.  A folder with no history yet
+    is accepted (an empty one, the repository's own ``baselines/``, or with results files, one that
+    no save has made yet); a missing folder with nothing else to draw from is an error."""
 
     if not files and baselines is None:
         raise CliError("give results files, --mig-baseline-dir DIR, or both: the page is made from them")
     if baselines is not None and not baselines.is_dir():
-        raise CliError(f"--mig-baseline-dir {baselines}: no such folder")
+        if baselines.exists():
+            raise CliError(f"--mig-baseline-dir {baselines}: not a folder")
+        if not files:
+            raise CliError(f"--mig-baseline-dir {baselines}: no such folder")
+        # no run saved yet (the folder is made by the first save): the results files alone
+        print(f"--mig-baseline-dir {baselines}: no such folder yet, so no history: the page shows the results "
+              f"files only", file=out)
+        baselines = None
     if page.suffix.lower() not in (".html", ".htm"):
         raise CliError(f"--out {page}: the trend page is HTML, name it .html")
     output_file(str(page), "trend.html", "--out")  # a folder or a dangling link: said before anything is read

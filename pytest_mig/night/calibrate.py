@@ -289,12 +289,41 @@ NIGHTS_NOTE = ("night N: the threshold a site's night N would be judged with (ni
                "noisy to gate; '~': fewer runs here than that night has, so the band of all of them.")
 
 
+#: What calibrate says of a CPU history instead of thresholds.
+CPU_NOT_A_BASELINE = ("These are CPU figures, not a baseline: a CPU's speed moves with whatever else the host runs, "
+                      "so their spread says nothing of a GPU's, and calibrate shows no threshold for them and calls "
+                      "none gating. A later CPU run is compared with them only on this host, as a smoke check, never "
+                      "with a GPU's. For thresholds that gate, calibrate on the GPU node or MIG slice: "
+                      "pytest-mig calibrate -n 10 -- benchmarks --mig-profile <profile>.")
+
+
+def print_cpu_figures(base: Baseline, out: TextIO, seconds: dict[str, float]) -> None:
+    """A CPU history: each figure's runs, median and spread, the tests' seconds, and why none of it is
+    a baseline (no threshold, detects or gates column)."""
+    from tabulate import tabulate
+
+    rows = threshold_rows(base)
+    print(f"\n{base.meta.path}: {len(rows)} CPU figure(s)", file=out)
+    table = [[r["test"], r["metric"], r["mode"], r["runs"], format_number(float(r["median"])),  # type: ignore[arg-type]
+              r["unit"], _cv_cell(r)] for r in rows]
+    print(tabulate(table, headers=["test", "metric", "mode", "runs", "median", "unit", "spread (CV)"],
+                   disable_numparse=True), file=out)
+    tests = sorted({str(r["test"]) for r in rows})
+    times = [[t, next((f"{v:.0f}" for k, v in seconds.items() if k.split("::", 1)[-1] == t), "-")] for t in tests]
+    print("\ntime (seconds per test, median of the runs):", file=out)
+    print(tabulate(times, headers=["test", "seconds"], disable_numparse=True), file=out)
+    print(f"{len(rows)} figure(s) of {len(tests)} test(s) on the CPU. {CPU_NOT_A_BASELINE}", file=out)
+
+
 def print_thresholds(bases: Sequence[Baseline], out: TextIO, results: Iterable[Path] = ()) -> None:
     from tabulate import tabulate
 
     seconds = test_seconds(results)
     references = ReferenceStore()
     for base in bases:
+        if base.meta.gpu_slug == "cpu":
+            print_cpu_figures(base, out, seconds)
+            continue
         rows = threshold_rows(base, references=references)
         print(f"\n{base.meta.path}: {len(rows)} figure(s)", file=out)
         table = [[r["test"], r["metric"], r["mode"], r["runs"], format_number(float(r["median"])),  # type: ignore[arg-type]
@@ -307,8 +336,8 @@ def print_thresholds(bases: Sequence[Baseline], out: TextIO, results: Iterable[P
         print(NIGHTS_NOTE, file=out)
         few = [r for r in rows if r["basis"] == "few-runs"]
         if few:
-            print(f"{len(few)} figure(s) have fewer than 5 runs: their band is a conservative 10% until they do.",
-                  file=out)
+            print(f"{len(few)} figure(s) have fewer than 5 runs: their band is a conservative 10% or more (as wide as "
+                  f"their runs differ) until they do.", file=out)
         borrowed = [r for r in rows if r["cv_of"] == PRIOR]
         if borrowed:
             print(f"{len(borrowed)} figure(s) take the reference's sigma, larger than this history's own, until they "

@@ -14,7 +14,9 @@ are lost for the night), ``--mig-window`` plans the night to fit, and rotates wh
   (the order the history was measured in: GEMM after training is a warmer board).
 - **The rest are left for the next night and named** in the summary and in the results file's
   ``window`` block, never silently: a test longer than the whole window is named as such (it never
-  fits: run it outside the window or widen it).
+  fits: run it outside the window or widen it).  Only the tests the run selected are planned (after
+  ``-k``, ``-m`` and the tests that gate nothing are taken out), and the summary, written at the
+  end, counts the tests that ran.
 - **While the night runs**, a test that would no longer end inside the window (the seconds spent
   plus its own) is skipped with the reason, so a night whose estimates ran long still ends in time.
 
@@ -29,7 +31,7 @@ import re
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Collection, Iterable
 
 from pytest_mig.night.nights import duration_text as _short
 from pytest_mig.common.text import SHOWN, quoted
@@ -90,12 +92,17 @@ class Plan:
     def planned_s(self) -> float:
         return sum(self.seconds.get(n, 0.0) for n in self.run)
 
-    def message(self) -> str | None:
-        """The summary's line (None where every test fits)."""
-        if not self.left and not self.too_long:
+    def message(self, skipped: Collection[str] = ()) -> str | None:
+        """The summary's line (None where every test fits and ran): the tests that ran (the plan's, less
+        ``skipped``, those the :class:`Guard` skipped while running), then those left out, and why."""
+        if not self.left and not self.too_long and not skipped:
             return None
-        parts = [f"--mig-window {_short(self.window_s)}: {len(self.run)} test(s) run (about "
-                 f"{_short(self.planned_s)} by their last times)"]
+        ran = [n for n in self.run if n not in skipped]
+        parts = [f"--mig-window {_short(self.window_s)}: {len(ran)} test(s) run (about "
+                 f"{_short(sum(self.seconds.get(n, 0.0) for n in ran))} by their last times)"]
+        if skipped:
+            parts.append(f"{len(skipped)} skipped while running, since each would have ended outside the window; "
+                         "the next night runs them first: " + ", ".join(_name(n) for n in skipped))
         rotated = [n for n in self.left if n not in self.too_long]
         if rotated:
             parts.append(f"{len(rotated)} left for the next night, which runs them first: "
@@ -147,6 +154,10 @@ class Guard:
     plan: Plan
     started: float = field(default_factory=time.monotonic)
     skipped: list[str] = field(default_factory=list)
+
+    def message(self) -> str | None:
+        """The summary's line at the end of the night (:meth:`Plan.message` with what was skipped)."""
+        return self.plan.message(self.skipped)
 
     def reason(self, nodeid: str, now: float | None = None) -> str | None:
         if nodeid not in self.plan.seconds:

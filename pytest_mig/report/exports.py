@@ -2,15 +2,23 @@
 
 ``--mig-export github=DIR`` writes ``DIR/bigger-is-better.json`` and ``DIR/smaller-is-better.json``
 in github-action-benchmark's ``customBiggerIsBetter`` / ``customSmallerIsBetter`` format (a list of
-``{"name", "unit", "value", "range", "extra"}``), one entry per compared figure.
+``{"name", "unit", "value", "range", "extra"}``), one entry per compared figure; a direction with no
+figure gets no file (the action refuses an empty list).
 
 ``--mig-export prometheus=FILE.prom`` writes a text file for node_exporter's textfile collector,
 made with ``prometheus-client`` and written atomically (a temporary file renamed over the old one,
-so the collector never reads half a file).  Names and labels follow NVIDIA's DCGM exporter
-(``gpu``, ``UUID``, ``modelName``, ``Hostname``, ``GPU_I_PROFILE``, ``GPU_I_ID``), so a Grafana board
-that shows DCGM can show these beside it:
+so the collector never reads half a file).  A series is labelled as NVIDIA's dcgm-exporter labels the
+device's own series (its ``gpuMetricsFormat`` template and ``toMetric``): ``gpu`` (NVML index),
+``UUID`` (the board's ``GPU-...`` id, also on a MIG slice), ``pci_bus_id``, ``device``
+(``nvidia<index>``), ``modelName``, on a MIG slice only ``GPU_I_PROFILE`` (the GPU-instance profile)
+and ``GPU_I_ID`` (its GPU-instance id), ``Hostname`` and ``DCGM_FI_DRIVER_VERSION`` (a label field in
+dcgm-exporter's default counters).  A label pytest-mig does not know is left out, as dcgm-exporter
+leaves out GPU_I_* on a whole GPU; so ``PYTEST_MIG_FIGURE * on(UUID, GPU_I_ID) group_left
+DCGM_FI_DEV_SM_CLOCK`` pairs each figure with the clock of the slice or whole GPU it was measured on.
+pytest-mig's own labels follow: ``profile`` (``full`` on a whole GPU, the emulated profile under
+``--mig-emulate``), ``emulated``, ``mode``, ``test``, ``metric``, ``unit``.
 
-- ``PYTEST_MIG_FIGURE``: the measured value, labelled also by ``test``, ``metric`` and ``unit``;
+- ``PYTEST_MIG_FIGURE``: the measured value;
 - ``PYTEST_MIG_CHANGE_PERCENT``: the change against the baseline, where there was one;
 - ``PYTEST_MIG_REGRESSED``: 1 where the verdict was a regression, else 0;
 - ``PYTEST_MIG_LAST_RUN_TIMESTAMP_SECONDS``: when the run finished.
@@ -30,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_mig.device.fingerprint import FINGERPRINT_FIELDS, fingerprint_value
+from pytest_mig.device.profiles import ProfileError, parse_profile
 from pytest_mig.common.files import atomic_write_text, output_file, path_problem
 from pytest_mig.store.results import ResultRecord
 from pytest_mig.common.text import SHOWN, printable, quoted
@@ -41,10 +50,12 @@ PROMETHEUS_NAME = "pytest-mig.prom"
 GITHUB_NAMES = {"bigger": "bigger-is-better.json", "smaller": "smaller-is-better.json"}
 #: Fingerprint fields a github-action-benchmark entry carries in its ``extra`` text.
 EXTRA_FINGERPRINT = ("driver", "cuda_driver", "torch")
-#: Labels of every figure's series: DCGM exporter's names for the device, then the figure's own.
-LABELS = ("gpu", "UUID", "modelName", "Hostname", "GPU_I_PROFILE", "GPU_I_ID", "emulated", "mode", "test", "metric",
-          "unit")
-
+#: dcgm-exporter's labels of a device's series, in its order (``gpuMetricsFormat``); ``Hostname`` as its
+#: releases up to 4.5.3-4.8.2 spell it.
+DCGM_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "GPU_I_PROFILE", "GPU_I_ID", "Hostname",
+               "DCGM_FI_DRIVER_VERSION")
+#: pytest-mig's own labels of a figure's series, after dcgm-exporter's.
+OWN_LABELS = ("profile", "emulated", "mode", "test", "metric", "unit")
 
 class ExportError(Exception):
     """An export that could not be written; the message says which and why."""
@@ -102,57 +113,94 @@ def github_benchmark(records: Iterable[ResultRecord]) -> dict[str, list[dict[str
     return out
 
 
-def write_github(records: Iterable[ResultRecord], folder: Path) -> list[Path]:
+def write_github(records: Iterable[ResultRecord], folder: Path) -> tuple[list[Path], list[str]]:
+    """Write the file of each direction that has figures; (the files written, the files not written
+    and why).  github-action-benchmark refuses an empty list ("No benchmark result was found"), so a
+    direction with no figure gets no file, and one an earlier run left there is removed: a workflow
+    charting it would push last night's figures as tonight's."""
     data = github_benchmark(records)
     folder.mkdir(parents=True, exist_ok=True)
-    paths = []
+    written, skipped = [], []
     for key, name in GITHUB_NAMES.items():
         path = folder / name
-        atomic_write_text(path, json.dumps(data[key], indent=1, allow_nan=False) + "\n")
-        paths.append(path)
-    return paths
+        if data[key]:
+            atomic_write_text(path, json.dumps(data[key], indent=1, allow_nan=False) + "\n")
+            written.append(path)
+            continue
+        old = path.is_file()
+        if old:
+            path.unlink()
+        skipped.append(f"{name} not written: no {key}-is-better figure" + (" (the older file removed)" if old else ""))
+    return written, skipped
+
+
+def _gi_profile(profile: str) -> str:
+    """The GPU-instance profile dcgm-exporter names a slice by (``1c.3g.40gb`` -> ``3g.40gb``)."""
+    try:
+        return parse_profile(profile).gi_name
+    except ProfileError:
+        return profile
+
+
+def dcgm_labels(r: ResultRecord, host: str) -> dict[str, str]:
+    """dcgm-exporter's labels for the device ``r`` was measured on; a label with no value is left out.
+
+    ``UUID`` is the board's ``GPU-...`` id (``gpu_uuid``; a whole GPU's own ``uuid`` in records that
+    lack it), never a slice's ``MIG-...`` id: dcgm-exporter names the slice by ``GPU_I_ID``.  An
+    emulated profile runs on the whole GPU, so it joins the whole GPU's series (no GPU_I_*)."""
+    t = r.target.to_dict()
+    board = t.get("gpu_uuid") or (t.get("uuid") if str(t.get("uuid") or "").startswith("GPU-") else None)
+    index = t.get("gpu_index")
+    mig = t.get("kind") == "mig" and t.get("gpu_instance_id") is not None
+    values = {
+        "gpu": index, "UUID": board, "pci_bus_id": t.get("pci_bus_id"),
+        "device": None if index is None else f"nvidia{index}",
+        "modelName": t.get("gpu_name") or ("CPU" if t.get("kind") == "cpu" else None),
+        "GPU_I_PROFILE": _gi_profile(str(t.get("profile"))) if mig else None,
+        "GPU_I_ID": t.get("gpu_instance_id") if mig else None,
+        "Hostname": host, "DCGM_FI_DRIVER_VERSION": (r.fingerprint or {}).get("driver"),
+    }
+    return {k: str(values[k]) for k in DCGM_LABELS if values[k] not in (None, "")}
 
 
 def _labels(r: ResultRecord, host: str) -> dict[str, str]:
-    t = r.target
-    return {
-        "gpu": "" if t.gpu_index is None else str(t.gpu_index),
-        "UUID": str(t.uuid or ""),
-        "modelName": str(t.gpu_name or "CPU"),
-        "Hostname": host,
-        "GPU_I_PROFILE": str(t.profile or ""),
-        "GPU_I_ID": "" if t.gpu_instance_id is None else str(t.gpu_instance_id),
-        "emulated": "true" if t.kind == "emulated" else "false",
-        "mode": r.mode,
-        "test": r.test,
-        "metric": r.metric.name,
-        "unit": r.metric.unit,
-    }
+    t = r.target.to_dict()
+    own = {"profile": str(t.get("profile") or ""), "emulated": "true" if t.get("kind") == "emulated" else "false",
+           "mode": r.mode, "test": r.test, "metric": r.metric.name, "unit": r.metric.unit}
+    return dcgm_labels(r, host) | {k: v for k, v in own.items() if v}
+
+
+class _Families:
+    """A collector of ready metric families: the label sets differ between series (a whole GPU has no
+    GPU_I_*), which prometheus-client's Gauge, with one fixed list of label names, cannot write."""
+
+    def __init__(self, families: list[Any]) -> None:
+        self._families = families
+
+    def collect(self) -> list[Any]:
+        return self._families
 
 
 def prometheus_text(records: Iterable[ResultRecord], *, host: str | None = None, now: float | None = None) -> str:
     """The exposition text of the run's compared figures (prometheus-client's own writer)."""
-    from prometheus_client import CollectorRegistry, Gauge, generate_latest
+    from prometheus_client import generate_latest
+    from prometheus_client.core import GaugeMetricFamily
 
     host = host or socket.gethostname()
-    registry = CollectorRegistry()
-    names = list(LABELS)
-    figure = Gauge("PYTEST_MIG_FIGURE", "A figure pytest-mig measured (its unit in the unit label).", names,
-                   registry=registry)
-    change = Gauge("PYTEST_MIG_CHANGE_PERCENT", "Change against the stored baseline, in percent.", names,
-                   registry=registry)
-    regressed = Gauge("PYTEST_MIG_REGRESSED", "1 where the verdict was a regression, else 0.", names, registry=registry)
-    last = Gauge("PYTEST_MIG_LAST_RUN_TIMESTAMP_SECONDS", "When the pytest-mig run finished (Unix time).",
-                 ["Hostname"], registry=registry)
+    figure = GaugeMetricFamily("PYTEST_MIG_FIGURE", "A figure pytest-mig measured (its unit in the unit label).")
+    change = GaugeMetricFamily("PYTEST_MIG_CHANGE_PERCENT", "Change against the stored baseline, in percent.")
+    regressed = GaugeMetricFamily("PYTEST_MIG_REGRESSED", "1 where the verdict was a regression, else 0.")
+    last = GaugeMetricFamily("PYTEST_MIG_LAST_RUN_TIMESTAMP_SECONDS", "When the pytest-mig run finished (Unix time).")
     for r in _exported(records):
         labels = _labels(r, host)
-        figure.labels(**labels).set(float(r.metric.value))
+        figure.add_sample(figure.name, labels, float(r.metric.value))
         pct = r.verdict.change_pct if r.verdict is not None else None
-        if pct is not None and pct == pct:
-            change.labels(**labels).set(float(pct))
-        regressed.labels(**labels).set(1.0 if r.verdict is not None and r.verdict.outcome == "regressed" else 0.0)
-    last.labels(Hostname=host).set(time.time() if now is None else now)
-    return generate_latest(registry).decode()
+        if pct is not None and math.isfinite(pct):
+            change.add_sample(change.name, labels, float(pct))
+        regressed.add_sample(regressed.name, labels,
+                             1.0 if r.verdict is not None and r.verdict.outcome == "regressed" else 0.0)
+    last.add_sample(last.name, {"Hostname": host}, time.time() if now is None else now)
+    return generate_latest(_Families([figure, change, regressed, last])).decode()
 
 
 def write_prometheus(records: Iterable[ResultRecord], path: Path) -> Path:
@@ -166,8 +214,9 @@ def write(exports: Iterable[tuple[str, Path]], records: list[ResultRecord]) -> l
     for kind, path in exports:
         try:
             if kind == "github":
-                written = write_github(records, path)
-                lines.append(f"export github-action-benchmark: {', '.join(str(p) for p in written)}")
+                written, skipped = write_github(records, path)
+                lines.append(f"export github-action-benchmark: {', '.join(str(p) for p in written) or 'nothing to chart'}"
+                             + "".join(f"; {why}" for why in skipped))
             else:
                 lines.append(f"export prometheus: {write_prometheus(records, path)}")
         except OSError as exc:
@@ -175,5 +224,5 @@ def write(exports: Iterable[tuple[str, Path]], records: list[ResultRecord]) -> l
     return lines
 
 
-__all__ = ["GITHUB_NAMES", "KINDS", "ExportError", "github_benchmark", "parse_export", "prometheus_text", "write", "write_github",
+__all__ = ["DCGM_LABELS", "GITHUB_NAMES", "KINDS", "ExportError", "dcgm_labels", "github_benchmark", "parse_export", "prometheus_text", "write", "write_github",
            "write_prometheus"]

@@ -129,6 +129,13 @@ def summary_table(records: Sequence[ResultRecord], *, tablefmt: str = "simple") 
     return tabulate(rows, headers=headers, tablefmt=tablefmt, disable_numparse=True)
 
 
+def verdict_notes(records: Sequence[ResultRecord]) -> list[str]:
+    """What the table has no room for: each incomparable verdict with its reason, as a failing test's
+    line reads (``INCOMPARABLE test rate 80.0 items/s not compared: measured with --mig-quick ...``)."""
+    return [f"INCOMPARABLE {r.test} {r.verdict.message or r.metric.name}" for r in records
+            if r.verdict is not None and r.verdict.outcome == "incomparable"]
+
+
 def _baseline_cell(v: Verdict | None) -> str:
     """The baseline a verdict compared with; ``(ref)`` when it was the shipped reference."""
     if v is None or v.baseline is None:
@@ -212,13 +219,14 @@ def write_report(path: Path | str, data: Iterable[ResultRecord] | pd.DataFrame) 
     return path
 
 
-def junit_properties(records: Sequence[ResultRecord]) -> list[tuple[str, Any]]:
-    """(name, value) pairs for ``record_property``: each metric's value, unit, verdict, baseline and
-    change; names get the test in front when the records span several tests."""
+def junit_properties(records: Sequence[ResultRecord], prefix: str | None = None) -> list[tuple[str, Any]]:
+    """(name, value) pairs of JUnit XML properties: each metric's value, unit, verdict, baseline and
+    change, then the Target's profile and GPU.  Names get ``prefix::`` in front (a test suite's
+    properties, named by the test's node id), else the test's key when the records span several tests."""
     several = len({r.test for r in records}) > 1
     out: list[tuple[str, Any]] = []
     for r in records:
-        name = f"{r.test}::{r.metric.name}" if several else r.metric.name
+        name = f"{prefix}::{r.metric.name}" if prefix else f"{r.test}::{r.metric.name}" if several else r.metric.name
         out.append((name, r.metric.value))
         out.append((f"{name}.unit", r.metric.unit))
         v = r.verdict
@@ -232,8 +240,9 @@ def junit_properties(records: Sequence[ResultRecord]) -> list[tuple[str, Any]]:
         if v.change_pct is not None:
             out.append((f"{name}.change_pct", round(float(v.change_pct), 2)))
     if records:
-        out.append(("mig.profile", _profile(records[0].target)))
-        out.append(("mig.gpu", _gpu(records[0].target)))
+        mig = f"{prefix}::mig" if prefix else "mig"
+        out.append((f"{mig}.profile", _profile(records[0].target)))
+        out.append((f"{mig}.gpu", _gpu(records[0].target)))
     return out
 
 
