@@ -284,7 +284,7 @@ def test_compare_on_recorded_runs_gives_the_plugin_s_verdicts_health_notes_inclu
     mig_env.setenv("RATE", "90")
     busy = topologies.with_busy(H200, topologies.H200_GPU0, pid=1234)
     h200_health(busy, "--mig-results", "r.json").assert_outcomes(failed=1)
-    plugin = {r.metric.name: r.verdict for r in read_results(pytester.path / "r.json")}
+    plugin = {r.metric.name: r.verdict.to_dict() for r in read_results(pytester.path / "r.json") if r.verdict}
     assert "the likely cause" in plugin["rate"]["message"] and plugin["rate"]["outcome"] == "regressed"
 
     new = read_results(pytester.path / "r.json")

@@ -23,6 +23,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import topologies as topo
+from pytest_mig.device.target import TargetInfo
+from pytest_mig.store.verdicts import Verdict
 from pytest_mig.device.plan import Options, plan_run
 from pytest_mig.measure import Metric
 from pytest_mig.report import exports
@@ -84,7 +86,8 @@ def planned(discover) -> list[tuple[topo.Topology, dict[str, Any]]]:
 def _figures(planned: list[tuple[topo.Topology, dict[str, Any]]]) -> str:
     """The export of one figure per Target (the UUIDs tell the machines apart; one host name for all)."""
     records = [ResultRecord(f"test_gemm[{target['profile']}]", Metric("tflops", 100.0 + n, "TFLOPS", kind="tensor"),
-                            target, {"driver": topology.driver_version}, verdict={"outcome": "pass", "change_pct": 0.5})
+                            TargetInfo.from_dict(target), {"driver": topology.driver_version},
+                            verdict=Verdict.from_dict({"outcome": "pass", "change_pct": 0.5}))
                for n, (topology, target) in enumerate(planned)]
     return exports.prometheus_text(records, host=HOST, now=1.0)
 
