@@ -3,6 +3,8 @@ k slices against one, and the mistakes said at start-up; through the fake NVML."
 
 from __future__ import annotations
 
+import re
+
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -134,6 +136,9 @@ def test_every_slice_runs_at_once_and_merges_into_one_report(pytester: pytest.Py
     # one board (UUID, as dcgm-exporter names it), seven GPU instances
     assert len(figures) == 7 and len({line.split('UUID="')[1].split('"')[0] for line in figures}) == 1
     assert len({line.split('GPU_I_ID="')[1].split('"')[0] for line in figures}) == 7
+    logs = {Path(m).parent for m in re.findall(r", log (\S+)", out)}
+    assert len(logs) == 1 and not next(iter(logs)).exists()  # a clean night leaves no worker folder behind
+    assert "the workers' logs are kept" not in out
 
 
 def test_a_busy_slice_is_named_and_the_others_still_run(pytester: pytest.Pytester, mig_env: pytest.MonkeyPatch) -> None:
@@ -144,6 +149,8 @@ def test_a_busy_slice_is_named_and_the_others_still_run(pytester: pytest.Pyteste
                                  "pytest-mig node: 6 worker(s) started*",
                                  f"pytest-mig node: GPU 0 (*) 1g.10gb {topo.H100_1G[5]}: busy, not run"])
     assert len(read_results(pytester.path / "node.json")) == 6
+    kept = re.search(r"the workers' logs are kept in (\S+)", result.stdout.str())
+    assert kept and Path(kept.group(1)).is_dir()  # a night with a problem keeps the logs that say why
 
 
 def test_a_node_in_a_window_plans_every_device_from_the_nodes_own_nights(pytester: pytest.Pytester,

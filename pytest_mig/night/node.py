@@ -23,6 +23,7 @@ what is left), merges what they wrote, marks the merged file stopped and exits 2
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -253,11 +254,21 @@ def main(args: Sequence[str], inv: Inventory, profile: str | None, emulate: bool
             problems.append(str(exc))
     for p in problems:
         print(f"pytest-mig node: {p}", file=out)
+    codes = [w.returncode for w in workers if w.proc is not None]
+    failed = bool(problems) or any(c not in (0, 5) for c in codes) or not codes
+    _tidy(folder, keep=failed or bool(stopped), out=out)
     if stopped:
         return 2  # pytest's "interrupted"
-    codes = [w.returncode for w in workers if w.proc is not None]
-    failed = problems or any(c not in (0, 5) for c in codes) or not codes
     return 1 if failed else (0 if any(c == 0 for c in codes) else 5)
+
+
+def _tidy(folder: Path, *, keep: bool, out: TextIO) -> None:
+    """Remove the workers' folder (their logs and results files, merged above) after a clean night;
+    keep it, and say where, when a worker failed or the night was stopped: its logs say why."""
+    if keep:
+        print(f"pytest-mig node: the workers' logs are kept in {folder}", file=out)
+        return
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 __all__ = ["Device", "Worker", "devices", "main", "merge", "run_workers", "stop_workers", "worker_args"]
