@@ -3,9 +3,8 @@ k slices against one, and the mistakes said at start-up; through the fake NVML."
 
 from __future__ import annotations
 
-import re
-
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
