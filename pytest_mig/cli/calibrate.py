@@ -13,6 +13,8 @@ from pytest_mig.cli.common import pytest_args, runs_arg
 from pytest_mig.settings import HELP_KEEP, HELP_SHRINK
 from pytest_mig.store.history import DEFAULT_KEEP
 from pytest_mig.night import calibrate as calibration
+from pytest_mig.common.text import printable
+from pytest_mig.store.baselines import BaselineError
 
 
 class Calibrate(Command):
@@ -35,10 +37,21 @@ class Calibrate(Command):
         parser.add_argument("--work-dir", type=path_arg, default=Path(".mig-results") / "calibrate",
                             help="each calibration's runs' results files and logs go to a new folder <time> in it, "
                                  "never over an earlier calibration's (default .mig-results/calibrate)")
+        parser.add_argument("--show", action="store_true",
+                            help="run nothing: print the thresholds of the histories already in the baseline folder")
         parser.add_argument("pytest_args", nargs=argparse.REMAINDER, help="-- then the pytest arguments")
 
     @classmethod
     def run(cls, args: argparse.Namespace, out: TextIO) -> int:
+        if args.show:
+            if args.pytest_args:
+                raise CliError("--show runs nothing: give it no pytest arguments")
+            if not args.baseline_dir.is_dir():
+                raise CliError(f"--mig-baseline-dir {printable(args.baseline_dir)}: no such folder")
+            try:
+                return calibration.cmd_show(args.baseline_dir, out)
+            except BaselineError as exc:
+                raise CliError(str(exc)) from None
         given = pytest_args(args.pytest_args)
         try:
             calibration.check_pytest_args(given)

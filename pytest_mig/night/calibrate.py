@@ -368,3 +368,17 @@ def cmd_calibrate(pytest_args: Sequence[str], runs: int, baseline_dir: Path, wor
     print_thresholds(bases, out, [r.results for r in done])
     failed = [r for r in done if r.returncode != 0]
     return 1 if failed else 0
+
+
+def cmd_show(baseline_dir: Path, out: TextIO) -> int:
+    """The thresholds of the histories already in ``baseline_dir``, running nothing: how sharp each
+    figure's verdict is tonight and on nights 1, 2, 5 and 10."""
+    store = BaselineStore(baseline_dir)
+    bases = [load_baseline_file(path) for path in store.files()]
+    if not bases:
+        print(f"calibrate: {printable(baseline_dir)} holds no history yet: nothing to show (save a night with "
+              f"--mig-save-if-passed, or run pytest-mig calibrate -n 10 -- ...)", file=out)
+        return 1
+    print_thresholds(bases, out)
+    return 0
+
