@@ -57,7 +57,7 @@ from pytest_mig.common.files import FileProblem
 #: and last step, each at its own instant, measure.EnergyTicks).  Over six quick runs on an H100 the
 #: run-to-run CV of the energy figures outside GEMM fell from 0.86% (RMS) over 1.5 s to 0.75% over
 #: 2.5 s and stayed there over 3.5 s: what is left is the board's temperature, not the window
-#: (docs/results/energy-window-h100-2026-11-26.tgz; docs/detection.md, "Energy, before and after").
+#: (docs/results/energy-window-h100-2026-11-26.tgz; docs/detection.md, "Energy").
 ENERGY_WINDOW_S = {"normal": 2.5, "quick": 2.5}
 #: The window where it also times a rate that is judged (GEMM's sustained TFLOPS): the clock a
 #: power-capped GPU settles on needs seconds: over a short window the sustained rate is caught still

@@ -486,7 +486,7 @@ def counter_instants(ticks: list[tuple[float, float]], min_period_s: float) -> l
     0.6-1.3% from step to step under steady load), but the host sees each step late by a delay that
     varies: the gaps between ticks as read ran from 67 to 136 ms (33 to 150 ms in a separate process
     polling every millisecond), so a step's energy over its gap as seen varied by 9-14%
-    (docs/detection.md, "Energy, before and after").  The energy between the first and last tick of a
+    (docs/detection.md, "Energy").  The energy between the first and last tick of a
     1.5 s window, over the time between them as seen, was off by that delay at each end.  Where the
     ticks come on a period (at least ``min_period_s`` apart), each is given the instant of the
     least-squares line through the tick times against their step numbers; a tick farther than
