@@ -100,3 +100,18 @@ def test_calibrate_marks_a_night_its_runs_cannot_show_yet(runs: int) -> None:
     base = Baseline(meta=meta, entries={(FMA, "fp32_fma_tflops", "normal"): entry_from_records(recs)})
     (row,) = threshold_rows(base)
     assert str(row["nights"][5]).startswith("~") and str(row["nights"][10]).startswith("~")  # type: ignore[index]
+
+
+def test_calibrate_show_prints_the_saved_histories_thresholds_running_nothing(tmp_path: Path, capsys) -> None:
+    from pytest_mig.store.baselines import BaselineStore
+
+    BaselineStore(tmp_path / "bl").save([night(19.0 + 0.01 * i, "GPU-0", i + 1) for i in range(3)])
+    assert cli.main(["calibrate", "--show", "--mig-baseline-dir", str(tmp_path / "bl")]) == 0
+    out = capsys.readouterr().out
+    assert "night 1" in out and "night 10" in out and "fp32_fma_tflops" in out and "calibrate: run" not in out
+    (tmp_path / "empty").mkdir()
+    assert cli.main(["calibrate", "--show", "--mig-baseline-dir", str(tmp_path / "empty")]) == 1
+    assert "holds no history yet" in capsys.readouterr().out
+    assert cli.main(["calibrate", "--show", "--mig-baseline-dir", str(tmp_path / "nope")]) == 2
+    assert cli.main(["calibrate", "--show", "--", "benchmarks"]) == 2
+    assert "--show runs nothing" in capsys.readouterr().err
