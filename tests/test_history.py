@@ -232,7 +232,8 @@ def test_a_real_headless_browser_runs_no_script_a_hostile_results_file_holds(tmp
 def test_a_page_from_a_baseline_folder_alone_summarises_each_figures_newest_saved_run(tmp_path: Path) -> None:
     nights(tmp_path, [100.0, 100.5, 99.8])
     page = render(collect(tmp_path / "baselines", []))
-    assert "2026-11-12T02:00:00+00:00" in page and "nothing regressed" in page  # the third night, saved
+    assert "2026-11-12T02:00:00+00:00" in page and "nothing regressed" not in page  # the third night, saved
+    assert "saved runs only (no results files), so no verdicts: nothing judged" in page  # no verdict to report
     assert page.count('class="run saved"') == 6 and 'class="band"' not in page  # no verdicts, no bands
 
 
