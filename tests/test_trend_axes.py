@@ -48,6 +48,7 @@ def test_a_range_that_cannot_be_negative_starts_at_zero_not_below() -> None:
 
 def test_tick_labels_carry_the_decimals_their_step_needs() -> None:
     assert [tick_label(v, 0.25) for v in (100.0, 100.25, 100.5)] == ["100.00", "100.25", "100.50"]
+    assert [tick_label(v, 250.0) for v in (0.0, 1250.0)] == ["0", "1250"] and tick_label(25.0, 25.0) == "25"
     assert tick_label(2.5, 2.5) == "2.5" and tick_label(300.0, 100.0) == "300" and tick_label(-0.0, 1.0) == "0"
 
 

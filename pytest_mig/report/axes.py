@@ -48,9 +48,8 @@ def nice_ticks(lo: float, hi: float, target: int = 5) -> tuple[float, float, lis
 def tick_label(value: float, step: float) -> str:
     """A value tick's label with as many decimals as its step needs (``2.5`` steps one more): ticks
     one step apart never read the same."""
-    decimals = max(0, -math.floor(math.log10(step) + 1e-9))
-    if abs(step / 10.0 ** math.floor(math.log10(step) + 1e-9) - 2.5) < 1e-6:
-        decimals += 1
+    power = math.floor(math.log10(step) + 1e-9)
+    decimals = max(0, -power + (1 if abs(step / 10.0 ** power - 2.5) < 1e-6 else 0))
     text = f"{value:.{decimals}f}"
     return "0" if float(text) == 0 else text
 

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 COLOURS = {"pass": "#2e7d32", "regressed": "#c62828", "improved": "#1565c0", "transient": "#ef6c00",
            "noisy": "#9e9e9e", "no-baseline": "#616161", "incomparable": "#616161", "saved": "#455a64"}
 WIDTH, HEIGHT = 540, 200
-LEFT, RIGHT, TOP, BOTTOM = 58, 526, 20, 166  # the plot area inside the SVG
+LEFT, RIGHT, TOP, BOTTOM = 58, 506, 24, 166  # the plot area inside the SVG (room for the labels around it)
 
 
 def esc(x: Any) -> str:
@@ -177,8 +177,8 @@ def svg(s: "Series", ident: str) -> str:
     return (f'<svg class="chart" viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" role="img" '
             f'data-kind="{f.kind}" data-f0="{f.t0!r}" data-f1="{f.t1!r}" data-l="{LEFT}" data-r="{RIGHT}" '
             f'data-top="{TOP}" data-bottom="{BOTTOM}" data-lo="{f.lo!r}" data-hi="{f.hi!r}">'
-            f'<clipPath id="clip-{ident}"><rect x="{LEFT}" y="{TOP - 12}" width="{RIGHT - LEFT}" '
-            f'height="{BOTTOM - TOP + 16}"/></clipPath>{y_ticks(f)}<g class="xticks">{x_ticks(f, f.t0, f.t1)}</g>'
+            f'<clipPath id="clip-{ident}"><rect x="{LEFT}" y="0" width="{RIGHT - LEFT}" '
+            f'height="{BOTTOM + 4}"/></clipPath>{y_ticks(f)}<g class="xticks">{x_ticks(f, f.t0, f.t1)}</g>'
             f'<line x1="{LEFT}" x2="{RIGHT}" y1="{BOTTOM}" y2="{BOTTOM}" stroke="#9e9e9e"/>'
             f'<g clip-path="url(#clip-{ident})">{_bands(s, f)}{_changes(s, f)}{_runs(s, f)}</g>'
             f'<rect class="sel" x="0" y="{TOP}" width="0" height="{BOTTOM - TOP}" fill="#1565c0" fill-opacity="0.15"/>'
@@ -250,7 +250,7 @@ ZOOM_SCRIPT = """
     charts.forEach(function (svg) { var r = range(svg); draw(svg, r[0], r[1]); });
   }
   function at(svg, e) {
-    var box = svg.getBoundingClientRect(), px = (e.clientX - box.left) * 540 / box.width;
+    var box = svg.getBoundingClientRect(), px = (e.clientX - box.left) * svg.viewBox.baseVal.width / box.width;
     return Math.min(Math.max(px, num(svg, 'l')), num(svg, 'r'));
   }
   charts.forEach(function (svg) {
