@@ -14,8 +14,10 @@ from datetime import datetime, timezone
 MINUTE, HOUR, DAY = 60, 3600, 86400
 #: Time-tick steps in seconds, smallest first; ticks fall on multiples of the step since the epoch (UTC).
 TIME_STEPS = (1, 2, 5, 10, 15, 30, MINUTE, 2 * MINUTE, 5 * MINUTE, 10 * MINUTE, 15 * MINUTE, 30 * MINUTE,
-              HOUR, 2 * HOUR, 3 * HOUR, 6 * HOUR, 12 * HOUR, DAY, 2 * DAY, 7 * DAY, 14 * DAY, 28 * DAY, 56 * DAY,
+              HOUR, 2 * HOUR, 3 * HOUR, 6 * HOUR, 12 * HOUR, DAY, 2 * DAY, 3 * DAY, 7 * DAY, 14 * DAY, 28 * DAY, 56 * DAY,
               91 * DAY, 182 * DAY, 364 * DAY)
+#: At most this many time ticks across a chart (a date label is about a sixth of the plot's width).
+TIME_TICKS = 6
 
 
 def nice_step(span: float, target: int = 5) -> float:
@@ -65,7 +67,7 @@ def parse_time(at: str) -> float | None:
     return when.timestamp()
 
 
-def time_step(span: float, target: int = 5) -> float:
+def time_step(span: float, target: int = TIME_TICKS) -> float:
     """The smallest step of :data:`TIME_STEPS` that cuts ``span`` seconds into at most ``target`` parts
     (beyond them, whole multiples of the largest)."""
     for step in TIME_STEPS:
@@ -83,7 +85,7 @@ def time_label(t: float, step: float) -> tuple[str, str]:
     return when.strftime("%Y-%m-%d"), when.strftime("%H:%M:%S" if step < MINUTE else "%H:%M")
 
 
-def time_ticks(t0: float, t1: float, target: int = 5) -> list[tuple[float, str, str]]:
+def time_ticks(t0: float, t1: float, target: int = TIME_TICKS) -> list[tuple[float, str, str]]:
     """The time ticks between ``t0`` and ``t1`` (seconds since the epoch): (time, date line, time line)."""
     if t1 <= t0:
         raise ValueError(f"the time axis must end after it starts ({t0!r} .. {t1!r})")
@@ -102,5 +104,5 @@ def time_domain(times: list[float]) -> tuple[float, float]:
     return lo - pad, hi + pad
 
 
-__all__ = ["TIME_STEPS", "nice_step", "nice_ticks", "parse_time", "tick_label", "time_domain", "time_label",
+__all__ = ["TIME_STEPS", "TIME_TICKS", "nice_step", "nice_ticks", "parse_time", "tick_label", "time_domain", "time_label",
            "time_step", "time_ticks"]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pytest_mig.judge.verdict import format_number
-from pytest_mig.report.axes import TIME_STEPS, nice_ticks, parse_time, tick_label, time_domain, time_ticks
+from pytest_mig.report.axes import TIME_STEPS, TIME_TICKS, nice_ticks, parse_time, tick_label, time_domain, time_ticks
 
 if TYPE_CHECKING:
     from pytest_mig.report.trend import Point, Series
@@ -189,15 +189,15 @@ def svg(s: "Series", ident: str) -> str:
 #: (that chart), double-click (back to the page's range).  It redraws the x ticks as :func:`x_ticks` does.
 ZOOM_SCRIPT = """
 (function () {
-  var STEPS = %STEPS%, DAY = 86400, NS = 'http://www.w3.org/2000/svg';
+  var STEPS = %STEPS%, TICKS = %TICKS%, DAY = 86400, NS = 'http://www.w3.org/2000/svg';
   var charts = document.querySelectorAll('svg.chart'), latest = parseFloat(document.body.dataset.latest);
   function num(el, k) { return parseFloat(el.getAttribute('data-' + k)); }
   function set(el, attrs) { for (var k in attrs) el.setAttribute(k, attrs[k]); return el; }
   function step(span, kind) {
     if (kind === 'index') return Math.max(1, Math.ceil(span / 5));
-    for (var i = 0; i < STEPS.length; i++) if (span / STEPS[i] <= 5) return STEPS[i];
+    for (var i = 0; i < STEPS.length; i++) if (span / STEPS[i] <= TICKS) return STEPS[i];
     var big = STEPS[STEPS.length - 1];
-    return big * Math.ceil(span / (big * 5));
+    return big * Math.ceil(span / (big * TICKS));
   }
   function label(t, s, kind) {
     if (kind === 'index') return ['run ' + Math.round(t + 1), ''];
@@ -277,7 +277,7 @@ ZOOM_SCRIPT = """
   window.addEventListener('hashchange', zoomAll);
   zoomAll();
 })();
-""".replace("%STEPS%", json.dumps(list(TIME_STEPS)))
+""".replace("%STEPS%", json.dumps(list(TIME_STEPS))).replace("%TICKS%", str(TIME_TICKS))
 
 
 __all__ = ["COLOURS", "Frame", "ZOOM_SCRIPT", "band", "esc", "frame_of", "non_negative", "outcome_class", "svg",
