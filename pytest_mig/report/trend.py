@@ -1,18 +1,17 @@
 """The trend page: every figure's history on one static HTML page (``pytest-mig history``).
 
-As asv publishes its pages, but one self-contained file: inline CSS, inline SVG drawn here, and a few
-lines of inline script for the filter; no CDN, no network, so it opens from a CI artifact or a
-shared folder.  Every text from a file is escaped for the place it goes (element text, attribute);
-no file text goes into the script or the style, and the page's Content-Security-Policy lets a browser
-run only that script and apply only that style (their SHA-256 hashes): nothing else, no inline
-handler, no remote resource.  Made from a baseline folder (every run saved into a history) and results files
-(every run, with its verdict); a run found in both is drawn once, with its verdict.
+As asv publishes its pages, but one self-contained file: inline CSS, inline SVG (``report.chart``)
+and inline script (a filter, and the zoom of the time axis); no CDN, no network, so it opens from a
+CI artifact or a shared folder.  Every text from a file is escaped for the place it goes (element
+text, attribute); no file text goes into the script or the style, and the page's
+Content-Security-Policy lets a browser run only that script and apply only that style (their SHA-256
+hashes): nothing else, no inline handler, no remote resource.  Made from a baseline folder (every run
+saved into a history) and results files (every run, with its verdict); a run found in both is drawn
+once, with its verdict.
 
-Per figure: its values over the runs, the band each run was judged against (the baseline's median
-and threshold, shaded), each run's verdict (the colour of its point), and the fingerprint changes
-(driver, CUDA, VBIOS, GSP, torch, board, power limit) as dashed lines on the time axis, labelled, so a
-step after a driver update is seen at a glance.  Figures are grouped by GPU model, profile and test;
-the summary at the top says what regressed in each group's latest run.
+At the top: one state line over every group's latest run (what regressed, or that nothing could be
+judged), the regressions, linked to their charts, and a table of each GPU model, profile and mode's
+latest run.  Per figure: a chart of its runs on a time axis (``report.chart``).
 """
 
 from __future__ import annotations
