@@ -23,6 +23,7 @@ from pytest_mig.store.results import ResultRecord, atomic_write_text
 from pytest_mig.store.verdicts import OUTCOMES, Verdict
 from pytest_mig.common.text import SHOWN, printable, quoted
 from pytest_mig.judge.verdict import format_number
+from pytest_mig.report.fleet import median_without
 
 if TYPE_CHECKING:
     from pytest_mig.judge.scaling import ScalingReport
@@ -285,16 +286,19 @@ def find_outliers(records: Iterable[ResultRecord], factor: float = OUTLIER_FACTO
     for (test, metric, gpu, profile, mode), nodes in sorted(groups.items()):
         if len(nodes) < 2:
             continue
-        values = {n: statistics.median(x.metric.value for x in rs) for n, rs in nodes.items()}
+        values = sorted((statistics.median(x.metric.value for x in rs), n) for n, rs in nodes.items())
+        ordered = [v for v, _ in values]
         first = next(iter(nodes.values()))[0].metric
-        for node, value in sorted(values.items()):
-            others = [v for n, v in values.items() if n != node]
-            med = statistics.median(others)
+        found = []
+        for pos, (value, node) in enumerate(values):
+            med = median_without(ordered, pos)  # the other nodes' median
             if value <= 0 or med <= 0:
                 continue
             worse = med / value if first.direction == "higher" else value / med
             if worse >= factor:
-                out.append(Outlier(node, test, metric, gpu, profile, value, first.unit, med, len(others), worse, mode))
+                found.append(Outlier(node, test, metric, gpu, profile, value, first.unit, med, len(values) - 1, worse,
+                                     mode))
+        out.extend(sorted(found, key=lambda o: o.node))
     return out
 
 
