@@ -40,6 +40,7 @@ import errno
 import json
 import math
 import os
+import re
 import stat
 import tempfile
 import time
@@ -69,7 +70,10 @@ class FileProblem(ValueError):
 
 def _no_duplicates(where: str) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
     def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
+        out = dict(pairs)
+        if len(out) == len(pairs):
+            return out
+        out = {}
         for key, value in pairs:
             if key in out:
                 raise FileProblem(f"{where}: the key {json.dumps(key)} is given twice in one object, so which one "
@@ -93,6 +97,30 @@ class _Unreadable:
     def __init__(self, why: str) -> None:
         self.why = why
         _Unreadable.made += 1
+
+
+#: Digits as "0", "E" as "e", "+" left out: a run of digits, or an exponent, is found by one plain search.
+_DIGITS = bytes.maketrans(b"123456789E", b"000000000e")
+
+
+def _may_hold_huge(text: str) -> bool:
+    """Whether ``text`` may hold a run of more than 20 digits or a positive exponent of three digits:
+    only such text can hold an int or a float that :func:`_bounded_int` or :func:`_bounded_float`
+    refuses (20 digits under a 2-digit exponent stay finite; a negative exponent only underflows), so
+    only such text is parsed through them.  A match elsewhere (inside a string) only costs the slower
+    parse."""
+    digits = text.encode("utf-8", "surrogatepass").translate(_DIGITS, b"+")
+    if b"0" * 21 in digits:
+        return True
+    at = digits.find(b"0e000")
+    while at >= 0:  # a number's exponent ends its token; a board's hex id ("...3e456b...") goes on
+        end = at + 5
+        while digits[end:end + 1] == b"0":
+            end += 1
+        if not digits[end:end + 1].isalnum() and digits[end:end + 1] != b"_":
+            return True
+        at = digits.find(b"0e000", end)
+    return False
 
 
 def _bounded_int(text: str) -> Any:
@@ -144,8 +172,9 @@ def parse_json(text: str, where: str, *, allow_nan: bool = False) -> Any:
     ``allow_nan`` (results files carry a failed workload's NaN).  FileProblem otherwise, naming the
     field of a number it refuses."""
     where = printable(where)
-    kwargs: dict[str, Any] = {"object_pairs_hook": _no_duplicates(where), "parse_int": _bounded_int,
-                              "parse_float": _bounded_float}
+    kwargs: dict[str, Any] = {"object_pairs_hook": _no_duplicates(where)}
+    if _may_hold_huge(text):  # a number json itself would read as a huge int or an infinity
+        kwargs |= {"parse_int": _bounded_int, "parse_float": _bounded_float}
     if not allow_nan:
         kwargs["parse_constant"] = _no_constant(where)
     made = _Unreadable.made

@@ -114,6 +114,8 @@ def _array_check(s: Mapping[str, Any]) -> Check | None:
     if "items" not in s:
         return None
     item = _compile(s["items"])
+    if set(s["items"]) == {"type"} and isinstance(s["items"]["type"], str):  # a list of numbers or strings
+        return lambda x: not isinstance(x, list) or all(map(item, x))
     return lambda x: not isinstance(x, list) or all(item(v) for v in x)
 
 
