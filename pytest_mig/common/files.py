@@ -40,13 +40,13 @@ import errno
 import json
 import math
 import os
-import re
 import stat
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from pytest_mig.common.huge_numbers import may_hold_huge
 from pytest_mig.common.schema_check import Check, compile_schema
 from pytest_mig.common.text import printable, shown
 
@@ -99,30 +99,6 @@ class _Unreadable:
         _Unreadable.made += 1
 
 
-#: Digits as "0", "E" as "e", "+" left out: a run of digits, or an exponent, is found by one plain search.
-_DIGITS = bytes.maketrans(b"123456789E", b"000000000e")
-
-
-def _may_hold_huge(text: str) -> bool:
-    """Whether ``text`` may hold a run of more than 20 digits or a positive exponent of three digits:
-    only such text can hold an int or a float that :func:`_bounded_int` or :func:`_bounded_float`
-    refuses (20 digits under a 2-digit exponent stay finite; a negative exponent only underflows), so
-    only such text is parsed through them.  A match elsewhere (inside a string) only costs the slower
-    parse."""
-    digits = text.encode("utf-8", "surrogatepass").translate(_DIGITS, b"+")
-    if b"0" * 21 in digits:
-        return True
-    at = digits.find(b"0e000")
-    while at >= 0:  # a number's exponent ends its token; a board's hex id ("...3e456b...") goes on
-        end = at + 5
-        while digits[end:end + 1] == b"0":
-            end += 1
-        if not digits[end:end + 1].isalnum() and digits[end:end + 1] != b"_":
-            return True
-        at = digits.find(b"0e000", end)
-    return False
-
-
 def _bounded_int(text: str) -> Any:
     digits = len(text.lstrip("-"))
     if digits > MAX_INT_DIGITS:
@@ -173,7 +149,7 @@ def parse_json(text: str, where: str, *, allow_nan: bool = False) -> Any:
     field of a number it refuses."""
     where = printable(where)
     kwargs: dict[str, Any] = {"object_pairs_hook": _no_duplicates(where)}
-    if _may_hold_huge(text):  # a number json itself would read as a huge int or an infinity
+    if may_hold_huge(text):  # a number json itself would read as a huge int or an infinity
         kwargs |= {"parse_int": _bounded_int, "parse_float": _bounded_float}
     if not allow_nan:
         kwargs["parse_constant"] = _no_constant(where)
