@@ -46,6 +46,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from pytest_mig.common.huge_numbers import may_hold_huge
+from pytest_mig.common.schema_check import Check, compile_schema
 from pytest_mig.common.text import printable, shown
 
 #: Deepest nesting any pytest-mig file has (a baseline: modes > tests > metrics > runs > fingerprint);
@@ -68,7 +70,10 @@ class FileProblem(ValueError):
 
 def _no_duplicates(where: str) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
     def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
+        out = dict(pairs)
+        if len(out) == len(pairs):
+            return out
+        out = {}
         for key, value in pairs:
             if key in out:
                 raise FileProblem(f"{where}: the key {json.dumps(key)} is given twice in one object, so which one "
@@ -87,8 +92,11 @@ def _no_constant(where: str) -> Callable[[str], Any]:
 class _Unreadable:
     """A number the parser met that no field can hold, kept as text until its place is known."""
 
+    made = 0  # how many were ever made: a parse that made none has none to look for
+
     def __init__(self, why: str) -> None:
         self.why = why
+        _Unreadable.made += 1
 
 
 def _bounded_int(text: str) -> Any:
@@ -122,18 +130,16 @@ def _first_unreadable(doc: Any) -> tuple[str, str] | None:
 
 
 def depth(doc: Any) -> int:
-    """How deeply lists and objects nest in ``doc`` (a scalar: 0), found without recursion."""
-    deepest, stack = 0, [(doc, 1)]
-    while stack:
-        node, level = stack.pop()
-        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
-        if children is None:
-            continue
-        deepest = max(deepest, level)
-        if level > MAX_DEPTH:
-            break
-        stack.extend((c, level + 1) for c in children)
-    return deepest
+    """How deeply lists and objects nest in ``doc`` (a scalar: 0), found without recursion, a level of
+    containers at a time (a scalar is never held), stopping past MAX_DEPTH."""
+    level, containers = 0, [doc] if isinstance(doc, (dict, list)) else []
+    while containers and level <= MAX_DEPTH:
+        level += 1
+        below: list[Any] = []
+        for node in containers:
+            below.extend(c for c in (node.values() if isinstance(node, dict) else node) if isinstance(c, (dict, list)))
+        containers = below
+    return level
 
 
 def parse_json(text: str, where: str, *, allow_nan: bool = False) -> Any:
@@ -142,10 +148,12 @@ def parse_json(text: str, where: str, *, allow_nan: bool = False) -> Any:
     ``allow_nan`` (results files carry a failed workload's NaN).  FileProblem otherwise, naming the
     field of a number it refuses."""
     where = printable(where)
-    kwargs: dict[str, Any] = {"object_pairs_hook": _no_duplicates(where), "parse_int": _bounded_int,
-                              "parse_float": _bounded_float}
+    kwargs: dict[str, Any] = {"object_pairs_hook": _no_duplicates(where)}
+    if may_hold_huge(text):  # a number json itself would read as a huge int or an infinity
+        kwargs |= {"parse_int": _bounded_int, "parse_float": _bounded_float}
     if not allow_nan:
         kwargs["parse_constant"] = _no_constant(where)
+    made = _Unreadable.made
     try:
         doc = json.loads(text, **kwargs)
     except json.JSONDecodeError as exc:
@@ -154,7 +162,7 @@ def parse_json(text: str, where: str, *, allow_nan: bool = False) -> Any:
         raise FileProblem(f"{where}: nested too deeply to be a pytest-mig file") from None
     if depth(doc) > MAX_DEPTH:
         raise FileProblem(f"{where}: nested more than {MAX_DEPTH} levels deep, which no pytest-mig file is")
-    bad = _first_unreadable(doc)
+    bad = _first_unreadable(doc) if _Unreadable.made != made else None
     if bad is not None:
         at, why = bad
         raise FileProblem(f"{where}: {'at ' + printable(at) + ': ' if at else ''}{why}, not a number any pytest-mig "
@@ -236,9 +244,25 @@ def check_links(path: Path) -> None:
             return  # not readable: the writability checks name it
 
 
+#: Each schema's compiled checks (:mod:`pytest_mig.common.schema_check`), by the schema's id; the schema
+#: is kept beside them so that its id is never reused.
+_CHECKS: dict[int, tuple[Mapping[str, Any], Check | None]] = {}
+
+
+def _compiled(schema: Mapping[str, Any]) -> Check | None:
+    got = _CHECKS.get(id(schema))
+    if got is None or got[0] is not schema:
+        got = _CHECKS[id(schema)] = (schema, compile_schema(schema))
+    return got[1]
+
+
 def validate(doc: Any, schema: Mapping[str, Any], where: str) -> None:
-    """Check ``doc`` against a JSON schema (jsonschema); the first problem found is a FileProblem
-    naming where in the file it is."""
+    """Check ``doc`` against a JSON schema; the first problem found is a FileProblem naming where in
+    the file it is.  The schema's compiled checks pass a valid document; jsonschema names the problem
+    of one they refuse (and checks a schema they do not compile)."""
+    check = _compiled(schema)
+    if check is not None and check(doc):
+        return  # valid; a document the compiled checks refuse gets jsonschema's sentence below
     from jsonschema import Draft202012Validator
     from jsonschema.exceptions import best_match
 

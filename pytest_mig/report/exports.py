@@ -16,7 +16,8 @@ dcgm-exporter's default counters).  A label pytest-mig does not know is left out
 leaves out GPU_I_* on a whole GPU; so ``PYTEST_MIG_FIGURE * on(UUID, GPU_I_ID) group_left
 DCGM_FI_DEV_SM_CLOCK`` pairs each figure with the clock of the slice or whole GPU it was measured on.
 pytest-mig's own labels follow: ``profile`` (``full`` on a whole GPU, the emulated profile under
-``--mig-emulate``), ``emulated``, ``mode``, ``test``, ``metric``, ``unit``.
+``--mig-emulate``), ``emulated``, ``mode``, ``test``, ``metric``, ``unit``, ``direction`` (``higher`` or
+``lower`` is better: what recipes/prometheus-rules.yml needs to call a figure worse).
 
 - ``PYTEST_MIG_FIGURE``: the measured value;
 - ``PYTEST_MIG_CHANGE_PERCENT``: the change against the baseline, where there was one;
@@ -55,7 +56,7 @@ EXTRA_FINGERPRINT = ("driver", "cuda_driver", "torch")
 DCGM_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "GPU_I_PROFILE", "GPU_I_ID", "Hostname",
                "DCGM_FI_DRIVER_VERSION")
 #: pytest-mig's own labels of a figure's series, after dcgm-exporter's.
-OWN_LABELS = ("profile", "emulated", "mode", "test", "metric", "unit")
+OWN_LABELS = ("profile", "emulated", "mode", "test", "metric", "unit", "direction")
 
 class ExportError(Exception):
     """An export that could not be written; the message says which and why."""
@@ -166,7 +167,8 @@ def dcgm_labels(r: ResultRecord, host: str) -> dict[str, str]:
 def _labels(r: ResultRecord, host: str) -> dict[str, str]:
     t = r.target.to_dict()
     own = {"profile": str(t.get("profile") or ""), "emulated": "true" if t.get("kind") == "emulated" else "false",
-           "mode": r.mode, "test": r.test, "metric": r.metric.name, "unit": r.metric.unit}
+           "mode": r.mode, "test": r.test, "metric": r.metric.name, "unit": r.metric.unit,
+           "direction": r.metric.direction}
     return dcgm_labels(r, host) | {k: v for k, v in own.items() if v}
 
 

@@ -20,6 +20,7 @@ each other, the way an admin looks for the one board to pull.
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
@@ -89,26 +90,50 @@ class DeviceOutlier:
                 f"{self.unit} of {self.others} other {self.gpu} {self.profile} device(s) (bar {self.bar * 100:.1f}%)")
 
 
+def median_without(ordered: Sequence[float], i: int) -> float:
+    """The median of the sorted ``ordered`` without its element at index ``i`` (as statistics.median
+    of the others gives it), in constant time: the fleet compares each of n devices with the n - 1
+    others."""
+    n = len(ordered) - 1
+
+    def at(j: int) -> float:
+        return ordered[j if j < i else j + 1]
+    return at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2
+
+
+def _bars(ordered: list[float]) -> list[tuple[float, float]]:
+    """For each value of the sorted ``ordered``: the others' median and the outlier bar, in n log n."""
+    out = []
+    deviations: dict[float, list[float]] = {}  # sorted |v - m| for each distinct others' median m
+    for pos, value in enumerate(ordered):
+        med = median_without(ordered, pos)
+        if len(ordered) - 1 >= MIN_OTHERS:
+            devs = deviations.get(med)
+            if devs is None:
+                devs = deviations[med] = sorted(abs(v - med) for v in ordered)
+            spread = 1.4826 * median_without(devs, bisect.bisect_left(devs, abs(value - med))) / med
+            out.append((med, max(MIN_GAP, SPREAD_K * spread)))
+        else:
+            others = ordered[:pos] + ordered[pos + 1:]
+            out.append((med, max(FEW_GAP, SPREAD_K * (max(others) - min(others)) / 2 / med)))
+    return out
+
+
 def find_device_outliers(records: Iterable[ResultRecord]) -> list[DeviceOutlier]:
     """Devices whose figure is far worse than that of the other devices of the same model and profile."""
     out = []
     for (test, metric, gpu, profile, _mode), devices in sorted(_group(records).items()):
         if len(devices) < 3:
             continue
-        values = {d: statistics.median(r.metric.value for r in rs) for d, rs in devices.items()}
-        for dev, value in sorted(values.items()):
+        values = sorted(((statistics.median(r.metric.value for r in rs), d) for d, rs in devices.items()))
+        found = []
+        for (value, dev), (med, bar) in zip(values, _bars([v for v, _ in values])):
             first = devices[dev][0]
-            others = [v for d, v in values.items() if d != dev]
-            med = statistics.median(others)
-            spread = 1.4826 * statistics.median(abs(v - med) for v in others) / med
-            if len(others) >= MIN_OTHERS:
-                bar = max(MIN_GAP, SPREAD_K * spread)
-            else:
-                bar = max(FEW_GAP, SPREAD_K * (max(others) - min(others)) / 2 / med)
             worse = (med / value - 1) if first.metric.direction == "higher" else (value / med - 1)
             if worse > bar:
-                out.append(DeviceOutlier(test, metric, gpu, profile, device_label(first), first.node, value,
-                                         first.metric.unit, med, len(others), worse, bar))
+                found.append((dev, DeviceOutlier(test, metric, gpu, profile, device_label(first), first.node, value,
+                                                 first.metric.unit, med, len(values) - 1, worse, bar)))
+        out.extend(o for _, o in sorted(found, key=lambda x: x[0]))
     return out
 
 
@@ -242,4 +267,4 @@ def provider_lines(figures: Sequence[ProviderFigure]) -> list[str]:
 
 
 __all__ = ["DeviceOutlier", "ProviderFigure", "SlicesVsOne", "device_key", "device_label", "device_rows",
-           "find_device_outliers", "provider_figures", "provider_lines", "slices_vs_one"]
+           "find_device_outliers", "median_without", "provider_figures", "provider_lines", "slices_vs_one"]

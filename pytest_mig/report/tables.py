@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import statistics
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
+import numpy as np
 import pandas as pd
 
 from pytest_mig.device.target import TargetInfo
@@ -23,6 +25,7 @@ from pytest_mig.store.results import ResultRecord, atomic_write_text
 from pytest_mig.store.verdicts import OUTCOMES, Verdict
 from pytest_mig.common.text import SHOWN, printable, quoted
 from pytest_mig.judge.verdict import format_number
+from pytest_mig.report.fleet import DeviceOutlier, device_label, median_without
 
 if TYPE_CHECKING:
     from pytest_mig.judge.scaling import ScalingReport
@@ -193,6 +196,33 @@ def markdown_cell(value: Any) -> Any:
     return text.replace("\\", "\\\\").replace("|", "\\|")
 
 
+def _markdown_text(value: Any) -> str:
+    """One distinct value of a column as a markdown cell: numbers as tabulate's ``g`` writes them."""
+    if isinstance(value, (bool, np.bool_)):
+        return str(bool(value))
+    if isinstance(value, numbers.Integral):
+        return str(int(value))
+    if isinstance(value, numbers.Real):
+        return format(float(value), "g")
+    return str(markdown_cell(value if isinstance(value, str) else str(value)))
+
+
+def markdown_table(frame: pd.DataFrame) -> str:
+    """The frame as a markdown (pipe) table: each distinct value of a column made a cell once, so a
+    fleet's hundreds of thousands of rows take seconds; a missing value is ``-``."""
+    cells = []
+    for col in frame.columns:
+        codes, uniques = pd.factorize(frame[col], use_na_sentinel=True)
+        text = [_markdown_text(u) for u in uniques] + ["-"]  # code -1 (missing) is the last
+        cells.append([text[c] for c in codes])
+    numeric = [pd.api.types.is_numeric_dtype(frame[c]) and not pd.api.types.is_bool_dtype(frame[c])
+               for c in frame.columns]
+    lines = ["| " + " | ".join(str(markdown_cell(str(c))) for c in frame.columns) + " |",
+             "|" + "|".join("---:" if n else ":---" for n in numeric) + "|"]
+    lines.extend("| " + " | ".join(row) + " |" for row in zip(*cells))
+    return "\n".join(lines) + "\n"
+
+
 def _cells(frame: pd.DataFrame, safe: Any) -> pd.DataFrame:
     """The frame with every text cell (and column name) passed through ``safe``."""
     out = frame.copy()
@@ -208,9 +238,7 @@ def write_report(path: Path | str, data: Iterable[ResultRecord] | pd.DataFrame) 
     fmt = report_format(path)
     frame = _frame_of(data)
     if fmt == "markdown":
-        safe = _cells(frame, markdown_cell)
-        shown = safe.astype(object).where(safe.notna(), None)  # a missing baseline is "-", not "nan"
-        text = shown.to_markdown(index=False, missingval="-") + "\n"
+        text = markdown_table(frame)
     elif fmt == "csv":
         text = _cells(frame, csv_cell).to_csv(index=False)
     else:
@@ -285,25 +313,35 @@ def find_outliers(records: Iterable[ResultRecord], factor: float = OUTLIER_FACTO
     for (test, metric, gpu, profile, mode), nodes in sorted(groups.items()):
         if len(nodes) < 2:
             continue
-        values = {n: statistics.median(x.metric.value for x in rs) for n, rs in nodes.items()}
+        values = sorted((statistics.median(x.metric.value for x in rs), n) for n, rs in nodes.items())
+        ordered = [v for v, _ in values]
         first = next(iter(nodes.values()))[0].metric
-        for node, value in sorted(values.items()):
-            others = [v for n, v in values.items() if n != node]
-            med = statistics.median(others)
+        found = []
+        for pos, (value, node) in enumerate(values):
+            med = median_without(ordered, pos)  # the other nodes' median
             if value <= 0 or med <= 0:
                 continue
             worse = med / value if first.direction == "higher" else value / med
             if worse >= factor:
-                out.append(Outlier(node, test, metric, gpu, profile, value, first.unit, med, len(others), worse, mode))
+                found.append(Outlier(node, test, metric, gpu, profile, value, first.unit, med, len(values) - 1, worse,
+                                     mode))
+        out.extend(sorted(found, key=lambda o: o.node))
     return out
 
 
-def merged_frame(records: Sequence[ResultRecord], outliers: Sequence[Outlier]) -> pd.DataFrame:
-    """The merged table with an ``outlier`` column marking the rows of outlier nodes."""
-    frame = records_frame(records).sort_values(["test", "metric", "gpu", "profile", "node"], kind="stable")
+def merged_frame(records: Sequence[ResultRecord], outliers: Sequence[Outlier],
+                 devices: Sequence[DeviceOutlier] = ()) -> pd.DataFrame:
+    """The merged table, a ``device`` column naming each row's board, and an ``outlier`` column marking
+    the rows of outlier nodes (``<< 3.0x worse``) and outlier devices (``<< 8.1% worse``)."""
+    frame = records_frame(records)
+    frame.insert(frame.columns.get_loc("node") + 1, "device", [device_label(r) for r in records])
+    frame = frame.sort_values(["test", "metric", "gpu", "profile", "node", "device"], kind="stable")
     marks = {(o.test, o.metric, o.gpu, o.profile, o.mode, o.node): f"<< {o.factor:.1f}x worse" for o in outliers}
-    frame["outlier"] = [marks.get(key, "") for key in zip(frame["test"], frame["metric"], frame["gpu"],
-                                                          frame["profile"], frame["mode"], frame["node"])]
+    boards = {(d.test, d.metric, d.node, d.device): f"<< {d.worse * 100:.1f}% worse than {d.others} devices"
+              for d in devices}
+    frame["outlier"] = [marks.get((t, m, g, p, mo, n)) or boards.get((t, m, n, d), "") for t, m, g, p, mo, n, d in
+                        zip(frame["test"], frame["metric"], frame["gpu"], frame["profile"], frame["mode"],
+                            frame["node"], frame["device"])]
     return frame.reset_index(drop=True)
 
 

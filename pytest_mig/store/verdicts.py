@@ -27,6 +27,8 @@ class ClockNote:
 
 #: Fields the message is rendered from that a results file does not keep (the message holds their words).
 _NOT_FILED = ("clock", "history_fingerprint", "history_throttled")
+#: The fields a results file's verdict object gives, by class (found once).
+_FILED: dict[type, frozenset[str]] = {}
 
 
 @dataclass
@@ -73,7 +75,9 @@ class Verdict:
     def from_dict(cls, d: Mapping[str, Any]) -> "Verdict":
         """A results file's ``verdict`` object, its types checked already by the file's schema
         (:data:`pytest_mig.store.schemas.VERDICT`); fields it does not know are not read."""
-        known = {f.name for f in fields(cls)} - set(_NOT_FILED)
+        known = _FILED.get(cls)
+        if known is None:
+            known = _FILED[cls] = frozenset(f.name for f in fields(cls)) - set(_NOT_FILED)
         given = {k: list(v) if isinstance(v, list) else v for k, v in d.items() if k in known and v is not None}
         head = {"outcome": cast(Outcome, str(d["outcome"])), "metric": str(d.get("metric") or ""),
                 "source": d.get("source")}

@@ -1,0 +1,217 @@
+"""A fleet's night: ``pytest-mig report`` over many GPUs' results files (summary first, rows in the
+file), the outlier rule in n log n, the compiled schema checks, and the recipes a fleet watches
+with (Prometheus alerting rules run by promtool, a Grafana dashboard).
+
+The fleet is simulated from a real recorded H100 night (tests/fleet_nights.py: copies of
+docs/results/h100-nights-2026-11-26.tgz's night2.json with new boards and 0.3% noise, one board 8% slow).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+import re
+import shutil
+import statistics
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jsonschema import Draft202012Validator
+from prometheus_client.parser import text_string_to_metric_families
+
+import fleet_nights
+from pytest_mig.cli import main
+from pytest_mig.common.schema_check import compile_schema
+from pytest_mig.report import exports
+from pytest_mig.report.fleet import median_without
+from pytest_mig.store import schemas
+from pytest_mig.store.results import ResultRecord
+
+ROOT = Path(__file__).resolve().parent.parent
+RULES = ROOT / "recipes" / "prometheus-rules.yml"
+DASHBOARD = ROOT / "recipes" / "grafana-dashboard.json"
+PROMTOOL = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool is not installed (Debian: apt-get install "
+                                    "prometheus; it is not on PyPI)")
+SLOW = 3  # the slow board's index in the simulated fleet
+NEW_DRIVER = "590.10"  # the driver one board is given in the test, to be named as a difference
+
+
+@pytest.fixture(scope="module")
+def night() -> dict[str, Any]:
+    return fleet_nights.read_night(fleet_nights.ARCHIVE)
+
+
+def _regressed_board(doc: dict[str, Any]) -> int:
+    """Give board doc's first two compared figures a regressed verdict and a new driver; how many."""
+    marked = 0
+    for r in doc["records"]:
+        r["fingerprint"]["driver"] = NEW_DRIVER
+        if r["metric"]["compare"] and marked < 2:
+            r["verdict"].update(outcome="regressed", change_pct=-7.5,
+                                fingerprint_changes=[f"driver 580.159.04 -> {NEW_DRIVER}"])
+            marked += 1
+    return marked
+
+
+def test_report_of_a_fleet_prints_the_summary_first_and_keeps_the_rows_in_the_file(
+        tmp_path: Path, night: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    files = fleet_nights.write_fleet(night, tmp_path / "fleet", 6, slow_gpu=SLOW)
+    doc = json.loads(files[1].read_text())
+    regressed = _regressed_board(doc)
+    files[1].write_text(json.dumps(doc))
+    out_path = tmp_path / "fleet.md"
+    assert main(["report", *map(str, files), "--out", str(out_path)]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    n = len(night["records"]) * 6
+    assert lines[0].startswith(f"{n} metric(s) from 6 file(s): 6 device(s) on 1 node(s); verdicts: ")
+    heads = [line.split(":")[0] for line in lines if not line.startswith(" ")]
+    assert heads[1:] == ["OUTLIER BOARDS", "REGRESSIONS", "FINGERPRINTS", f"{n} row(s), one per device and figure, "
+                                                                          f"written to {out_path}"]
+    boards = lines[lines.index("OUTLIER BOARDS: 1") + 1]
+    assert f"serial {1650000000000 + SLOW}" in boards and boards.startswith(f"  GPU {SLOW} ")
+    compared = sum(1 for r in night["records"] if r["metric"]["compare"] and r["metric"]["value"] > 0)
+    assert f": {compared} figure(s) worse than the other NVIDIA H100 80GB HBM3 full devices" in boards
+    assert f"REGRESSIONS: {regressed} figure(s) on 1 device(s)" in lines
+    assert any(line.startswith("  GPU 1 (") and f"{regressed} regressed" in line for line in lines)
+    assert f"  driver differs: 580.159.04 on 5; {NEW_DRIVER} on 1 (node-000 GPU 1)" in lines
+    assert f"  since the baseline: driver 580.159.04 -> {NEW_DRIVER} (1 device(s), {regressed} figure(s))" in lines
+    assert not any(line.startswith("benchmarks/") or line.startswith("| ") for line in lines)  # no rows here
+    rows = out_path.read_text().splitlines()[2:]
+    assert len(rows) == n
+    marked = [r for r in rows if "% worse than 5 devices" in r]  # the outlier column (markdown escapes its <<)
+    assert len(marked) == compared and all(f"serial {1650000000000 + SLOW}" in r for r in marked)
+
+
+def test_report_without_out_says_where_the_rows_go_when_they_are_many(
+        tmp_path: Path, night: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    files = fleet_nights.write_fleet(night, tmp_path / "fleet", 3, slow_gpu=None)
+    assert main(["report", *map(str, files)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1] == (f"{len(night['records']) * 3} row(s), one per device and figure, not printed: "
+                                    f"give --out report.md (or .csv, .json) to keep them")
+
+
+def test_median_without_is_the_median_of_the_others() -> None:
+    rng = random.Random(7)
+    for n in range(2, 12):
+        values = sorted(rng.choice([rng.random(), 1.0, 2.0]) for _ in range(n))
+        assert [median_without(values, i) for i in range(n)] == \
+            [statistics.median(values[:i] + values[i + 1:]) for i in range(n)]
+
+
+def _mutations(doc: Any, rng: random.Random) -> Any:
+    """A copy of ``doc`` with one value somewhere replaced or one key dropped."""
+    palette = [None, True, False, 0, -1, 1.5, 2.0, 1e301, float("nan"), "", "x", "higher", [], {}, [1, "a"], {"a": 1}]
+    doc = copy.deepcopy(doc)
+    node, parents = doc, []
+    while isinstance(node, (dict, list)) and node and rng.random() < 0.8:
+        key = rng.choice(list(node)) if isinstance(node, dict) else rng.randrange(len(node))
+        parents.append((node, key))
+        node = node[key]
+    if not parents:
+        return doc
+    parent, key = parents[-1]
+    if isinstance(parent, dict) and rng.random() < 0.25:
+        del parent[key]
+    else:
+        parent[key] = rng.choice(palette)
+    return doc
+
+
+@pytest.mark.parametrize("schema, name", [(schemas.RESULTS, "results"), (schemas.RECORD, "record")])
+def test_compiled_checks_agree_with_jsonschema(night: dict[str, Any], schema: dict[str, Any], name: str) -> None:
+    check = compile_schema(schema)
+    assert check is not None
+    small = dict(night, records=night["records"][:3])
+    seeds = [small] if name == "results" else small["records"]
+    rng = random.Random(1)
+    validator = Draft202012Validator(schema)
+    verdicts = set()
+    for i in range(600):
+        doc = _mutations(seeds[i % len(seeds)], rng)
+        assert check(doc) == validator.is_valid(doc), json.dumps(doc, default=str)[:300]
+        verdicts.add(check(doc))
+    assert verdicts == {True, False}  # the mutations made both valid and invalid documents
+    assert compile_schema({"type": "string", "pattern": "^a"}) is None  # a keyword not compiled: jsonschema's
+
+
+# --------------------------------------------------------------------------- Prometheus and Grafana
+
+
+def _fleet_series(night: dict[str, Any], gpus: int) -> tuple[list[dict[str, str]], str, str, int]:
+    """promtool input series of ``gpus`` boards' textfiles (six figures each), the slow board's UUID,
+    the regressed board's UUID and the number of figures per board."""
+    keep = [r for r in night["records"] if r["metric"]["compare"]][:6]
+    small = dict(night, records=keep)
+    series, slow_uuid, regressed_uuid = [], "", ""
+    for i in range(gpus):
+        doc = fleet_nights.simulate(small, i, noise=0.003, slow=0.08 if i == SLOW else 0.0, seed=0)
+        if i == 1:
+            doc["records"][0]["verdict"]["outcome"] = "regressed"
+        records = [ResultRecord.from_dict(r) for r in doc["records"]]
+        uuid = records[0].target.gpu_uuid
+        slow_uuid, regressed_uuid = (uuid if i == SLOW else slow_uuid), (uuid if i == 1 else regressed_uuid)
+        text = exports.prometheus_text(records, host=doc["records"][0]["node"], now=0.0)
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                labels = ",".join(f'{k}={json.dumps(v)}' for k, v in sorted(s.labels.items()))
+                series.append({"series": f"{s.name}{{{labels}}}", "values": f"{s.value!r}+0x10"})
+    return series, slow_uuid, regressed_uuid, len(keep)
+
+
+@needs_promtool
+def test_alerting_rules_fire_on_the_slow_board_only(tmp_path: Path, night: dict[str, Any]) -> None:
+    series, slow, regressed, figures = _fleet_series(night, 12)
+    tests = {"rule_files": [str(RULES)], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": series,
+        "promql_expr_test": [
+            {"expr": 'count by (UUID) (ALERTS{alertname="PytestMigOutlierBoard", alertstate="firing"})',
+             "eval_time": "5m", "exp_samples": [{"labels": f'{{UUID="{slow}"}}', "value": figures}]},
+            {"expr": 'count by (UUID) (ALERTS{alertname="PytestMigRegressed", alertstate="firing"})',
+             "eval_time": "5m", "exp_samples": [{"labels": f'{{UUID="{regressed}"}}', "value": 1}]},
+            {"expr": 'count(ALERTS{alertname="PytestMigNightMissing"})', "eval_time": "5m", "exp_samples": []},
+        ]}]}
+    path = tmp_path / "fleet-tests.yml"
+    path.write_text(json.dumps(tests))  # JSON is YAML
+    assert PROMTOOL is not None
+    done = subprocess.run([PROMTOOL, "test", "rules", str(path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout
+
+
+@needs_promtool
+def test_alerting_rules_pass_promtool_check() -> None:
+    assert PROMTOOL is not None
+    done = subprocess.run([PROMTOOL, "check", "rules", str(RULES)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+EXPORTED = ("PYTEST_MIG_FIGURE", "PYTEST_MIG_CHANGE_PERCENT", "PYTEST_MIG_REGRESSED",
+            "PYTEST_MIG_LAST_RUN_TIMESTAMP_SECONDS")
+
+
+def test_grafana_dashboard_loads_and_queries_the_exported_series() -> None:
+    """What Grafana needs to import a dashboard (no dashboard linter is on PyPI: grafana/dashboard-linter
+    is a Go tool): a title, a uid, a schema version, panels with an id, a type, a place and targets whose
+    PromQL names the exported series; every template variable a query uses is defined."""
+    dash = json.loads(DASHBOARD.read_text())
+    assert dash["title"] and re.fullmatch(r"[A-Za-z0-9_-]{1,40}", dash["uid"]) and dash["schemaVersion"] >= 36
+    variables = {v["name"] for v in dash["templating"]["list"]}
+    used = set()
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids)) >= 4
+    for p in dash["panels"]:
+        assert p["type"] in ("table", "timeseries", "stat") and set(p["gridPos"]) == {"x", "y", "w", "h"}
+        assert p["gridPos"]["x"] + p["gridPos"]["w"] <= 24 and p["targets"]
+        for t in p["targets"]:
+            assert any(name in t["expr"] for name in EXPORTED), t["expr"]
+            labels = set(re.findall(r"(\w+)\s*[=!]~?\s*\"", t["expr"])) | set(re.findall(r"by \(([^)]*)\)", t["expr"]))
+            labels = {x.strip() for group in labels for x in group.split(",")}
+            assert labels <= set(exports.DCGM_LABELS) | set(exports.OWN_LABELS), labels
+            used |= set(re.findall(r"\$(\w+)", t["expr"] + json.dumps(p["datasource"])))
+    assert used <= variables and "datasource" in variables
