@@ -11,8 +11,8 @@ What it does not run exactly, and why:
   would replace the interpreter's install of the project; the rest of each line runs as written.
   :func:`test_readme_installs_the_gpu_extra_only_on_a_gpu_node` checks what the lines install.
 - ``pytest-mig calibrate -n 10 -- benchmarks ...``: ten CPU runs of the whole suite take about 20
-  minutes, so it runs 3 times (the fewest ``pytest-mig samples`` accepts) over ``test_gemm`` in quick
-  mode.
+  minutes, so it runs 3 times (the fewest ``pytest-mig samples`` accepts) over ``test_cuda_core_fma``
+  (``-k``), whose figures are medians of enough samples for ``samples``.
 - Commands over files a site gathers (``night/*.json``, ``r1.json r2.json new.json``) get the
   results files the earlier commands wrote: the suite's run for the night, calibrate's runs for the
   compared files.
@@ -109,14 +109,14 @@ def _plan(command: str) -> list[Step]:
             if importlib.util.find_spec("mkdocs") is None:
                 step.skip = "mkdocs is not installed (the test extra brings it)"
         elif words[0] == "tox":
-            step.skip = "tox -e gpu: the suite on a GPU node"
+            step.skip = "the suite on a GPU node"
         elif words[0].startswith("recipes/"):
             step.skip = "a Slurm job on a MIG slice (test_recipes.py runs the nightly script on the CPU)"
         elif words[0] == "pytest-mig":
             step.argv = [sys.executable, "-m", "pytest_mig.cli", *words[1:]]
             if words[1] == "calibrate":
                 step.argv[step.argv.index("-n") + 1] = "3"
-                step.argv += ["--mig-quick", "-k", "test_gemm"]
+                step.argv += ["-k", "test_cuda_core_fma"]
                 step.outputs = [".mig-results/calibrate/*/calibrate-03.json"]
             if words[1] == "compare":  # docs/options.md: exit 1 on a regression (CPU runs are noisy)
                 step.codes[1] = "regressed"
