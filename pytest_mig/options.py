@@ -35,6 +35,10 @@ HELP_DEVICE = ("one MIG instance or GPU: MIG-<uuid>, GPU-<uuid>, an NVML GPU ind
                "'all': every GPU and slice of the node at once, one worker each, merged into one report.")
 HELP_EMULATE = ("approximate the profile on a GPU whose MIG mode is off: a green context with the profile's SM count "
                 "and a memory cap; results are labelled 'emulated' and never compared with real slices.")
+HELP_LAYOUT = ("run identical copies of the tests on every slice of a MIG layout at once, one worker per slice: "
+               "'4g.40gb+3g.40gb', '1g.10gbx7', '4g+2g+1g' (the GPU's own profiles), several separated by commas, or "
+               "a preset: 'paper' (Columbia/IBM's five layouts and 1g x7), 'wulver' (1g x3 against 3g). MIG on: the "
+               "instances must exist; MIG off: with --mig-emulate, CUDA MPS confines each slice.")
 HELP_REQUIRE_GPU = "fail (instead of running on the CPU) when no usable GPU is found; for nightly GPU runners."
 HELP_QUICK = "quick mode: fewer sizes and repeats, about a minute per profile."
 HELP_SAVE = ("add this run's figures to the baseline history of this GPU model and profile (tests that ran and "
@@ -82,6 +86,10 @@ def add_options(parser: pytest.Parser) -> None:
     g = parser.getgroup("mig", "pytest-mig: NVIDIA MIG slices and GPUs")
     g.addoption("--mig-profile", dest="mig_profile", default=None, help=HELP_PROFILE)
     g.addoption("--mig-device", dest="mig_device", default=None, help=HELP_DEVICE)
+    g.addoption("--mig-layout", dest="mig_layout", default=None, metavar="LAYOUT", help=HELP_LAYOUT)
+    g.addoption("--mig-layout-plot", dest="mig_layout_plot", default=None,
+                help="with --mig-layout: draw energy per unit of work against time per unit of work, one point per "
+                     "layout, the whole GPU marked, to this image (.png, .svg, .pdf; needs matplotlib).")
     g.addoption("--mig-emulate", dest="mig_emulate", action="store_true", default=False, help=HELP_EMULATE)
     g.addoption("--mig-require-gpu", dest="mig_require_gpu", action="store_true", default=None, help=HELP_REQUIRE_GPU)
     g.addoption("--mig-quick", dest="mig_quick", action="store_true", default=False, help=HELP_QUICK)
@@ -116,6 +124,7 @@ def add_options(parser: pytest.Parser) -> None:
     # Given by node mode's runner to each worker (night/node.run_workers), not by a user: hidden from --help.
     g.addoption("--mig-node-worker", dest="mig_node_worker", type=int, default=None, help=argparse.SUPPRESS)
     g.addoption("--mig-nights", dest="mig_nights", default=None, help=argparse.SUPPRESS)
+    g.addoption("--mig-layout-slot", dest="mig_layout_slot", default=None, help=argparse.SUPPRESS)
     parser.addini("mig_profile", HELP_PROFILE, default=None)
     parser.addini("mig_require_gpu", HELP_REQUIRE_GPU, default="")  # read by _ini_bool, to name the option
     parser.addini("mig_baseline_dir", HELP_BASELINE_DIR, default="baselines")

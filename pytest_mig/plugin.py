@@ -29,7 +29,7 @@ from pytest_mig.settings import baseline_dir, check_path_options, marker_toleran
 from pytest_mig.store.results import ResultRecord, ResultsFileError, read_results
 from pytest_mig.workloads import preload
 from pytest_mig.device.health import failing
-from pytest_mig.night import node
+from pytest_mig.night import layout, node
 
 SESSION = pytest.StashKey[MigSession]()
 BENCH = pytest.StashKey[MigBench]()
@@ -49,7 +49,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> int | None:
-    """``--mig-device all``: one worker per GPU or slice of the node, at once, merged (night.node)."""
+    """``--mig-device all``: one worker per GPU or slice of the node, at once, merged (night.node);
+    ``--mig-layout``: one worker per slice of each layout (night.layout)."""
+    if config.getoption("mig_layout") is not None and not (config.option.help or config.option.version):
+        return _layout_main(config)
     device = config.getoption("mig_device")
     if device is None or device.strip().lower() != "all" or config.option.help or config.option.version:
         return None
@@ -61,6 +64,24 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
         return node.main(config.invocation_params.args, nvml.discover(), opts.profile, opts.emulate,
                          config.getoption("mig_results"), config.getoption("mig_report"), sys.stdout,
                          Path(config.rootpath), config.getoption("mig_export"))
+    except SelectionError as exc:
+        print(f"ERROR: {exc}", file=sys.stderr)
+        return int(pytest.ExitCode.USAGE_ERROR)
+
+
+def _layout_main(config: pytest.Config) -> int:
+    check_path_options(config)
+    opts = options(config)
+    resolve_output_paths(config)
+    save = ("always" if config.getoption("mig_save_baseline") else
+            "if-passed" if config.getoption("mig_save_if_passed") else None)
+    try:
+        if opts.profile or opts.device:
+            raise SelectionError("--mig-layout names every slice of the run: drop "
+                                 + ("--mig-profile" if opts.profile else "--mig-device") + ".")
+        return layout.main(config.invocation_params.args, nvml.discover(), config.getoption("mig_layout"),
+                           opts.emulate, config.getoption("mig_results"), config.getoption("mig_layout_plot"),
+                           sys.stdout, Path(config.rootpath), baseline_dir(config), save)
     except SelectionError as exc:
         print(f"ERROR: {exc}", file=sys.stderr)
         return int(pytest.ExitCode.USAGE_ERROR)

@@ -20,6 +20,7 @@ from pytest_mig.bench import MigBench
 from pytest_mig.device import mps, nvml
 from pytest_mig.device import target as _target
 from pytest_mig.device import emulation
+from pytest_mig.device.layout import SlotTag, sms_check
 from pytest_mig.device.plan import Plan, plan_run
 from pytest_mig.device.target import SelectionError, Target, pin, verify
 from pytest_mig.judge.ceiling import Ceilings
@@ -113,6 +114,8 @@ class MigSession:
         self.sections: list[tuple[str, str]] = []  # (title, text) for the terminal summary
         self.saved = False  # this run's figures were added to the baseline history
         self._last_runs: tuple[dict[str, float], dict[str, float]] | None = None
+        slot = config.getoption("mig_layout_slot", None)  # a layout's worker: its slice (night.layout)
+        self.slot: SlotTag | None = SlotTag.parse(slot) if slot else None
 
     # ------------------------------------------------------------------ configure and start
 
@@ -153,7 +156,11 @@ class MigSession:
         if first.gpu_index is not None:
             board = nvml.BoardReader(first.gpu_index)
             self.board = board if board.available else None
-        if first.emulated or self.settings.slowdown_sms:
+        if self.slot is not None and self.slot.confined_by == "mps":
+            got, line = sms_check(first.profile, first.sms, mps.context_resources())
+            self.plan.targets = [replace(first, sms_obtained=got, verified=line)]
+            self.messages.append(line)
+        elif first.emulated or self.settings.slowdown_sms:
             self._emulate(first, collect_only=bool(session.config.option.collectonly))
 
     def _compile_caches(self) -> None:
@@ -331,6 +338,9 @@ class MigSession:
             where = target.info()
             if self.settings.slowdown_sms:
                 where = replace(where, extra={**where.extra, "slowed_to_sms": int(self.settings.slowdown_sms)})
+            if self.slot is not None:  # a layout's slice: its history apart from the profile's solo runs
+                where = replace(where, baseline_profile=self.slot.history_profile(str(where.profile)),
+                                extra={**where.extra, **self.slot.extra()})
             rec = ResultRecord(test=self.key(item, target), metric=metric, target=where,
                                fingerprint=dict(self.fingerprint), mode=mode)
             run.records.append(rec)

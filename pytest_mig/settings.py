@@ -123,8 +123,9 @@ def options(config: pytest.Config) -> Options:
     require = config.getoption("mig_require_gpu")
     if require is None:
         require = ini_bool(config, "mig_require_gpu")
+    slot = config.getoption("mig_layout_slot", None)
     return Options(profile=profile, device=device, emulate=bool(config.getoption("mig_emulate")),
-                   require_gpu=bool(require))
+                   require_gpu=bool(require), by_mps=bool(slot) and str(slot).endswith("/mps"))
 
 
 def check_path_options(config: pytest.Config) -> None:

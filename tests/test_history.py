@@ -232,7 +232,8 @@ def test_a_real_headless_browser_runs_no_script_a_hostile_results_file_holds(tmp
 def test_a_page_from_a_baseline_folder_alone_summarises_each_figures_newest_saved_run(tmp_path: Path) -> None:
     nights(tmp_path, [100.0, 100.5, 99.8])
     page = render(collect(tmp_path / "baselines", []))
-    assert "2026-11-12T02:00:00+00:00" in page and "nothing regressed" in page  # the third night, saved
+    assert "2026-11-12T02:00:00+00:00" in page and "nothing regressed" not in page  # the third night, saved
+    assert "saved runs only (no results files), so no verdicts: nothing judged" in page  # no verdict to report
     assert page.count('class="run saved"') == 6 and 'class="band"' not in page  # no verdicts, no bands
 
 
@@ -272,3 +273,79 @@ def test_the_page_takes_the_plugins_baseline_dir_and_the_old_spelling(
     with pytest.raises(SystemExit):
         main(["history", "--help"])
     assert "--baselines" not in capsys.readouterr().out
+
+
+def day_of_nights(tmp_path: Path) -> list[Path]:
+    """Four runs of one day after two earlier nights, each judged against a band that reaches below zero
+    (threshold 240%): the page must stop it at zero."""
+    paths = []
+    for i, at in enumerate(["2026-11-24T02:00:00", "2026-11-25T02:00:00", "2026-11-26T02:00:00",
+                            "2026-11-26T08:00:00", "2026-11-26T14:00:00", "2026-11-26T20:00:00"]):
+        rec = record(300.0 + i, name="hbm_gbps", unit="GB/s")
+        rec.timestamp = at + "+00:00"
+        rec.verdict = Verdict.from_dict({"outcome": "pass", "baseline": 300.0, "threshold": 2.4, "message": "wide"})
+        paths.append(tmp_path / f"night-{i}.json")
+        write_results(paths[-1], [rec])
+    return paths
+
+
+def browse(tmp_path: Path, url: str) -> tuple[str, list[str]]:
+    """The DOM a headless Chromium made of the page after its script ran, and every console line it logged."""
+    run = subprocess.run([CHROMIUM, *FLAGS, "--enable-logging=stderr", "--v=0",
+                          f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", url],
+                         capture_output=True, text=True, timeout=120, check=True)
+    return run.stdout, [line for line in run.stderr.splitlines() if ":CONSOLE" in line]
+
+
+def charts(dom: str) -> list[dict[str, Any]]:
+    """Per chart in a DOM: its x tick labels (date and time), y tick labels, the y of zero, band bottoms."""
+    out = []
+    for chunk in dom.split('<svg class="chart"')[1:]:
+        chunk = chunk.split("</svg>")[0]
+        attrs = dict(re.findall(r'data-(lo|hi|top|bottom)="([-\d.e]+)"', chunk.split(">")[0]))
+        lo, hi, top, bottom = (float(attrs[k]) for k in ("lo", "hi", "top", "bottom"))
+        bands = [re.search(r' y="([-\d.]+)"', r).group(1) + " " + re.search(r'height="([-\d.]+)"', r).group(1)  # type: ignore[union-attr]
+                 for r in re.findall(r'<rect class="band"[^>]*>', chunk)]
+        out.append({"x": [re.sub(r"<[^>]+>", " ", t).split() for t in re.findall(r'class="xtick"[^>]*>(.*?)</text>', chunk)],
+                    "y": re.findall(r'class="ytick"[^>]*>([^<]*)<', chunk),
+                    "zero": bottom - (bottom - top) * (0.0 - lo) / (hi - lo),
+                    "band_bottoms": [float(y) + float(h) for y, h in (b.split() for b in bands)]})
+    return out
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on this machine (apt-get install chromium)")
+def test_the_browser_shows_dated_distinct_axis_labels_and_no_band_below_zero(tmp_path: Path) -> None:
+    page = tmp_path / "trend.html"
+    write_page(page, None, day_of_nights(tmp_path))
+    dom, console = browse(tmp_path, page.as_uri())
+    assert console == [] and 'data-ready="yes"' in dom  # the script ran, and nothing was logged or blocked
+    (chart,) = charts(dom)
+    assert len(chart["x"]) >= 3 and len({tuple(t) for t in chart["x"]}) == len(chart["x"])
+    assert all(re.fullmatch(r"2026-11-\d\d", t[0]) for t in chart["x"])
+    assert len(chart["y"]) >= 3 and len(set(chart["y"])) == len(chart["y"]) and chart["y"][0] == "0"
+    assert len(chart["band_bottoms"]) == 6 and max(chart["band_bottoms"]) <= chart["zero"] + 0.1
+    assert "1 figure(s) judged" in dom and "nothing regressed in the latest runs" in dom
+    assert chart["x"] == charts(page.read_text())[0]["x"]  # the script's axis is the one the page was written with
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on this machine (apt-get install chromium)")
+def test_the_browser_zooms_the_time_axis_to_the_last_day_by_its_address(tmp_path: Path) -> None:
+    page = tmp_path / "trend.html"
+    write_page(page, None, day_of_nights(tmp_path))
+    dom, console = browse(tmp_path, page.as_uri() + "#last=1d")
+    assert console == [] and 'data-zoom="1"' in dom
+    (chart,) = charts(dom)
+    assert {t[0] for t in chart["x"]} <= {"2026-11-25", "2026-11-26"} and len(chart["x"]) >= 3
+    clocks = [t[1] for t in chart["x"]]  # one day: ticks read apart by their time of day
+    assert all(re.fullmatch(r"\d\d:\d\d", c) for c in clocks) and len(set(clocks)) == len(clocks)
+    assert dom.count('class="run pass out"') == 2  # the two earlier nights are outside the day shown
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium on this machine (apt-get install chromium)")
+def test_the_browser_shows_a_page_with_no_baseline_as_nothing_judged(tmp_path: Path) -> None:
+    rec = record(300.0, name="hbm_gbps", unit="GB/s")
+    write_results(tmp_path / "first.json", [rec])
+    write_page(tmp_path / "first.html", None, [tmp_path / "first.json"])
+    dom, console = browse(tmp_path, (tmp_path / "first.html").as_uri())
+    assert console == [] and "no figure has a history yet: nothing judged" in dom
+    assert "nothing regressed" not in dom and 'class="regressions"' not in dom

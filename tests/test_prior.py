@@ -88,7 +88,7 @@ def shipped_sigma(slug: str, profile: str, name: str = "bf16_tflops", test: str 
 
 def test_the_prior_is_the_reference_of_the_figures_own_model_and_profile() -> None:
     p = Priors(ReferenceStore(SHIPPED)).for_record(rec(700.0))
-    assert p == Prior(shipped_sigma("nvidia-h100-80gb-hbm3", "full"), PRIOR)
+    assert p is not None and (p.sigma, p.source) == (shipped_sigma("nvidia-h100-80gb-hbm3", "full"), PRIOR)
 
 
 def test_a_real_slice_borrows_its_models_emulated_profiles_sigma_and_says_so() -> None:
@@ -110,7 +110,8 @@ def test_a_site_figure_no_reference_holds_has_no_prior() -> None:
 
 
 def test_the_shipped_references_still_give_noise_where_a_site_switched_references_off() -> None:
-    assert Priors(None).for_record(rec(700.0)) == Prior(shipped_sigma("nvidia-h100-80gb-hbm3", "full"), PRIOR)
+    p = Priors(None).for_record(rec(700.0))
+    assert p is not None and (p.sigma, p.source) == (shipped_sigma("nvidia-h100-80gb-hbm3", "full"), PRIOR)
 
 
 def test_a_sites_own_reference_folder_speaks_for_its_models(tmp_path: Path) -> None:
@@ -130,3 +131,15 @@ def test_the_second_night_on_an_unknown_gpu_catches_a_5_percent_loss_and_passes_
     assert "for a baseline of 1 run(s)" in same.message and "no reference for this GPU model" in same.message
     slow = pipeline.judge([rec(2.8 * 0.95, **a100)], remeasure=lambda: {"fp32_fma_tflops": [2.66, 2.661]})[0]
     assert slow.outcome == "regressed" and slow.failed and (slow.threshold or 1) < 0.05
+
+
+def test_a_prior_pooled_from_too_few_runs_does_not_judge_a_short_history() -> None:
+    thin = Prior(0.001, PRIOR, dof=1)  # two runs that happened to agree: no evidence the figure is quiet
+    assert not thin.judges_short and band([100.0], prior=thin).threshold == FEW_RUNS_BAND
+    assert band([100.0] * 6, prior=thin).sigma == pytest.approx(0.001)  # it may still only widen a longer one
+    assert Prior(0.004, PRIOR, dof=4).judges_short and band([100.0], prior=Prior(0.004, PRIOR, dof=4)).basis == "short"
+
+
+def test_the_priors_carry_the_degrees_of_freedom_their_reference_pooled() -> None:
+    p = Priors(ReferenceStore(SHIPPED)).for_record(rec(700.0))
+    assert p is not None and p.dof is not None and p.dof >= 4

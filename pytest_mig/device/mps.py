@@ -154,10 +154,11 @@ def site_pipe_directory(env: Mapping[str, str]) -> str | None:
     return None
 
 
-def start(env: Mapping[str, str] | None = None) -> Mps:
-    """Use the site's daemon, or start one on private folders.  Raises MpsUnavailable with the reason."""
+def start(env: Mapping[str, str] | None = None, *, private: bool = False) -> Mps:
+    """Use the site's daemon, or start one on private folders (``private``: always).  Raises
+    MpsUnavailable with the reason."""
     env = dict(os.environ if env is None else env)
-    existing = site_pipe_directory(env)
+    existing = None if private else site_pipe_directory(env)
     if existing:
         return Mps(existing, env.get("CUDA_MPS_LOG_DIRECTORY"), owned=False)
     control = shutil.which(CONTROL)

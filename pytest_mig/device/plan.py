@@ -29,6 +29,7 @@ class Options:
     device: str | None = None
     emulate: bool = False
     require_gpu: bool = False
+    by_mps: bool = False  # a layout's emulated slice: CUDA MPS confines the process, no green context
 
 
 @dataclass
@@ -253,7 +254,7 @@ def _plan_run(opts: Options, inv: Inventory, env: Mapping[str, str]) -> Plan:
     if profile.lower() == FULL:
         return _plan_full(inv, given)
     if opts.emulate:
-        return _plan_emulated(profile, inv, given)
+        return _plan_emulated(profile, inv, given, opts)
     return _plan_mig(profile, inv, given)
 
 
@@ -358,14 +359,14 @@ def _plan_full(inv: Inventory, given: _Given) -> Plan:
     return given.finish([_full_target(gpu, "plugin")], gpu.uuid)
 
 
-def _plan_emulated(profile: str, inv: Inventory, given: _Given) -> Plan:
+def _plan_emulated(profile: str, inv: Inventory, given: _Given, opts: Options) -> Plan:
     """Emulation: one profile or the whole ladder, on a GPU whose MIG is off."""
     named = given.named
     gpu = named[0] if named is not None else next((g for g in inv.gpus if not g.mig_enabled), inv.gpus[0])
     if named is not None and named[1] is not None or gpu.mig_enabled:
         raise SelectionError(f"--mig-emulate approximates a profile on a GPU with MIG mode off, but "
                              f"{_gpu_words(gpu)} has MIG on: drop --mig-emulate and run on a real instance.")
-    ok, why = _green_contexts_supported()
+    ok, why = (True, "") if opts.by_mps else _green_contexts_supported()
     if not ok:
         raise SelectionError(f"--mig-emulate needs CUDA green contexts, but {why}.")
     specs = gpu_profiles(gpu)

@@ -27,7 +27,8 @@ measures on the GPU):
 * **A short history** (1 to ``MIN_RUNS`` - 1 = 4 runs) cannot measure its own sigma, so it is judged
   with a **prior** (:class:`Prior`): the figure's run-to-run sigma measured across nights and boards
   in the shipped reference of its GPU model and profile or, for a GPU model with no reference, on the
-  models that have one (see :mod:`pytest_mig.judge.prior`).  Sigma is the larger of the prior, the
+  models that have one (see :mod:`pytest_mig.judge.prior`), pooled from at least ``MIN_PRIOR_DOF``
+  (4) degrees of freedom.  Sigma is the larger of the prior, the
   few runs' own sample standard deviation and their timing partners', and the threshold is
   ``K`` x sigma x sqrt(1 + 1/n): a new run differs from the mean of n runs by sigma x sqrt(1 + 1/n),
   so one run in the history widens the band by 41%, four by 12%.  Where that threshold is within the
@@ -92,6 +93,8 @@ MIN_RUNS = 5
 PRIOR_RUNS = 10
 #: ``Band.sigma_of`` where the reference's sigma for the figure's own GPU model and profile (the prior) was the larger.
 PRIOR = "the reference"
+#: Degrees of freedom a prior needs before it judges a short history.
+MIN_PRIOR_DOF = 4
 #: How ``Band.sigma_of`` starts where a prior from other GPU models was the larger (see :class:`Prior`).
 PRIOR_ELSEWHERE = "prior: "
 #: The threshold while a history has fewer than MIN_RUNS runs.
@@ -112,6 +115,14 @@ class Prior:
 
     sigma: float
     source: str = PRIOR
+    dof: int | None = None  # the runs it was pooled from, less one per group (None: unknown)
+
+    @property
+    def judges_short(self) -> bool:
+        """Whether it is known well enough to judge a history of fewer than MIN_RUNS runs: pooled
+        from at least ``MIN_PRIOR_DOF`` degrees of freedom (a sigma from two runs can be near zero by
+        chance, and a band built on it would cry wolf)."""
+        return self.dof is None or self.dof >= MIN_PRIOR_DOF
 
 
 def is_prior(sigma_of: str | None) -> bool:
@@ -217,7 +228,7 @@ def _short_band(xs: list[float], center: float, shared: Mapping[str, float], pri
     n = len(xs)
     own, sigma_of = _widest(spread(xs), shared)
     few = max(FEW_RUNS_BAND, K * own)
-    if prior is not None:
+    if prior is not None and prior.judges_short:
         sigma = own
         if prior.sigma > own:
             sigma, sigma_of = prior.sigma, prior.source
@@ -261,6 +272,6 @@ def reference_band(values: Sequence[float], sigma: float | None,
                 known and threshold <= REFERENCE_MAX, "reference", REFERENCE_MAX, sigma_of)
 
 
-__all__ = ["Band", "DETECT_Z", "FEW_RUNS_BAND", "FLOOR", "K", "MIN_RUNS", "PRIOR", "PRIOR_ELSEWHERE", "PRIOR_RUNS",
+__all__ = ["Band", "DETECT_Z", "FEW_RUNS_BAND", "FLOOR", "K", "MIN_PRIOR_DOF", "MIN_RUNS", "PRIOR", "PRIOR_ELSEWHERE", "PRIOR_RUNS",
            "Prior", "REFERENCE_FLOOR", "REFERENCE_MAX", "TRIM_FROM", "band", "is_prior", "reference_band", "run_sigma",
            "spread"]

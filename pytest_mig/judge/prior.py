@@ -51,7 +51,7 @@ class Priors:
     def __init__(self, references: ReferenceStore | None, shipped: ReferenceStore | None = None) -> None:
         self.references = references
         self.shipped = shipped if shipped is not None else _shipped_like(references)
-        self._figures: dict[Figure, dict[str, float]] | None = None
+        self._figures: dict[Figure, dict[str, tuple[float, int]]] | None = None
 
     def for_record(self, rec: ResultRecord) -> Prior | None:
         """The prior of the record's figure (None: no reference knows the figure)."""
@@ -65,12 +65,14 @@ class Priors:
         others = self._table().get(key, {})
         model = meta.gpu_model
         if model in others:
-            return Prior(others[model], f"{PRIOR_ELSEWHERE}this figure's across nights and boards of {model}'s "
-                                        f"other profiles; no reference for this profile")
+            sigma, dof = others[model]
+            return Prior(sigma, f"{PRIOR_ELSEWHERE}this figure's across nights and boards of {model}'s "
+                                f"other profiles; no reference for this profile", dof)
         if others:
-            name = max(others, key=lambda m: others[m])
-            return Prior(others[name], f"{PRIOR_ELSEWHERE}this figure's across nights and boards of "
-                                       f"{_names(others)}, the largest ({name}); no reference for this GPU model")
+            name = max(others, key=lambda m: others[m][0])
+            sigma, dof = others[name]
+            return Prior(sigma, f"{PRIOR_ELSEWHERE}this figure's across nights and boards of "
+                                f"{_names(others)}, the largest ({name}); no reference for this GPU model", dof)
         return None
 
     def _own(self, meta: BaselineMeta, key: Figure) -> Prior | None:
@@ -78,21 +80,25 @@ class Priors:
         for store in (self.references, self.shipped):
             sigma = _reference_sigma(store, meta, key)
             if sigma is not None:
-                return Prior(sigma, PRIOR)
+                return Prior(sigma, PRIOR, self._table().get(key, {}).get(meta.gpu_model, (sigma, None))[1])
             if store is not None and self.references is not None:
                 break  # a site's own reference folder speaks for its GPU models: the shipped one is not asked
         return None
 
-    def _table(self) -> dict[Figure, dict[str, float]]:
-        """Every figure's sigma in the references, by GPU model."""
+    def _table(self) -> dict[Figure, dict[str, tuple[float, int]]]:
+        """Every figure's sigma in the references, by GPU model, with the degrees of freedom it was
+        pooled from (each of the model's files adds its runs of the figure less one)."""
         if self._figures is None:
             self._figures = {}
             for ref in _all(self.references, self.shipped):
                 model = ref.baseline.meta.gpu_model
                 for entry in ref.baseline.entries.values():
                     sigma = ref.band_for(entry).sigma
-                    if sigma is not None:  # pooled over the model's profiles: the same in each of its files
-                        self._figures.setdefault((entry.test, entry.metric, entry.mode), {})[model] = sigma
+                    if sigma is None:
+                        continue
+                    by_model = self._figures.setdefault((entry.test, entry.metric, entry.mode), {})
+                    _, dof = by_model.get(model, (sigma, 0))  # the sigma is pooled over the model's files alike
+                    by_model[model] = (sigma, dof + max(len(entry.runs) - 1, 0))
         return self._figures
 
 

@@ -62,6 +62,8 @@ class Device:
     gpu_index: int
     label: str  # "GPU 1 (bus 00000000:19:00.0, serial 165...)" or "GPU 0 1g.10gb MIG-..."
     busy_pids: tuple[int, ...] = ()
+    env: tuple[tuple[str, str], ...] | None = None  # the worker's whole environment (an MPS client's), else the node's
+    args: tuple[str, ...] = ()  # options of this worker's own (a layout's slice: its profile and slot)
 
 
 def devices(inv: Inventory, profile: str | None, emulate: bool, cvd: str | None) -> list[Device]:
@@ -98,7 +100,8 @@ def devices(inv: Inventory, profile: str | None, emulate: bool, cvd: str | None)
     return out
 
 
-def worker_args(args: Sequence[str], device: Device, results: Path, n: int, nights: Path | None = None) -> list[str]:
+def worker_args(args: Sequence[str], device: Device, results: Path, n: int, nights: Path | None = None,
+                own: Sequence[str] = OWN_OPTIONS) -> list[str]:
     """The command line of one worker: the user's, pinned to ``device``, writing ``results``, told it is
     worker ``n`` (``--mig-node-worker``) and where the node's earlier results files are
     (``--mig-nights``: the folder of ``nights``, where there is one)."""
@@ -109,7 +112,7 @@ def worker_args(args: Sequence[str], device: Device, results: Path, n: int, nigh
             skip = False
             continue
         name, eq, value = a.partition("=")
-        if name in OWN_OPTIONS:
+        if name in own:
             skip = not eq
             continue
         if name in PER_WORKER_FILES and eq:
@@ -117,7 +120,7 @@ def worker_args(args: Sequence[str], device: Device, results: Path, n: int, nigh
             out.append(f"{name}={p.with_name(f'{p.stem}.device{n}{p.suffix}')}")
             continue
         out.append(a)
-    return [*out, "--mig-device", device.uuid, "--mig-results", str(results), "--mig-node-worker", str(n),
+    return [*out, *device.args, "--mig-device", device.uuid, "--mig-results", str(results), "--mig-node-worker", str(n),
             *([f"--mig-nights={nights}"] if nights is not None else [])]
 
 
@@ -133,19 +136,21 @@ class Worker:
 
 
 def run_workers(args: Sequence[str], devs: Sequence[Device], folder: Path, out: TextIO,
-                python: str = sys.executable, nights: Path | None = None) -> list[Worker]:
+                python: str = sys.executable, nights: Path | None = None, own: Sequence[str] = OWN_OPTIONS,
+                first: int = 0) -> list[Worker]:
     """Start one pytest worker per free device, all at once, and wait for every one.  ``nights``: the
     folder of the node's earlier results files, where a worker finds each test's last time
-    (``--mig-window``: every device plans the same night from them)."""
+    (``--mig-window``: every device plans the same night from them).  ``own``: the options the runner
+    writes itself; ``first``: the number of the first worker (a layout's phases number theirs apart)."""
     workers = []
-    for n, d in enumerate(devs):
+    for n, d in enumerate(devs, start=first):
         w = Worker(d, folder / f"device{n}.log", folder / f"device{n}.json")
         workers.append(w)
         if d.busy_pids:
             print(f"pytest-mig node: {d.label} is busy (pids {', '.join(map(str, d.busy_pids))}): not run", file=out)
             continue
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES=d.uuid)
-        cmd = [python, "-m", "pytest", *worker_args(args, d, w.results, n, nights)]
+        env = dict(d.env) if d.env is not None else dict(os.environ, CUDA_VISIBLE_DEVICES=d.uuid)
+        cmd = [python, "-m", "pytest", *worker_args(args, d, w.results, n, nights, own)]
         with open(w.log, "wb") as log:
             w.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         w.seconds = time.monotonic()

@@ -11,7 +11,7 @@ The priors a short history is judged with (:mod:`pytest_mig.judge.prior`) are co
 **leave-one-out**, as a shipped reference computes them but from the other boards' nights only:
 the runs of each profile of the GPU model (every other board's, every session's) relative to
 their median, pooled over the profiles (:func:`pytest_mig.judge.reference.pooled_sigma`), with at
-least ``MIN_DOF`` degrees of freedom; an energy figure's is the larger of its own and its timing
+least ``MIN_PRIOR_DOF`` degrees of freedom, as the plugin asks of a prior; an energy figure's is the larger of its own and its timing
 partners'.  So no night is judged with noise measured on its own board.
 
 Runs slowed on purpose (``--mig-slowdown-sms``) and tests that shared the GPU with another
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence, TextIO
 
-from pytest_mig.judge.noise import PRIOR_ELSEWHERE, Prior
+from pytest_mig.judge.noise import MIN_PRIOR_DOF, PRIOR_ELSEWHERE, Prior
 from pytest_mig.judge.pipeline import Pipeline, RecordHistories
 from pytest_mig.judge.reference import pooled_sigma
 from pytest_mig.measure import partner_keys
@@ -42,8 +42,6 @@ KEEP = 10
 LOSS = 0.05
 #: The tolerance a figure must gate within to count as gating.
 GATE = 0.05
-#: Degrees of freedom a leave-one-out prior needs (runs less groups), as the shipped references have.
-MIN_DOF = 4
 #: History lengths reported one by one; longer ones are counted with the last.
 SHOWN = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
 
@@ -131,7 +129,7 @@ class LeaveOneOut:
                     by_profile.setdefault(profile, []).extend(values)
             groups = list(by_profile.values())
             dof = sum(len(g) - 1 for g in groups if len(g) > 1)
-            self._cache[memo] = pooled_sigma(groups) if dof >= MIN_DOF else None
+            self._cache[memo] = pooled_sigma(groups) if dof >= MIN_PRIOR_DOF else None
         return self._cache[memo]
 
     def for_record(self, rec: ResultRecord) -> Prior | None:

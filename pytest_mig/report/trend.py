@@ -1,25 +1,23 @@
 """The trend page: every figure's history on one static HTML page (``pytest-mig history``).
 
-As asv publishes its pages, but one self-contained file: inline CSS, inline SVG drawn here, and a few
-lines of inline script for the filter; no CDN, no network, so it opens from a CI artifact or a
-shared folder.  Every text from a file is escaped for the place it goes (element text, attribute);
-no file text goes into the script or the style, and the page's Content-Security-Policy lets a browser
-run only that script and apply only that style (their SHA-256 hashes): nothing else, no inline
-handler, no remote resource.  Made from a baseline folder (every run saved into a history) and results files
-(every run, with its verdict); a run found in both is drawn once, with its verdict.
+As asv publishes its pages, but one self-contained file: inline CSS, inline SVG (``report.chart``)
+and inline script (a filter, and the zoom of the time axis); no CDN, no network, so it opens from a
+CI artifact or a shared folder.  Every text from a file is escaped for the place it goes (element
+text, attribute); no file text goes into the script or the style, and the page's
+Content-Security-Policy lets a browser run only that script and apply only that style (their SHA-256
+hashes): nothing else, no inline handler, no remote resource.  Made from a baseline folder (every run
+saved into a history) and results files (every run, with its verdict); a run found in both is drawn
+once, with its verdict.
 
-Per figure: its values over the runs, the band each run was judged against (the baseline's median
-and threshold, shaded), each run's verdict (the colour of its point), and the fingerprint changes
-(driver, CUDA, VBIOS, GSP, torch, board, power limit) as dashed lines on the time axis, labelled, so a
-step after a driver update is seen at a glance.  Figures are grouped by GPU model, profile and test;
-the summary at the top says what regressed in each group's latest run.
+At the top: one state line over every group's latest run (what regressed, or that nothing could be
+judged), the regressions, linked to their charts, and a table of each GPU model, profile and mode's
+latest run.  Per figure: a chart of its runs on a time axis (``report.chart``).
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
-import html
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,14 +27,13 @@ from pytest_mig.store.baselines import BaselineStore, meta_from_record
 from pytest_mig.store.reader import load_baseline_file
 from pytest_mig.store.results import ResultRecord, atomic_write_text, read_results_file, utc_now
 from pytest_mig.judge.verdict import fingerprint_changes, format_number
+from pytest_mig.report.axes import parse_time
+from pytest_mig.report.chart import COLOURS, ZOOM_SCRIPT, esc, outcome_class, svg
 
 #: Fingerprint keys whose change is marked on the time axis (what a nightly is run to watch).
 WATCHED = ("driver", "cuda_driver", "cuda_runtime", "vbios", "gsp", "inforom", "torch", "pytest_mig", "transformers",
            "peft", "bitsandbytes", "openmm", "gpu_uuid", "power_limit_w", "max_sm_clock_mhz", "ecc")
-#: Point colours per verdict outcome.
-COLOURS = {"pass": "#2e7d32", "regressed": "#c62828", "improved": "#1565c0", "transient": "#ef6c00",
-           "noisy": "#9e9e9e", "no-baseline": "#616161", "incomparable": "#616161", "saved": "#455a64"}
-WIDTH, HEIGHT, PAD_X, PAD_Y = 520, 170, 46, 18
+
 
 
 @dataclass
@@ -148,8 +145,10 @@ h3{font-size:15px;margin:18px 0 6px;font-family:monospace}
 .figure .name{font-family:monospace;font-size:13px} .figure.regressed{border-color:#c62828}
 table.summary{border-collapse:collapse;margin:8px 0} table.summary td,table.summary th{border:1px solid #ddd;
 padding:4px 8px;text-align:left;vertical-align:top} .bad{color:#c62828;font-weight:600} .ok{color:#2e7d32}
+.none{color:#616161;font-weight:600} .state{font-size:16px;margin:12px 0}
 .legend span{display:inline-block;margin-right:12px} .dot{display:inline-block;width:10px;height:10px;
 border-radius:50%;margin-right:4px;vertical-align:middle} .hidden{display:none} .fp{color:#6a1b9a}
+svg.chart{cursor:crosshair;user-select:none} svg.chart .out{display:none} .zoom button{margin-right:4px}
 """ + "".join(f".dot.o-{k}{{background:{c}}} .v-{k}{{color:{c}}}\n" for k, c in COLOURS.items())
 
 SCRIPT = """
@@ -163,19 +162,13 @@ SCRIPT = """
   }
   box.addEventListener('change', apply);
   document.getElementById('figure-count').textContent = figures.length + ' figures';
-  document.body.dataset.ready = 'yes';
 })();
+""" + ZOOM_SCRIPT + """document.body.dataset.ready = 'yes';
 """
-
-
-def _esc(x: Any) -> str:
-    """Text for the page's element text and quoted attribute values: ``<``, ``>``, ``&`` and both quotes escaped."""
-    return html.escape(str(x), quote=True)
-
-
-def _outcome_class(outcome: str) -> str:
-    """A verdict outcome as a class name: one of :data:`COLOURS`' keys, or ``other`` for any text a file holds."""
-    return outcome if outcome in COLOURS else "other"
+#: Outcomes that are a judgement of the figure (against a baseline or a reference).
+JUDGED = ("pass", "regressed", "improved", "transient", "noisy")
+#: The zoom buttons: (label, days; 0 is every run).
+RANGES = (("all", 0), ("90 days", 90), ("30 days", 30), ("7 days", 7), ("2 days", 2), ("1 day", 1))
 
 
 def _sha256(text: str) -> str:
@@ -189,95 +182,72 @@ def csp() -> str:
             "base-uri 'none'; form-action 'none'")
 
 
-def _chart(s: Series) -> str:
-    """An inline SVG of one figure: the band, the values, the verdicts, the fingerprint changes."""
-    pts = s.points
-    lows = [p.baseline * (1 - p.threshold) for p in pts if p.baseline is not None and p.threshold is not None]
-    highs = [p.baseline * (1 + p.threshold) for p in pts if p.baseline is not None and p.threshold is not None]
-    values = [p.value for p in pts]
-    lo, hi = min(values + lows), max(values + highs)
-    if hi <= lo:
-        lo, hi = lo * 0.99 - 1e-12, hi * 1.01 + 1e-12
-    span = hi - lo
-    lo, hi = lo - 0.08 * span, hi + 0.08 * span
-    n = len(pts)
-
-    def x(i: float) -> float:
-        return PAD_X + (WIDTH - 2 * PAD_X) * (i / (n - 1) if n > 1 else 0.5)
-
-    def y(v: float) -> float:
-        return PAD_Y + (HEIGHT - 2 * PAD_Y) * (1 - (v - lo) / (hi - lo))
-
-    parts = [f'<svg viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}" role="img">',
-             f'<text x="4" y="{y(hi) + 10:.1f}" font-size="10" fill="#757575">{_esc(format_number(hi))}</text>',
-             f'<text x="4" y="{y(lo):.1f}" font-size="10" fill="#757575">{_esc(format_number(lo))}</text>']
-    half = (WIDTH - 2 * PAD_X) / max(2 * (n - 1), 2)
-    for i, p in enumerate(pts):  # the band each run was judged against
-        if p.baseline is None or p.threshold is None:
-            continue
-        top, bottom = y(p.baseline * (1 + p.threshold)), y(p.baseline * (1 - p.threshold))
-        parts.append(f'<rect class="band" x="{x(i) - half:.1f}" y="{top:.1f}" width="{2 * half:.1f}" '
-                     f'height="{bottom - top:.1f}" fill="#90caf9" fill-opacity="0.35"/>')
-        parts.append(f'<line x1="{x(i) - half:.1f}" x2="{x(i) + half:.1f}" y1="{y(p.baseline):.1f}" '
-                     f'y2="{y(p.baseline):.1f}" stroke="#1e88e5" stroke-width="1"/>')
-    for i, diff, short in s.changes():
-        cx = (x(i - 1) + x(i)) / 2
-        label = ", ".join(diff)
-        parts.append(f'<line class="fp-change" x1="{cx:.1f}" x2="{cx:.1f}" y1="{PAD_Y - 6}" y2="{HEIGHT - PAD_Y + 4}" '
-                     f'stroke="#6a1b9a" stroke-dasharray="4 3"><title>{_esc(label)}</title></line>')
-        short = short if len(short) <= 48 else short[:46] + "..."
-        parts.append(f'<text x="{cx + 3:.1f}" y="{PAD_Y - 6}" font-size="9" fill="#6a1b9a">{_esc(short)}</text>')
-    if n > 1:
-        path = " ".join(f"{'M' if i == 0 else 'L'}{x(i):.1f},{y(p.value):.1f}" for i, p in enumerate(pts))
-        parts.append(f'<path d="{path}" fill="none" stroke="#424242" stroke-width="1.2"/>')
-    for i, p in enumerate(pts):
-        colour = COLOURS.get(p.outcome, "#616161")
-        tip = f"{p.at} {p.node}: {format_number(p.value)} {s.unit}, {p.outcome}" + (f"\n{p.message}" if p.message else "")
-        parts.append(f'<circle class="run {_outcome_class(p.outcome)}" cx="{x(i):.1f}" cy="{y(p.value):.1f}" r="4" fill="{colour}">'
-                     f'<title>{_esc(tip)}</title></circle>')
-    first, last = pts[0].at[:10], pts[-1].at[:10]
-    parts.append(f'<text x="{PAD_X}" y="{HEIGHT - 3}" font-size="10" fill="#757575">{_esc(first)}</text>')
-    parts.append(f'<text x="{WIDTH - PAD_X}" y="{HEIGHT - 3}" font-size="10" fill="#757575" '
-                 f'text-anchor="end">{_esc(last)} ({n} runs)</text>')
-    parts.append("</svg>")
-    return "".join(parts)
-
-
-def _figure(s: Series) -> str:
+def _figure(s: Series, ident: str) -> str:
     last = s.points[-1]
     better = "higher is better" if s.direction == "higher" else "lower is better"
     cls = "figure regressed" if last.outcome == "regressed" else "figure"
-    return (f'<div class="{cls}" data-figure="{_esc(s.test + "::" + s.metric)}" data-last="{last.value!r}" '
-            f'data-verdict="{_esc(last.outcome)}"><div class="name">{_esc(s.metric)} ({_esc(s.unit)}, {better}): '
-            f'last {_esc(format_number(last.value))}, <span class="v-{_outcome_class(last.outcome)}">'
-            f'{_esc(last.outcome)}</span></div>{_chart(s)}</div>')
+    return (f'<div class="{cls}" data-figure="{esc(s.test + "::" + s.metric)}" data-last="{last.value!r}" '
+            f'data-verdict="{esc(last.outcome)}" id="{ident}"><div class="name">{esc(s.metric)} ({esc(s.unit)}, {better}): '
+            f'last {esc(format_number(last.value))}, <span class="v-{outcome_class(last.outcome)}">'
+            f'{esc(last.outcome)}</span></div>{svg(s, ident)}</div>')
 
 
-def _summary(groups: dict[tuple[str, str, str], list[Series]]) -> str:
+def _verdict_cell(now: list[tuple[Series, Point]]) -> str:
+    """What regressed in a group's latest run; "nothing judged" where no figure of it had a verdict."""
+    bad = [(s, p) for s, p in now if p.outcome == "regressed"]
+    if bad:
+        items = "".join(f"<li><code>{esc(s.test.split('::')[-1])} {esc(s.metric)}</code>: "
+                        f"{esc(format_number(p.value))} {esc(s.unit)}, {esc(_change(p))}</li>" for s, p in bad)
+        shown = " open" if len(bad) <= 8 else ""
+        return f'<details{shown}><summary class="bad">{len(bad)} regressed</summary><ul>{items}</ul></details>'
+    if any(p.outcome in JUDGED for _, p in now):
+        return '<span class="ok">nothing regressed</span>'
+    return '<span class="none">nothing judged</span>'
+
+
+def _summary(latest: dict[tuple[str, str, str], tuple[str, list[tuple[Series, Point]]]]) -> str:
     rows = []
-    for (gpu, profile, mode), series in groups.items():
-        latest, now = _latest_run(series)
-        bad = [(s, p) for s, p in now if p.outcome == "regressed"]
-        counts = {}
+    for (gpu, profile, mode), (when, now) in latest.items():
+        counts: dict[str, int] = {}
         for _, p in now:
             counts[p.outcome] = counts.get(p.outcome, 0) + 1
         what = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
         stopped = next((p.stopped for _, p in now if p.stopped), "")
         if stopped:  # fewer figures than a whole night: say why, beside what it did measure
-            latest += f" stopped ({stopped}): incomplete"
-        if bad:
-            items = "".join(f"<li><code>{_esc(s.test.split('::')[-1])} {_esc(s.metric)}</code>: "
-                            f"{_esc(format_number(p.value))} {_esc(s.unit)}, "
-                            f"{_esc(_change(p))}</li>" for s, p in bad)
-            shown = " open" if len(bad) <= 8 else ""
-            verdict = (f'<details{shown}><summary class="bad">{len(bad)} regressed</summary>'
-                       f'<ul>{items}</ul></details>')
-        else:
-            verdict = '<span class="ok">nothing regressed</span>'
-        rows.append(f"<tr><td>{_esc(gpu)}</td><td>{_esc(profile)}</td><td>{_esc(mode)}</td><td>{_esc(latest)}</td>"
-                    f"<td>{verdict}</td><td>{_esc(what)}</td></tr>")
+            when += f" stopped ({stopped}): incomplete"
+        rows.append(f"<tr><td>{esc(gpu)}</td><td>{esc(profile)}</td><td>{esc(mode)}</td><td>{esc(when)}</td>"
+                    f"<td>{_verdict_cell(now)}</td><td>{esc(what)}</td></tr>")
     return ('<table class="summary"><tr><th>GPU model</th><th>profile</th><th>mode</th><th>latest run</th>'
             '<th>what regressed in it</th><th>its verdicts</th></tr>' + "".join(rows) + "</table>")
+
+
+def _state(now: list[tuple[Series, Point]]) -> str:
+    """The page's one-line state over every group's latest run: what regressed, or that nothing was judged."""
+    outcomes = [p.outcome for _, p in now]
+    judged = sum(o in JUDGED for o in outcomes)
+    regressed, unbased = outcomes.count("regressed"), outcomes.count("no-baseline")
+    if regressed:
+        return f'<p class="state bad">{regressed} figure(s) regressed in the latest runs ({judged} judged)</p>'
+    if judged:
+        rest = f"; {unbased} with no baseline yet" if unbased else ""
+        return f'<p class="state ok">nothing regressed in the latest runs: {judged} figure(s) judged{rest}</p>'
+    if unbased:
+        return (f'<p class="state none">no figure has a history yet: nothing judged ({unbased} figure(s) measured '
+                f'with no baseline to judge them against)</p>')
+    if outcomes and all(o == "saved" for o in outcomes):
+        return '<p class="state none">saved runs only (no results files), so no verdicts: nothing judged</p>'
+    return f'<p class="state none">nothing judged ({len(outcomes)} figure(s), none with a verdict)</p>'
+
+
+def _regressions(now: list[tuple[Series, Point]], ids: dict[tuple[str, ...], str]) -> str:
+    """Every figure that regressed in its group's latest run, linked to its chart."""
+    bad = [(s, p) for s, p in now if p.outcome == "regressed"]
+    if not bad:
+        return ""
+    items = "".join(f'<li><a href="#{ids[s.key]}"><code>{esc(s.test)} {esc(s.metric)}</code></a> '
+                    f"({esc(s.gpu_model)} &middot; {esc(s.profile)} &middot; {esc(s.mode)}): "
+                    f"{esc(format_number(p.value))} {esc(s.unit)}, {esc(_change(p))}</li>" for s, p in bad)
+    return f'<h2>Regressions</h2><ol class="regressions">{items}</ol>'
 
 
 def _latest_run(series: list[Series]) -> tuple[str, list[tuple[Series, Point]]]:
@@ -300,29 +270,41 @@ def _change(p: Point) -> str:
     return f"{(p.value - p.baseline) / abs(p.baseline) * 100:+.1f}% against {format_number(p.baseline)}"
 
 
+def _head(title: str) -> str:
+    legend = "".join(f'<span><i class="dot o-{k}"></i>{esc(k)}</span>' for k in COLOURS)
+    zoom = "".join(f'<button type="button" data-days="{days}">{label}</button>' for label, days in RANGES)
+    return (f"<h1>{esc(title)}</h1>"
+            f'<p class="meta">made {esc(utc_now())} by pytest-mig history; <span id="figure-count"></span>; '
+            f'<label><input type="checkbox" id="only-regressed"> only figures whose last run regressed</label></p>'
+            f'<p class="legend">{legend}<span>shaded: the band each run was judged against (baseline and '
+            f'threshold)</span><span class="fp">dashed: the fingerprint changed</span><span>times in UTC</span></p>'
+            f'<p class="zoom meta">time axis: {zoom} or drag across a chart to zoom it, double-click to go back</p>')
+
+
 def render(series: Iterable[Series], title: str = "pytest-mig trend") -> str:
     """The whole page as one HTML string."""
     groups: dict[tuple[str, str, str], list[Series]] = {}
     for s in series:
         if s.points:
             groups.setdefault((s.gpu_model, s.profile, s.mode), []).append(s)
-    legend = "".join(f'<span><i class="dot o-{k}"></i>{_esc(k)}</span>' for k in COLOURS)
-    body = [f"<h1>{_esc(title)}</h1>",
-            f'<p class="meta">made {_esc(utc_now())} by pytest-mig history; <span id="figure-count"></span>; '
-            f'<label><input type="checkbox" id="only-regressed"> only figures whose last run regressed</label></p>',
-            f'<p class="legend">{legend}<span>shaded: the band each run was judged against (baseline and '
-            f'threshold)</span><span class="fp">dashed: the fingerprint changed</span></p>',
-            "<h2>Latest runs</h2>", _summary(groups) if groups else "<p>No figures.</p>"]
+    latest = {key: _latest_run(items) for key, items in groups.items()}
+    now = [sp for _, points in latest.values() for sp in points]
+    ids = {s.key: f"f-{i}" for i, s in enumerate(s for items in groups.values() for s in items)}
+    times = [t for items in groups.values() for s in items for t in (parse_time(p.at) for p in s.points) if t is not None]
+    body = [_head(title), _state(now) if groups else '<p class="state none">No figures.</p>', _regressions(now, ids),
+            "<h2>Latest runs</h2>", _summary(latest) if groups else ""]
     for (gpu, profile, mode), items in groups.items():
-        body.append(f"<h2>{_esc(gpu)} &middot; {_esc(profile)} &middot; {_esc(mode)}</h2>")
+        body.append(f"<h2>{esc(gpu)} &middot; {esc(profile)} &middot; {esc(mode)}</h2>")
         by_test: dict[str, list[Series]] = {}
         for s in items:
             by_test.setdefault(s.test, []).append(s)
         for test, figs in by_test.items():
-            body.append(f'<h3>{_esc(test)}</h3><div class="grid">' + "".join(_figure(s) for s in figs) + "</div>")
+            body.append(f'<h3>{esc(test)}</h3><div class="grid">' + "".join(_figure(s, ids[s.key]) for s in figs)
+                        + "</div>")
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
-            f'<meta http-equiv="Content-Security-Policy" content="{_esc(csp())}"><title>{_esc(title)}</title>'
-            f'<style>{CSS}</style></head><body>{"".join(body)}<script>{SCRIPT}</script></body></html>\n')
+            f'<meta http-equiv="Content-Security-Policy" content="{esc(csp())}"><title>{esc(title)}</title>'
+            f'<style>{CSS}</style></head><body data-latest="{max(times, default=0.0)!r}">{"".join(body)}'
+            f"<script>{SCRIPT}</script></body></html>\n")
 
 
 def write_page(out: Path, baseline_dir: Path | None, results: Sequence[Path], title: str = "pytest-mig trend") -> int:
@@ -332,4 +314,4 @@ def write_page(out: Path, baseline_dir: Path | None, results: Sequence[Path], ti
     return len(series)
 
 
-__all__ = ["COLOURS", "Point", "Series", "WATCHED", "collect", "csp", "render", "write_page"]
+__all__ = ["COLOURS", "JUDGED", "Point", "Series", "WATCHED", "collect", "csp", "render", "write_page"]
