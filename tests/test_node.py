@@ -277,7 +277,8 @@ def test_the_report_command_names_outlier_devices_and_puts_k_slices_against_one(
     out = io.StringIO()
     code = cmd_report([tmp_path / "1g.json", tmp_path / "3g.json", tmp_path / "gpus.json"], None, 1.5, True, out)
     text = out.getvalue()
-    assert "OUTLIER GPU 3 (bus 00000000:1B:00.0, serial serial-3) on n1: bench.py::test_gemm[bf16] bf16_tflops 600.0 " \
-           "TFLOPS is 16.7% worse than the median 700.0 TFLOPS of 3 other" in text
+    assert "OUTLIER BOARDS: 1\n  GPU 3 (bus 00000000:1B:00.0, serial serial-3) on n1: 1 figure(s) worse than the other " \
+           "NVIDIA H100 80GB HBM3 full devices; worst test_gemm[bf16] bf16_tflops 600.0 TFLOPS, 16.7% worse than the " \
+           "median of 3" in text
     assert "1g.10gb x3 together 300.0 TFLOPS, 3g.40gb alone 330.0 TFLOPS: ratio 0.91" in text
     assert code == 1  # --fail-on-outlier: an outlier device fails the report too
