@@ -149,27 +149,10 @@ def _worse(rec: ResultRecord, loss: float) -> ResultRecord:
     return replace(rec, metric=replace(rec.metric, value=rec.metric.value * factor), verdict=verdict)
 
 
-def _remeasured(records: Sequence[ResultRecord]) -> dict[str, list[float]]:
-    """A night's own re-measurements by metric; a figure it did not re-measure repeats its reading
-    (a sustained change stays where the first reading put it)."""
-    out: dict[str, list[float]] = {}
-    for r in records:
-        taken = [float(x) for x in (r.verdict.confirmations if r.verdict is not None else [])]
-        out[r.metric.name] = taken or [r.metric.value, r.metric.value]
-    return out
-
-
 def _judge(pipeline: Pipeline, records: Sequence[ResultRecord]) -> list[Verdict]:
-    plain = [replace(r, verdict=None) for r in records]
-    verdicts: list[Verdict] = []
-    by_test: dict[str, list[int]] = {}
-    for i, r in enumerate(records):
-        by_test.setdefault(r.test, []).append(i)
-    for idx in by_test.values():
-        mine = [records[i] for i in idx]
-        taken = _remeasured(mine)
-        verdicts += pipeline.judge([plain[i] for i in idx], remeasure=lambda taken=taken: taken)
-    return verdicts
+    """The records' verdicts, in their order, each test re-judged on the re-measurements its night
+    took (copies are judged: the night's own records stay as recorded, for the nights after it)."""
+    return pipeline.judge_runs([replace(r) for r in records])
 
 
 JUDGED = ("pass", "regressed", "improved", "transient")
