@@ -132,7 +132,7 @@ def _all(*stores: ReferenceStore | None) -> Iterable[Reference]:
     """Every readable reference of the stores."""
     for store in stores:
         if store is not None:
-            yield from store.readable()
+            yield from store.references(skip_broken=True)
 
 
 def _names(models: dict[str, float]) -> str:

@@ -29,7 +29,7 @@ import math
 import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Sequence
 
 from pytest_mig.common.files import folder_lock
 from pytest_mig.device.fingerprint import FINGERPRINT_FIELDS, fingerprint_value
@@ -177,22 +177,18 @@ class ReferenceStore:
         ref = self.for_record(record)
         return ref if ref is not None and ref.get(record.test, record.metric.name, record.mode) is not None else None
 
-    def readable(self) -> Iterator[Reference]:
-        """Every reference of the folder that can be read; one that cannot is passed over (where a
-        figure's first night is judged, reading it again says what is wrong with it)."""
+    def references(self, *, skip_broken: bool = False) -> list[Reference]:
+        """Every reference of the folder (each GPU model and profile), in the folder's order.  One that
+        cannot be read is a BaselineError, or, with ``skip_broken``, passed over (where a figure's first
+        night is judged, reading it again says what is wrong with it)."""
+        out = []
         for path in self._baselines.files():
             try:
                 ref = self.load(path.parent.name, path.stem)
             except BaselineError:
+                if not skip_broken:
+                    raise
                 continue
-            if ref is not None:
-                yield ref
-
-    def references(self) -> list[Reference]:
-        """Every reference of the folder (each GPU model and profile), in the folder's order."""
-        out = []
-        for path in self._baselines.files():
-            ref = self.load(path.parent.name, path.stem)
             if ref is not None:
                 out.append(ref)
         return out
