@@ -125,6 +125,7 @@ def add_options(parser: pytest.Parser) -> None:
     g.addoption("--mig-node-worker", dest="mig_node_worker", type=int, default=None, help=argparse.SUPPRESS)
     g.addoption("--mig-nights", dest="mig_nights", default=None, help=argparse.SUPPRESS)
     g.addoption("--mig-layout-slot", dest="mig_layout_slot", default=None, help=argparse.SUPPRESS)
+    g.addoption("--mig-layout-barrier", dest="mig_layout_barrier", default=None, help=argparse.SUPPRESS)
     parser.addini("mig_profile", HELP_PROFILE, default=None)
     parser.addini("mig_require_gpu", HELP_REQUIRE_GPU, default="")  # read by _ini_bool, to name the option
     parser.addini("mig_baseline_dir", HELP_BASELINE_DIR, default="baselines")

@@ -277,9 +277,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[Any]:
-    """After every test that recorded figures, the results file holds them (a killed run keeps them)."""
-    result = yield
+    """A layout's slice begins each test with its neighbours; after every test that recorded figures,
+    the results file holds them (a killed run keeps them)."""
     mig = session_of(item.config)
+    if mig is not None:
+        mig.with_neighbours(item)
+    result = yield
     if mig is not None:
         mig.checkpoint_now()
     return result

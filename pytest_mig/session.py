@@ -50,6 +50,7 @@ from pytest_mig.workloads.caches import Caches
 from pytest_mig.report import exports
 from pytest_mig.night.nights import Progress, compile_caches, last_runs, ungated
 from pytest_mig.night.window import Guard, plan
+from pytest_mig.night.barrier import Barrier
 from pytest_mig.device.health import Reader, Watch
 from pytest_mig.common.files import FileProblem
 
@@ -116,6 +117,13 @@ class MigSession:
         self._last_runs: tuple[dict[str, float], dict[str, float]] | None = None
         slot = config.getoption("mig_layout_slot", None)  # a layout's worker: its slice (night.layout)
         self.slot: SlotTag | None = SlotTag.parse(slot) if slot else None
+        self.slot_problem: str | None = None  # what an MPS client's start-up check found wrong
+        barrier = config.getoption("mig_layout_barrier", None)  # the phase's workers start each test together
+        try:
+            self.barrier: Barrier | None = (Barrier(Path(barrier), self.slot.slot)
+                                            if barrier and self.slot is not None else None)
+        except (FileProblem, ValueError) as exc:
+            raise pytest.UsageError(f"--mig-layout-barrier: {exc}") from None
 
     # ------------------------------------------------------------------ configure and start
 
@@ -160,6 +168,11 @@ class MigSession:
             got, line = sms_check(first.profile, first.sms, mps.context_resources())
             self.plan.targets = [replace(first, sms_obtained=got, verified=line)]
             self.messages.append(line)
+            from pytest_mig.workloads.gemm import half_precision_problem
+
+            self.slot_problem = half_precision_problem(got)
+            if self.slot_problem:
+                self.messages.append(self.slot_problem)
         elif first.emulated or self.settings.slowdown_sms:
             self._emulate(first, collect_only=bool(session.config.option.collectonly))
 
@@ -292,10 +305,19 @@ class MigSession:
 
         previous = self.last_runs()[0]
         benchmarks = [i.nodeid for i in items if uses_bench(i)]  # not a plugin's own unit tests
+        if self.barrier is not None:
+            self.barrier.collected([i.nodeid for i in items])
         self.progress = Progress(benchmarks, previous) if benchmarks else None
         imports = marked_imports(items)
         if not self.plan.targets[0].is_cpu:  # on the CPU a worker's engine uses every core: nothing to overlap
             preload.expect(imports)
+
+    def with_neighbours(self, item: pytest.Item) -> None:
+        """A layout's slice in its together phase: wait until every other slice has begun this test."""
+        if self.barrier is not None:
+            note = self.barrier.wait(item.nodeid)
+            if note:
+                self.messages.append(note)
 
     def last_runs(self) -> tuple[dict[str, float], dict[str, float]]:
         """Each test's seconds (the median of its last three runs) and when it last ran, on this Target
@@ -339,8 +361,9 @@ class MigSession:
             if self.settings.slowdown_sms:
                 where = replace(where, extra={**where.extra, "slowed_to_sms": int(self.settings.slowdown_sms)})
             if self.slot is not None:  # a layout's slice: its history apart from the profile's solo runs
-                where = replace(where, baseline_profile=self.slot.history_profile(str(where.profile)),
-                                extra={**where.extra, **self.slot.extra()})
+                extra = {**where.extra, **self.slot.extra(),
+                         **({"layout_slot_problem": self.slot_problem} if self.slot_problem else {})}
+                where = replace(where, baseline_profile=self.slot.history_profile(str(where.profile)), extra=extra)
             rec = ResultRecord(test=self.key(item, target), metric=metric, target=where,
                                fingerprint=dict(self.fingerprint), mode=mode)
             run.records.append(rec)
@@ -425,6 +448,10 @@ class MigSession:
         # every test has ended: a SIGTERM from here on lets the files below be written (SIGKILL stays the hard stop)
         stopped = ("SIGTERM" if self.sigterm is not None and self.sigterm.hold()
                    else "interrupted" if exitstatus == pytest.ExitCode.INTERRUPTED else None)
+        if self.barrier is not None:
+            self.barrier.end()
+            self.messages.append(f"layout barrier: each test began with the other slices'; waited "
+                                 f"{self.barrier.waited_s:.1f} s for them in all")
         self._release_device(session)
         if self.window is not None and self.window.message():
             self.messages.append(self.window.message())

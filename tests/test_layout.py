@@ -23,7 +23,7 @@ from pytest_mig.device.profiles import CATALOG
 from pytest_mig.device.target import SelectionError, TargetInfo
 from pytest_mig.measure import Metric
 from pytest_mig.night.layout import plan_layouts
-from pytest_mig.report.layouts import derived_records, layout_figures
+from pytest_mig.report.layouts import derived_records, layout_figures, layout_lines
 from pytest_mig.store.results import ResultRecord, read_results
 
 #: Columbia/IBM's five layouts on the A100-40GB, as the seed names them, and 1g on all seven slices.
@@ -145,6 +145,19 @@ def test_provider_energy_and_isolation_against_the_whole_gpu():
     assert derived["rate_provider"].target.history_profile == "layout-4g.71gb+3g.71gb-emulated"
 
 
+def test_a_figure_not_every_slice_gave_has_no_provider_total():
+    recs = [_rec("7g.141gb", "together", 0, "7g.141gb", "rate", 100.0),
+            _rec("4g.71gb+3g.71gb", "alone", 0, "4g.71gb", "rate", 70.0),
+            _rec("4g.71gb+3g.71gb", "together", 0, "4g.71gb", "rate", 63.0)]  # the 3g slice's test failed
+    split = next(f for f in layout_figures(recs) if f.layout == "4g.71gb+3g.71gb")
+    assert (split.expected, split.complete) == (2, False)
+    derived = [r.metric.name for r in derived_records([split], recs)]
+    assert derived == ["rate_isolation_slot0"]  # the slice's isolation stands; no provider total of one slice
+    assert layout_lines([split]) == ["4g.71gb+3g.71gb (emulated: MPS shares memory bandwidth and L2, MIG does not): "
+                                     "test_x rate: only 1 of the 2 slices gave it, so no provider figure; slices: "
+                                     "4g.71gb 63.00 (90.0% of alone)"]
+
+
 # --------------------------------------------------------------------------- end to end, through the fake NVML
 
 
@@ -186,6 +199,51 @@ def test_a_layout_runs_each_slice_alone_then_together_and_judges_its_figures(pyt
     assert {r.target.history_profile for r in together} == {"1g.10gb@1g.10gbx2.together"}
     derived = {r.metric.name: r.metric.value for r in records if r.target.profile == "1g.10gbx2"}
     assert derived == {"rate_provider": 160.0, "rate_isolation_slot0": 80.0, "rate_isolation_slot1": 80.0}
+
+
+STAGGERED = '''
+import time
+from pathlib import Path
+
+from pytest_mig.measure import Metric
+
+
+def _begin(config, name):
+    slot = config.getoption("mig_layout_slot")
+    Path(slot.replace("/", "-") + "-" + name).write_text(repr(time.time()))
+    return slot
+
+
+def test_a(mig_bench, pytestconfig):
+    slot = _begin(pytestconfig, "a")
+    if slot.endswith("/together/1/mig"):
+        time.sleep(1.5)  # the second slice is slower at the first test
+    mig_bench.record(Metric("rate", 100.0, "items/s", "higher", [100.0] * 3, kind="compute"))
+
+
+def test_b(mig_bench, pytestconfig):
+    _begin(pytestconfig, "b")
+    mig_bench.record(Metric("rate", 100.0, "items/s", "higher", [100.0] * 3, kind="compute"))
+'''
+
+
+def test_the_slices_of_a_layout_begin_each_test_together(pytester, mig_env):
+    fake_pynvml.install_subprocess(mig_env, two_1g_h100(), json_path=pytester.path / "topology.json")
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_bench=STAGGERED)
+    result = pytester.runpytest_subprocess(*SLOW_PLUGINS, "--mig-layout", "1gx2", "--mig-results", "layout.json")
+    assert result.ret == 0, result.stdout.str()
+    began = {p.name: float(p.read_text()) for p in pytester.path.glob("1g.10gbx2-together-*")}
+    assert len(began) == 4, sorted(began)
+    # slot 1 spent 1.5 s more in test_a; slot 0 waited for it, so both began test_b together
+    assert abs(began["1g.10gbx2-together-0-mig-b"] - began["1g.10gbx2-together-1-mig-b"]) < 0.5
+    assert abs(began["1g.10gbx2-together-0-mig-a"] - began["1g.10gbx2-together-1-mig-a"]) < 0.5
+    logs = "".join(p.read_text() for p in Path(_worker_folder(result.stdout.str())).glob("device*.log"))
+    assert logs.count("layout barrier: each test began with the other slices'") == 2
+
+
+def _worker_folder(out: str) -> str:
+    return out.split("the workers' logs are in ")[1].split()[0]
 
 
 def test_a_layout_that_is_not_there_is_refused_at_start_up(pytester, mig_env):
@@ -249,3 +307,30 @@ def test_an_emulated_layout_stopped_midway_quits_its_mps_daemon(pytester, mig_en
     while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(pid)  # no daemon is left
+
+
+def test_the_mps_client_check_finds_wrong_half_precision_products(monkeypatch):
+    from pytest_mig.workloads import gemm
+
+    assert gemm.half_precision_check("cpu", sizes=(64,)) is None
+    real = gemm._matmul
+
+    def wrong(a, b, out):  # a product with a quarter of its columns lost, as cuBLAS gave under MPS
+        c = real(a, b, out)
+        c[:, : c.shape[1] // 4] = 0
+        return c
+
+    monkeypatch.setattr(gemm, "_matmul", wrong)
+    name, n, err = gemm.half_precision_check("cpu", sizes=(64,))
+    assert (name, n) == ("bf16", 64) and err > 0.2
+
+
+def test_a_wrong_half_precision_product_is_one_sentence_in_the_worker_and_the_layout(monkeypatch):
+    from pytest_mig.workloads import gemm
+
+    monkeypatch.setattr(gemm, "half_precision_check", lambda: ("fp16", 2048, 0.217))
+    line = gemm.half_precision_problem(60)
+    assert line.startswith("cuBLAS gives wrong fp16 matrix products in this MPS client of 60 SMs (relative error "
+                           "0.22 at 2048x2048x2048, 1% allowed): the tests that use them fail their own check.")
+    monkeypatch.setattr(gemm, "half_precision_check", lambda: None)
+    assert gemm.half_precision_problem(64) is None

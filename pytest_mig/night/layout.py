@@ -5,7 +5,8 @@ For each layout in turn, one worker per slice (a plain pytest run, as node mode'
 
 1. **alone**: each slice by itself, its neighbours idle, one after another (under emulation one run
    per distinct profile: MPS clients of one profile are alike);
-2. **together**: every slice at once.
+2. **together**: every slice at once, each test begun by all of them together
+   (:mod:`pytest_mig.night.barrier`).
 
 A layout of one slice runs once.  MIG on: the workers are pinned to the layout's instances, which must
 exist (:func:`pytest_mig.device.layout.match_instances`).  MIG off with ``--mig-emulate``: one CUDA MPS
@@ -30,6 +31,7 @@ from pytest_mig.device.plan import gpu_profiles
 from pytest_mig.device.profiles import ProfileError, lookup_model
 from pytest_mig.device.target import SelectionError
 from pytest_mig.judge.pipeline import Pipeline, StoreHistories
+from pytest_mig.night.barrier import prepare
 from pytest_mig.night.node import OWN_OPTIONS, Device, Worker, merge, run_workers
 from pytest_mig.report.fleet import device_rows
 from pytest_mig.report.layouts import LayoutPlotError, derived_records, layout_figures, layout_lines, plot_layouts
@@ -39,7 +41,8 @@ from pytest_mig.store.history import BaselineError
 from pytest_mig.store.results import ResultRecord, default_results_path, write_results
 
 #: Options the layout runner writes itself for each worker (beside node mode's).
-LAYOUT_OWN = (*OWN_OPTIONS, "--mig-layout", "--mig-layout-plot", "--mig-profile", "--mig-layout-slot")
+LAYOUT_OWN = (*OWN_OPTIONS, "--mig-layout", "--mig-layout-plot", "--mig-profile", "--mig-layout-slot",
+              "--mig-layout-barrier")
 
 
 @dataclass
@@ -99,8 +102,10 @@ def plan_layouts(inv: Inventory, text: str, emulate: bool, cvd: str | None) -> l
     return out
 
 
-def slot_devices(p: Planned, phase: str, daemon: mps.Mps | None, slots: Sequence[int]) -> list[Device]:
-    """The workers of ``slots`` of a planned layout in ``phase``: pinned to the instance, or MPS clients."""
+def slot_devices(p: Planned, phase: str, daemon: mps.Mps | None, slots: Sequence[int],
+                 barrier: Path | None = None) -> list[Device]:
+    """The workers of ``slots`` of a planned layout in ``phase``: pinned to the instance, or MPS clients;
+    ``barrier``: the folder through which they begin each test together (:mod:`pytest_mig.night.barrier`)."""
     specs = {s.name: s for s in gpu_profiles(p.gpu)}
     model = lookup_model(p.gpu.name, p.gpu.memory_mib)
     out = []
@@ -108,6 +113,8 @@ def slot_devices(p: Planned, phase: str, daemon: mps.Mps | None, slots: Sequence
         profile = p.layout.profiles[k]
         tag = SlotTag(p.layout.name, phase, k, "mps" if daemon is not None else "mig")
         args = ("--mig-profile", profile, "--mig-layout-slot", tag.arg())
+        if barrier is not None:  # one word: pytest takes a folder given as its own word for a test path
+            args += (f"--mig-layout-barrier={barrier}",)
         if daemon is None:
             uuid = p.instances[k]
             out.append(Device(uuid, p.gpu.index, f"GPU {p.gpu.index} {p.layout.name} slot {k} {profile} {uuid} "
@@ -142,7 +149,8 @@ def run_layouts(args: Sequence[str], planned: Sequence[Planned], daemon: mps.Mps
         phases = [[k] for k in alone_slots(p, daemon is not None)] + [list(range(p.layout.slices))]
         for n, slots in enumerate(phases):
             phase = "together" if n == len(phases) - 1 else "alone"
-            devs = slot_devices(p, phase, daemon, slots)
+            gate = prepare(folder / f"barrier{len(workers)}", len(slots)) if len(slots) > 1 else None
+            devs = slot_devices(p, phase, daemon, slots, gate)
             print(f"pytest-mig layout: {p.layout.name} on GPU {p.gpu.index}, {phase}: "
                   f"{', '.join(p.layout.profiles[k] for k in slots)}", file=out)
             got = run_workers(args, devs, folder, out, nights=nights, own=LAYOUT_OWN, first=len(workers))
@@ -193,6 +201,10 @@ def _report(workers: Sequence[Worker], out: TextIO, path: Path | None, plot: str
         from pytest_mig.report.tables import frame_table
 
         print(frame_table(pd.DataFrame(device_rows(records))), file=out)
+        for layout, profile, problem in sorted({(str(r.target.extra.get("layout", "")), str(r.target.profile),
+                                                 str(r.target.extra["layout_slot_problem"]))
+                                                for r in records if r.target.extra.get("layout_slot_problem")}):
+            print(f"pytest-mig layout: {layout}, {profile}: {problem}", file=out)
         figures = layout_figures(records)
         for line in layout_lines(figures):
             print(f"pytest-mig layout: {line}", file=out)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
+from pytest_mig.device.layout import parse_layouts
 from pytest_mig.device.profiles import ProfileError, parse_profile
 from pytest_mig.judge.verdict import format_number
 from pytest_mig.measure import ENERGY_INFIX, RATE_KINDS, Metric
@@ -66,6 +67,19 @@ class LayoutFigure:
     @property
     def total(self) -> float:
         return sum(s.together for s in self.slices)
+
+    @property
+    def expected(self) -> int:
+        """The layout's slices (from its name): how many must give the figure for a provider total."""
+        try:
+            return sum(len(items) for _, items in parse_layouts(self.layout))
+        except ProfileError:
+            return len(self.slices)
+
+    @property
+    def complete(self) -> bool:
+        """Whether every slice gave the figure: a provider total of fewer is not the layout's."""
+        return len(self.slices) >= self.expected
 
     @property
     def is_whole(self) -> bool:
@@ -158,18 +172,20 @@ def derived_records(figures: Sequence[LayoutFigure], records: Sequence[ResultRec
         target = replace(base.target, profile=f.layout, baseline_profile=f"layout-{f.layout}", uuid=base.target.gpu_uuid,
                          sms=None, sms_obtained=None, memory_bytes=None,
                          extra={k: v for k, v in base.target.extra.items() if k not in ("layout_slot", "layout_phase")})
-        metrics = [Metric(f"{f.metric}_provider", f.total, f.unit, "higher", [f.total], kind=base.metric.kind)]
-        if f.vs_whole is not None and not f.is_whole:
+        metrics = []
+        if f.complete:  # a slice that gave no figure (it failed, or did not fit) leaves no provider total
+            metrics.append(Metric(f"{f.metric}_provider", f.total, f.unit, "higher", [f.total], kind=base.metric.kind))
+        if f.complete and f.vs_whole is not None and not f.is_whole:
             metrics.append(Metric(f"{f.metric}_provider_vs_whole", f.vs_whole, "x whole GPU", "higher", [f.vs_whole],
                                   kind=base.metric.kind))
-        if f.energy is not None and f.energy_metric:
+        if f.complete and f.energy is not None and f.energy_metric:
             metrics.append(Metric(f"{f.energy_metric}_provider", f.energy, _energy_unit(f.unit), "lower", [f.energy],
                                   kind="energy"))
             if f.energy_vs_whole is not None and not f.is_whole:
                 metrics.append(Metric(f"{f.energy_metric}_provider_vs_whole", f.energy_vs_whole, "x whole GPU",
                                       "lower", [f.energy_vs_whole], kind="energy"))
         for s in f.slices:
-            if s.isolation_pct is not None and len(f.slices) > 1:
+            if s.isolation_pct is not None and f.expected > 1:
                 metrics.append(Metric(f"{f.metric}_isolation_slot{s.slot}", s.isolation_pct, "% of alone", "higher",
                                       [s.isolation_pct], kind=base.metric.kind, info={"profile": s.profile}))
         out += [ResultRecord(f.test, m, target, dict(base.fingerprint), mode=f.mode) for m in metrics]
@@ -191,9 +207,13 @@ def layout_lines(figures: Sequence[LayoutFigure]) -> list[str]:
             against = f" = {f.energy_vs_whole:.2f}x the whole GPU's" if f.energy_vs_whole and not f.is_whole else ""
             energy = f"; {format_number(f.energy)} {_energy_unit(f.unit)}{against}"
         each = ", ".join(f"{s.profile} {format_number(s.together)}"
-                         + (f" ({s.isolation_pct:.1f}% of alone)" if s.isolation_pct is not None and len(f.slices) > 1
+                         + (f" ({s.isolation_pct:.1f}% of alone)" if s.isolation_pct is not None and f.expected > 1
                             else "") for s in f.slices)
         tag = " (emulated: MPS shares memory bandwidth and L2, MIG does not)" if f.emulated else ""
+        if not f.complete:
+            out.append(f"{f.layout}{tag}: {f.test.split('::')[-1]} {f.metric}: only {len(f.slices)} of the "
+                       f"{f.expected} slices gave it, so no provider figure; slices: {each}")
+            continue
         out.append(f"{f.layout}{' (whole GPU)' if f.is_whole else ''}{tag}: {f.test.split('::')[-1]} {f.metric} "
                    f"{format_number(f.total)} {f.unit} together{vs}{energy}; slices: {each}")
     return out
@@ -210,7 +230,7 @@ def plot_layouts(figures: Sequence[LayoutFigure], path: Path | str) -> Path:
             from None
     panels: dict[tuple[str, str, str], list[LayoutFigure]] = defaultdict(list)
     for f in figures:
-        if f.energy is not None:
+        if f.energy is not None and f.complete:
             panels[(f.gpu, f.test, f.metric)].append(f)
     if not panels:
         raise LayoutPlotError("nothing to plot: no layout has both a work rate and an energy figure")
