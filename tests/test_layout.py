@@ -334,3 +334,15 @@ def test_a_wrong_half_precision_product_is_one_sentence_in_the_worker_and_the_la
                            "0.22 at 2048x2048x2048, 1% allowed): the tests that use them fail their own check.")
     monkeypatch.setattr(gemm, "half_precision_check", lambda: None)
     assert gemm.half_precision_problem(64) is None
+
+
+def test_the_layout_summary_names_each_slice_whose_products_were_wrong_once():
+    from pytest_mig.night.layout import slot_problems
+
+    wrong = "cuBLAS gives wrong bf16 matrix products in this MPS client of 60 SMs"
+    recs = [_rec("4g.71gb+3g.71gb", phase, 1, "3g.71gb", name, 1.0) for phase in ("alone", "together")
+            for name in ("rate", "power_w")]
+    recs = [replace(r, target=replace(r.target, extra={**r.target.extra, "layout_slot_problem": wrong})) for r in recs]
+    recs.append(_rec("4g.71gb+3g.71gb", "together", 0, "4g.71gb", "rate", 1.0))
+    assert slot_problems(recs) == [f"4g.71gb+3g.71gb, 3g.71gb: {wrong}"]
+    assert slot_problems(recs[-1:]) == []

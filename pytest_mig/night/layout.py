@@ -201,10 +201,8 @@ def _report(workers: Sequence[Worker], out: TextIO, path: Path | None, plot: str
         from pytest_mig.report.tables import frame_table
 
         print(frame_table(pd.DataFrame(device_rows(records))), file=out)
-        for layout, profile, problem in sorted({(str(r.target.extra.get("layout", "")), str(r.target.profile),
-                                                 str(r.target.extra["layout_slot_problem"]))
-                                                for r in records if r.target.extra.get("layout_slot_problem")}):
-            print(f"pytest-mig layout: {layout}, {profile}: {problem}", file=out)
+        for line in slot_problems(records):
+            print(f"pytest-mig layout: {line}", file=out)
         figures = layout_figures(records)
         for line in layout_lines(figures):
             print(f"pytest-mig layout: {line}", file=out)
@@ -225,6 +223,14 @@ def _report(workers: Sequence[Worker], out: TextIO, path: Path | None, plot: str
                                                             for v in derived)
     print(f"pytest-mig layout: the workers' logs are in {folder}", file=out)
     return 2 if stopped else 1 if failed else 0
+
+
+def slot_problems(records: Sequence[ResultRecord]) -> list[str]:
+    """What the slices' start-up checks found wrong (an MPS client's half-precision products), once per
+    layout and profile: ``layout, profile: sentence``."""
+    found = {(str(r.target.extra.get("layout", "")), str(r.target.profile), str(r.target.extra["layout_slot_problem"]))
+             for r in records if r.target.extra.get("layout_slot_problem")}
+    return [f"{layout}, {profile}: {problem}" for layout, profile, problem in sorted(found)]
 
 
 def _codes_ok(workers: Sequence[Worker]) -> bool:
@@ -252,4 +258,5 @@ def _judge(derived: list[ResultRecord], baseline_dir: Path, save: str | None, *,
     return []
 
 
-__all__ = ["LAYOUT_OWN", "Planned", "alone_slots", "main", "plan_layouts", "run_layouts", "slot_devices"]
+__all__ = ["LAYOUT_OWN", "Planned", "alone_slots", "main", "plan_layouts", "run_layouts", "slot_devices",
+           "slot_problems"]
