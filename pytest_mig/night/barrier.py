@@ -46,6 +46,7 @@ class Barrier:
         self.timeout_s, self.poll_s = timeout_s, poll_s
         self.slots = int(read_text(self.folder / "slots").strip())
         self.items: list[str] = []
+        self.others: dict[int, list[str]] = {}  # each other worker's tests, once it has written them
         self.begun = 0
         self.waited_s = 0.0
         atomic_write_text(self.folder / f"pid.{self.slot}", str(os.getpid()))
@@ -64,10 +65,7 @@ class Barrier:
         self._set_begun(self.items.index(nodeid) + 1)
         start = time.monotonic()
         pending = [k for k in range(self.slots) if k != self.slot]
-        while pending:
-            pending = [k for k in pending if not self._passed(k, nodeid)]
-            if not pending:
-                break
+        while pending := [k for k in pending if not self._passed(k, nodeid)]:
             if time.monotonic() - start > self.timeout_s:
                 self.waited_s += time.monotonic() - start
                 return (f"layout barrier: slot(s) {', '.join(map(str, pending))} had not begun {nodeid} after "
@@ -86,13 +84,22 @@ class Barrier:
 
     def _passed(self, k: int, nodeid: str) -> bool:
         """Whether worker ``k`` has begun ``nodeid``, does not run it, or will run nothing more."""
-        items = self._read(f"items.{k}")
+        items = self._items(k)
         if items is None:  # not collected yet: passed only if its process is gone
             return not self._alive(k)
         if nodeid not in items:
             return True
         begun = self._read(f"at.{k}")
         return (isinstance(begun, int) and begun > items.index(nodeid)) or not self._alive(k)
+
+    def _items(self, k: int) -> list[str] | None:
+        """Worker ``k``'s tests in order (written once, so read once); None until it has written them."""
+        if k not in self.others:
+            items = self._read(f"items.{k}")
+            if not isinstance(items, list):
+                return None
+            self.others[k] = items
+        return self.others[k]
 
     def _alive(self, k: int) -> bool:
         """Whether worker ``k``'s process runs (one that has not written its pid yet counts as alive:

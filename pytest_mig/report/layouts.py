@@ -22,6 +22,7 @@ import math
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Sequence
 
@@ -68,7 +69,7 @@ class LayoutFigure:
     def total(self) -> float:
         return sum(s.together for s in self.slices)
 
-    @property
+    @cached_property
     def expected(self) -> int:
         """The layout's slices (from its name): how many must give the figure for a provider total."""
         try:
@@ -172,23 +173,27 @@ def derived_records(figures: Sequence[LayoutFigure], records: Sequence[ResultRec
         target = replace(base.target, profile=f.layout, baseline_profile=f"layout-{f.layout}", uuid=base.target.gpu_uuid,
                          sms=None, sms_obtained=None, memory_bytes=None,
                          extra={k: v for k, v in base.target.extra.items() if k not in ("layout_slot", "layout_phase")})
-        metrics = []
-        if f.complete:  # a slice that gave no figure (it failed, or did not fit) leaves no provider total
-            metrics.append(Metric(f"{f.metric}_provider", f.total, f.unit, "higher", [f.total], kind=base.metric.kind))
-        if f.complete and f.vs_whole is not None and not f.is_whole:
-            metrics.append(Metric(f"{f.metric}_provider_vs_whole", f.vs_whole, "x whole GPU", "higher", [f.vs_whole],
-                                  kind=base.metric.kind))
-        if f.complete and f.energy is not None and f.energy_metric:
-            metrics.append(Metric(f"{f.energy_metric}_provider", f.energy, _energy_unit(f.unit), "lower", [f.energy],
-                                  kind="energy"))
-            if f.energy_vs_whole is not None and not f.is_whole:
-                metrics.append(Metric(f"{f.energy_metric}_provider_vs_whole", f.energy_vs_whole, "x whole GPU",
-                                      "lower", [f.energy_vs_whole], kind="energy"))
+        metrics = _provider_metrics(f, base.metric.kind) if f.complete else []  # a slice that gave none: no total
         for s in f.slices:
             if s.isolation_pct is not None and f.expected > 1:
                 metrics.append(Metric(f"{f.metric}_isolation_slot{s.slot}", s.isolation_pct, "% of alone", "higher",
                                       [s.isolation_pct], kind=base.metric.kind, info={"profile": s.profile}))
         out += [ResultRecord(f.test, m, target, dict(base.fingerprint), mode=f.mode) for m in metrics]
+    return out
+
+
+def _provider_metrics(f: LayoutFigure, kind: str) -> list[Metric]:
+    """The provider figures of a layout every slice of which gave ``f``: its total work per second and
+    the board's energy per unit of work, each also against the whole GPU's."""
+    out = [Metric(f"{f.metric}_provider", f.total, f.unit, "higher", [f.total], kind=kind)]
+    if f.vs_whole is not None and not f.is_whole:
+        out.append(Metric(f"{f.metric}_provider_vs_whole", f.vs_whole, "x whole GPU", "higher", [f.vs_whole], kind=kind))
+    if f.energy is not None and f.energy_metric:
+        out.append(Metric(f"{f.energy_metric}_provider", f.energy, _energy_unit(f.unit), "lower", [f.energy],
+                          kind="energy"))
+        if f.energy_vs_whole is not None and not f.is_whole:
+            out.append(Metric(f"{f.energy_metric}_provider_vs_whole", f.energy_vs_whole, "x whole GPU", "lower",
+                              [f.energy_vs_whole], kind="energy"))
     return out
 
 
