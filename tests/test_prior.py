@@ -109,6 +109,19 @@ def test_a_site_figure_no_reference_holds_has_no_prior() -> None:
     assert Priors(ReferenceStore(SHIPPED)).for_record(own) is None
 
 
+def test_a_cpu_run_borrows_no_gpus_noise_so_its_short_history_keeps_the_conservative_band() -> None:
+    target = {"kind": "cpu", "profile": "cpu", "baseline_profile": "cpu", "gpu_name": None, "gpu_slug": "cpu",
+              "emulated": False}
+    stream = "benchmarks/test_bandwidth.py::test_stream[fp32]"
+    metric = Metric("fp32_triad_gbs", 0.4, "GB/s", "higher", [0.4] * 3, "memory")  # type: ignore[arg-type]
+    cpu = ResultRecord(stream, metric, TargetInfo.from_dict(target), {}, "2026-01-01T00:00:00+00:00", "n1")
+    gpu = rec(3000.0, test=stream, name="fp32_triad_gbs", kind="memory")
+    assert Priors(ReferenceStore(SHIPPED)).for_record(gpu) is not None  # the figure has a GPU prior ...
+    assert Priors(ReferenceStore(SHIPPED)).for_record(cpu) is None  # ... which a CPU's timings never borrow
+    verdict = Pipeline(RecordHistories([[cpu]]), priors=Priors(ReferenceStore(SHIPPED))).judge_runs([cpu])[0]
+    assert verdict.threshold == pytest.approx(FEW_RUNS_BAND) and verdict.gates
+
+
 def test_the_shipped_references_still_give_noise_where_a_site_switched_references_off() -> None:
     p = Priors(None).for_record(rec(700.0))
     assert p is not None and (p.sigma, p.source) == (shipped_sigma("nvidia-h100-80gb-hbm3", "full"), PRIOR)

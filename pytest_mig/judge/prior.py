@@ -17,7 +17,8 @@ from, most specific first:
 
 A figure no reference holds (a site's own benchmark) has no prior: its first runs are judged with
 the conservative band of :func:`~pytest_mig.judge.noise.band` until they can measure its noise, since
-nothing known says how noisy a workload of the site's own is.
+nothing known says how noisy a workload of the site's own is.  Nor has a CPU run's figure (a runner
+with no GPU): a CPU's small-size timings move far more than a GPU's, so no GPU's sigma speaks for them.
 
 A verdict judged with 2 or 3 says so, naming the models.  The shipped references are always
 consulted for 2 and 3, also where a site replaced or switched off the reference its first nights
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 from typing import Iterable, Protocol
 
+from pytest_mig.device.profiles import CPU
 from pytest_mig.judge.noise import PRIOR, PRIOR_ELSEWHERE, Prior
 from pytest_mig.judge.reference import SHIPPED, Reference, ReferenceStore
 from pytest_mig.store.baselines import meta_from_record
@@ -58,7 +60,10 @@ class Priors:
         return self.for_figure(meta_from_record(rec), (rec.test, rec.metric.name, rec.mode))
 
     def for_figure(self, meta: BaselineMeta, key: Figure) -> Prior | None:
-        """The prior of figure ``key`` (test, metric, mode) on the GPU model and profile of ``meta``."""
+        """The prior of figure ``key`` (test, metric, mode) on the GPU model and profile of ``meta``
+        (None for a CPU run: the module docstring)."""
+        if meta.gpu_slug == CPU:
+            return None
         own = self._own(meta, key)
         if own is not None:
             return own
