@@ -40,6 +40,7 @@ import errno
 import json
 import math
 import os
+import re
 import stat
 import tempfile
 import time
@@ -142,6 +143,32 @@ def depth(doc: Any) -> int:
     return level
 
 
+#: Every byte but the brackets and the quote: what :func:`text_depth` deletes before it counts.
+_NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'[]{}"')
+#: An innermost pair of brackets, removed a level at a time.
+_INNERMOST = re.compile(rb"\[\]|\{\}")
+
+
+def text_depth(text: str) -> int:
+    """How deeply lists and objects nest in the JSON ``text``, which json has parsed (so well formed):
+    :func:`depth` of its document, read from the brackets outside strings instead of a walk over
+    every value, stopping past MAX_DEPTH.  Escaped backslashes, then escaped quotes, are dropped, so
+    that every quote left opens or closes a string; only brackets and quotes are kept; two quotes
+    side by side are dropped (an empty string, or two strings with nothing between them made one),
+    then what lies between quotes; then each pass removes the innermost pairs, a level at a time."""
+    raw = text.encode("utf-8", "surrogatepass")
+    if b"\\" in raw:
+        raw = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
+    marks = raw.translate(None, _NOT_STRUCTURE).replace(b'""', b"")
+    if b'"' in marks:
+        marks = b"".join(marks.split(b'"')[::2])
+    level = 0
+    while marks and level <= MAX_DEPTH:
+        level += 1
+        marks = _INNERMOST.sub(b"", marks)
+    return level
+
+
 def parse_json(text: str, where: str, *, allow_nan: bool = False) -> Any:
     """JSON text as a reader may trust it: no duplicate keys, no deeper than MAX_DEPTH, no integer of
     more than MAX_INT_DIGITS digits, no decimal that overflows a float, and no NaN or Infinity unless
@@ -160,7 +187,7 @@ def parse_json(text: str, where: str, *, allow_nan: bool = False) -> Any:
         raise FileProblem(f"{where}: not valid JSON ({exc})") from None
     except RecursionError:
         raise FileProblem(f"{where}: nested too deeply to be a pytest-mig file") from None
-    if depth(doc) > MAX_DEPTH:
+    if text_depth(text) > MAX_DEPTH:
         raise FileProblem(f"{where}: nested more than {MAX_DEPTH} levels deep, which no pytest-mig file is")
     bad = _first_unreadable(doc) if _Unreadable.made != made else None
     if bad is not None:
@@ -585,4 +612,4 @@ def _lock_file(root: Path, timeout: float) -> Iterator[None]:
 __all__ = ["KIND_READ_LIMIT", "LOCK_FILE_NAME", "LOCK_TIMEOUT_S", "MAX_DEPTH", "MAX_INT_DIGITS", "MAX_NUMBER",
            "NAME_MAX", "PATH_MAX", "STREAMS", "STREAM_FOLDERS", "FileProblem", "atomic_write_text", "check_links",
            "check_output", "check_path", "depth", "distinct_outputs", "folder_lock", "kept_file", "output_file",
-           "parse_json", "path_problem", "read_json", "read_text", "validate", "write_target", "writes_through"]
+           "parse_json", "path_problem", "read_json", "read_text", "text_depth", "validate", "write_target", "writes_through"]
