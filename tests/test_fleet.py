@@ -106,7 +106,8 @@ def test_median_without_is_the_median_of_the_others() -> None:
 
 def _mutations(doc: Any, rng: random.Random) -> Any:
     """A copy of ``doc`` with one value somewhere replaced or one key dropped."""
-    palette = [None, True, False, 0, -1, 1.5, 2.0, 1e301, float("nan"), "", "x", "higher", [], {}, [1, "a"], {"a": 1}]
+    palette = [None, True, False, 0, -1, 1.5, 2.0, 1e301, float("nan"), "", "x", "higher", "quick", [], {}, [1, "a"],
+               [1.0, 2], [1.0, True], ["a", "b"], ["a", None], {"a": 1}]
     doc = copy.deepcopy(doc)
     node, parents = doc, []
     while isinstance(node, (dict, list)) and node and rng.random() < 0.8:
