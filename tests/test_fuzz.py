@@ -31,8 +31,8 @@ from pytest_mig.store.history import BaselineError
 from pytest_mig.store.reader import load_baseline_file
 from pytest_mig.measure.cost import SUCoefficients  # noqa: E402
 from pytest_mig.report.exports import parse_export  # noqa: E402
-from pytest_mig.common.files import (MAX_DEPTH, FileProblem, check_path, depth, parse_json, path_problem,  # noqa: E402
-                                     text_depth)
+from pytest_mig.common.files import MAX_DEPTH, FileProblem, check_path, parse_json, path_problem  # noqa: E402
+from pytest_mig.common.nesting import depth, text_depth  # noqa: E402
 from pytest_mig.report.trend import collect  # noqa: E402
 from pytest_mig.measure import Metric  # noqa: E402
 from pytest_mig.device.profiles import ProfileError, parse_profile  # noqa: E402

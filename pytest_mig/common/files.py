@@ -40,7 +40,6 @@ import errno
 import json
 import math
 import os
-import re
 import stat
 import tempfile
 import time
@@ -48,12 +47,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from pytest_mig.common.huge_numbers import may_hold_huge
+from pytest_mig.common.nesting import MAX_DEPTH, depth, text_depth
 from pytest_mig.common.schema_check import Check, compile_schema
 from pytest_mig.common.text import printable, shown
 
-#: Deepest nesting any pytest-mig file has (a baseline: modes > tests > metrics > runs > fingerprint);
-#: far deeper input is refused before any reader recurses into it.
-MAX_DEPTH = 32
 #: A file larger than this is not read to learn what it is: no history, reference or results file
 #: comes near it.
 KIND_READ_LIMIT = 256 * 2**20
@@ -128,45 +125,6 @@ def _first_unreadable(doc: Any) -> tuple[str, str] | None:
         elif isinstance(node, list):
             stack.extend((v, at + (str(i),)) for i, v in reversed(list(enumerate(node))))
     return None
-
-
-def depth(doc: Any) -> int:
-    """How deeply lists and objects nest in ``doc`` (a scalar: 0), found without recursion, a level of
-    containers at a time (a scalar is never held), stopping past MAX_DEPTH."""
-    level, containers = 0, [doc] if isinstance(doc, (dict, list)) else []
-    while containers and level <= MAX_DEPTH:
-        level += 1
-        below: list[Any] = []
-        for node in containers:
-            below.extend(c for c in (node.values() if isinstance(node, dict) else node) if isinstance(c, (dict, list)))
-        containers = below
-    return level
-
-
-#: Every byte but the brackets and the quote: what :func:`text_depth` deletes before it counts.
-_NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'[]{}"')
-#: An innermost pair of brackets, removed a level at a time.
-_INNERMOST = re.compile(rb"\[\]|\{\}")
-
-
-def text_depth(text: str) -> int:
-    """How deeply lists and objects nest in the JSON ``text``, which json has parsed (so well formed):
-    :func:`depth` of its document, read from the brackets outside strings instead of a walk over
-    every value, stopping past MAX_DEPTH.  Escaped backslashes, then escaped quotes, are dropped, so
-    that every quote left opens or closes a string; only brackets and quotes are kept; two quotes
-    side by side are dropped (an empty string, or two strings with nothing between them made one),
-    then what lies between quotes; then each pass removes the innermost pairs, a level at a time."""
-    raw = text.encode("utf-8", "surrogatepass")
-    if b"\\" in raw:
-        raw = raw.replace(b"\\\\", b"").replace(b'\\"', b"")
-    marks = raw.translate(None, _NOT_STRUCTURE).replace(b'""', b"")
-    if b'"' in marks:
-        marks = b"".join(marks.split(b'"')[::2])
-    level = 0
-    while marks and level <= MAX_DEPTH:
-        level += 1
-        marks = _INNERMOST.sub(b"", marks)
-    return level
 
 
 def parse_json(text: str, where: str, *, allow_nan: bool = False) -> Any:
@@ -612,4 +570,4 @@ def _lock_file(root: Path, timeout: float) -> Iterator[None]:
 __all__ = ["KIND_READ_LIMIT", "LOCK_FILE_NAME", "LOCK_TIMEOUT_S", "MAX_DEPTH", "MAX_INT_DIGITS", "MAX_NUMBER",
            "NAME_MAX", "PATH_MAX", "STREAMS", "STREAM_FOLDERS", "FileProblem", "atomic_write_text", "check_links",
            "check_output", "check_path", "depth", "distinct_outputs", "folder_lock", "kept_file", "output_file",
-           "parse_json", "path_problem", "read_json", "read_text", "text_depth", "validate", "write_target", "writes_through"]
+           "parse_json", "path_problem", "read_json", "read_text", "validate", "write_target", "writes_through"]
