@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Sequence, TextIO
 
-from pytest_mig.cli.common import Command, factor_arg, kept_folders, path_arg
+from pytest_mig.cli.common import Command, factor_arg, kept_folders, make_out_folder, path_arg
 from pytest_mig.common.collector import collector_paused
 from pytest_mig.common.files import check_output, output_file
 from pytest_mig.report.tables import (
@@ -38,6 +38,7 @@ def cmd_report(files: Sequence[Path], out_path: Path | None, factor: float, fail
         report_format(out_path)  # a wrong suffix is said before anything is read or printed
         output_file(str(out_path), "report.md", "--out")
         check_output(out_path, "--out", kept_folders(None))  # never a results file, history or reference
+        make_out_folder(out_path, "--out", kept_folders(None))
     with collector_paused():  # a fleet's records: a million objects, no cycle among them
         return _report(files, out_path, factor, fail_on_outlier, out)
 
