@@ -1,6 +1,7 @@
 """A fleet's night: ``pytest-mig report`` over many GPUs' results files (summary first, rows in the
-file), the outlier rule in n log n, the compiled schema checks, and the recipes a fleet watches
-with (Prometheus alerting rules run by promtool, a Grafana dashboard).
+file, the same bytes whether a pool of processes read the files or not, a refused file named as its
+reader names it), the outlier rule in n log n, the compiled schema checks, and the recipes a fleet
+watches with (Prometheus alerting rules run by promtool, a Grafana dashboard).
 
 The fleet is simulated from a real recorded H100 night (tests/fleet_nights.py: copies of
 docs/results/h100-nights-2026-11-26.tgz's night2.json with new boards and 0.3% noise, one board 8% slow).
@@ -9,12 +10,15 @@ docs/results/h100-nights-2026-11-26.tgz's night2.json with new boards and 0.3% n
 from __future__ import annotations
 
 import copy
+import gc
+import hashlib
 import json
 import random
 import re
 import shutil
 import statistics
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +32,8 @@ from pytest_mig.common.schema_check import compile_schema
 from pytest_mig.report import exports
 from pytest_mig.report.fleet import median_without
 from pytest_mig.store import schemas
-from pytest_mig.store.results import ResultRecord
+from pytest_mig.store import bulk_read
+from pytest_mig.store.results import ResultRecord, ResultsFileError, read_results
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "recipes" / "prometheus-rules.yml"
@@ -96,6 +101,71 @@ def test_report_without_out_says_where_the_rows_go_when_they_are_many(
                                     f"give --out report.md (or .csv, .json) to keep them")
 
 
+#: sha256 of what ``pytest-mig report`` wrote for _small_fleet (8 boards, one 8% slow, one regressed on a new
+#: driver) before its reading was put in a pool of processes: the report file, then the terminal's lines (the
+#: folder written as <tmp>).  A change here is a change in the report's bytes: make it on purpose or not at all.
+UNCHANGED = {
+    "md": ("aa93f578367d1766f0ea79b7d4c8897a5ec280f7eb5741959a6e8938bedbb61c",
+           "5c50454c494a5fbca1415fa052d8c4ebaf0225ca0e3743ccd23dae1fc731357d"),
+    "csv": ("6efdec107e80ca62bd28b90f0462846219ebfac8066fa9d7ff14a3a43b38c5a7",
+            "f4b5318cd015b9b50b7801d0742c543123e34131f73f7d943069f3e481869db7"),
+    "json": ("3aabbc0fcd3d35387111c54d95a9f1f7b0cd10aa342f6d76e7ce463d7e49f072",
+             "a85abcdcb30745c10649d5eab1a7e9ecca0b0e1a934628e3c3d7e10022c8769d"),
+}
+
+
+def _small_fleet(night: dict[str, Any], folder: Path) -> list[Path]:
+    files = fleet_nights.write_fleet(night, folder, 8, slow_gpu=SLOW)
+    doc = json.loads(files[1].read_text())
+    _regressed_board(doc)
+    files[1].write_text(json.dumps(doc))
+    return files
+
+
+@pytest.mark.parametrize("pool", [False, True], ids=["read-here", "read-by-2-workers"])
+def test_a_fleet_report_is_byte_for_byte_what_it_was(tmp_path: Path, night: dict[str, Any], pool: bool,
+                                                      monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    files = _small_fleet(night, tmp_path / "fleet")
+    monkeypatch.setattr(bulk_read, "workers_for", lambda files: 2 if pool else 0)
+    for suffix, (file_hash, lines_hash) in UNCHANGED.items():
+        out = tmp_path / f"fleet.{suffix}"
+        assert main(["report", *map(str, files), "--out", str(out)]) == 0
+        said = capsys.readouterr().out.replace(str(tmp_path), "<tmp>")
+        assert (hashlib.sha256(out.read_bytes()).hexdigest(), hashlib.sha256(said.encode()).hexdigest()) == \
+            (file_hash, lines_hash), f"the {suffix} report changed:\n{said}"
+    assert gc.isenabled()  # the collector, held off while the records were made, runs again
+
+
+def test_the_workers_hand_back_the_records_the_reader_reads(tmp_path: Path, night: dict[str, Any]) -> None:
+    files = fleet_nights.write_fleet(night, tmp_path / "fleet", 3, slow_gpu=None)
+    here = bulk_read.read_report_records(files, workers=0)
+    assert bulk_read.read_report_records(files, workers=2) == here
+    full = [r for f in files for r in read_results(f)]
+    assert len(here) == len(full) and full[0].health and full[0].metric.samples
+    for lean, r in zip(here, full):  # all but what no report shows
+        assert (lean.health, lean.metric.samples, lean.metric.info) == (None, [], {})
+        assert replace(lean, health=r.health, metric=replace(lean.metric, samples=r.metric.samples,
+                                                             info=r.metric.info)) == r
+    assert len({id(r.target) for r in here}) == len(files)  # a file's records share one Target
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_first_refused_file_is_named_as_its_reader_names_it(tmp_path: Path, night: dict[str, Any],
+                                                                workers: int) -> None:
+    files = fleet_nights.write_fleet(night, tmp_path / "fleet", 4, slow_gpu=None)
+    text = files[1].read_text()
+    files[1].write_text(text.replace('"schema": "pytest-mig/results/1"', '"schema": "pytest-mig/results/1", '
+                                     '"schema": "pytest-mig/results/1"', 1))  # a key given twice
+    files[2].write_text(text[:1000])  # cut short
+    with pytest.raises(ResultsFileError) as alone:
+        read_results(files[1])
+    with pytest.raises(ResultsFileError) as among:
+        bulk_read.read_report_records(files, workers=workers)
+    assert str(among.value) == str(alone.value) and "given twice" in str(alone.value)
+    assert gc.isenabled()
+
+
 def test_median_without_is_the_median_of_the_others() -> None:
     rng = random.Random(7)
     for n in range(2, 12):
@@ -106,7 +176,8 @@ def test_median_without_is_the_median_of_the_others() -> None:
 
 def _mutations(doc: Any, rng: random.Random) -> Any:
     """A copy of ``doc`` with one value somewhere replaced or one key dropped."""
-    palette = [None, True, False, 0, -1, 1.5, 2.0, 1e301, float("nan"), "", "x", "higher", [], {}, [1, "a"], {"a": 1}]
+    palette = [None, True, False, 0, -1, 1.5, 2.0, 1e301, float("nan"), "", "x", "higher", "quick", [], {}, [1, "a"],
+               [1.0, 2], [1.0, True], ["a", "b"], ["a", None], {"a": 1}]
     doc = copy.deepcopy(doc)
     node, parents = doc, []
     while isinstance(node, (dict, list)) and node and rng.random() < 0.8:

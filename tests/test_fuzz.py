@@ -32,6 +32,7 @@ from pytest_mig.store.reader import load_baseline_file
 from pytest_mig.measure.cost import SUCoefficients  # noqa: E402
 from pytest_mig.report.exports import parse_export  # noqa: E402
 from pytest_mig.common.files import MAX_DEPTH, FileProblem, check_path, parse_json, path_problem  # noqa: E402
+from pytest_mig.common.nesting import depth, text_depth  # noqa: E402
 from pytest_mig.report.trend import collect  # noqa: E402
 from pytest_mig.measure import Metric  # noqa: E402
 from pytest_mig.device.profiles import ProfileError, parse_profile  # noqa: E402
@@ -240,6 +241,29 @@ def test_nesting_deeper_than_any_file_is_refused_before_a_reader_recurses(tmp_pa
     path.write_text('{"schema": "pytest-mig/results/1", "records": ' + "[" * 50_000 + "]" * 50_000 + "}")
     with pytest.raises(ResultsFileError, match="nested"):
         read_results_file(path)
+
+
+#: Strings made of what a depth read from the text could mistake for structure.
+TRICKY = st.text(st.sampled_from('[]{}"\\:,u05cn ') | st.characters(codec=None), max_size=10)
+NESTED = st.recursive(st.none() | st.booleans() | st.floats(allow_nan=False) | TRICKY,
+                      lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TRICKY, inner, max_size=4),
+                      max_leaves=40)
+
+
+@FUZZ
+@given(doc=NESTED | st.integers(min_value=0, max_value=40).map(lambda n: [[]] * 2 if n < 2 else _deep(n)),
+       indent=st.sampled_from([None, 0, 2]), ascii_only=st.booleans())
+def test_the_depth_read_from_the_text_is_the_documents(doc: Any, indent: int | None, ascii_only: bool) -> None:
+    text = json.dumps(doc, indent=indent, ensure_ascii=ascii_only)
+    assert text_depth(text) == depth(json.loads(text))
+
+
+def _deep(n: int) -> Any:
+    """A list n levels deep, with a string of brackets at the bottom."""
+    doc: Any = ['"[{"']
+    for _ in range(n - 1):
+        doc = [doc, {"k]": doc}] if n < 12 else [doc]
+    return doc
 
 
 PARSERS: list[tuple[Callable[[str], Any], tuple[type[BaseException], ...]]] = [

@@ -247,6 +247,28 @@ def test_the_trend_page_never_replaces_a_kept_file(h200: Run, pytester: pytest.P
     assert page.read_bytes() == before
 
 
+def test_report_and_trend_page_make_a_missing_folder_but_never_one_inside_a_kept_folder(
+        h200: Run, pytester: pytest.Pytester, capsys: pytest.CaptureFixture[str]) -> None:
+    h200("--mig-save-baseline", "--mig-results", "a.json").assert_outcomes(passed=1)
+    a = str(pytester.path / "a.json")
+    report, page = pytester.path / "reports" / "2026-11-26" / "fleet.md", pytester.path / "pages" / "new" / "trend.html"
+    assert cli.main(["report", a, "--out", str(report)]) == 0 and report.read_text().startswith("| test |")
+    assert cli.main(["history", a, "--mig-baseline-dir", "baselines", "--out", str(page)]) == 0 and page.exists()
+    kept = pytester.path / "baselines"
+    (pytester.path / "to-baselines").symlink_to(kept)  # a link that leads into the baseline folder
+    before = sorted(p.relative_to(kept) for p in kept.rglob("*"))
+    inside = pytester.path / "to-baselines" / "pages" / "trend.html"
+    capsys.readouterr()
+    assert cli.main(["history", a, "--mig-baseline-dir", "baselines", "--out", str(inside)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"pytest-mig: error: --out {inside}: its folder {inside.parent} would be made inside the "
+                          f"baseline folder baselines") and len(err.splitlines()) == 1
+    (pytester.path / "to-shipped").symlink_to(SHIPPED)
+    assert cli.main(["report", a, "--out", str(pytester.path / "to-shipped" / "x" / "fleet.md")]) == 2
+    assert "would be made inside the shipped references" in capsys.readouterr().err
+    assert sorted(p.relative_to(kept) for p in kept.rglob("*")) == before and not (SHIPPED / "x").exists()
+
+
 def test_calibrate_starts_each_run_on_a_new_results_file(tmp_path: Path) -> None:
     """--mig-results never replaces a results file, so calibrate removes its own earlier run's first."""
     work = tmp_path / "work"

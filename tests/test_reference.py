@@ -332,6 +332,30 @@ def test_pytest_mig_reference_builds_a_folder_and_devices_names_the_models(
     assert "no such results file" in capsys.readouterr().err
 
 
+def test_a_reference_that_would_lose_runs_names_what_pytest_mig_reference_offers(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A reference file keeping more runs than a reference does (edited, or built another way) is never
+    cut by ``pytest-mig reference``: the refusal names that command's --out, not the plugin's shrink."""
+    out = tmp_path / "mine"
+    assert main(["reference", str(results_file(tmp_path, "night", {"fp16_tflops": 100.0})), "--out", str(out)]) == 0
+    (path,) = out.rglob("*.json")
+    doc = json.loads(path.read_text())
+    doc["keep"] = 60
+    for tests in doc["modes"].values():
+        for metrics in tests.values():
+            for entry in metrics.values():
+                entry["runs"] = entry["runs"] * 55
+    path.write_text(json.dumps(doc))
+    before = path.read_bytes()
+    capsys.readouterr()
+    assert main(["reference", str(results_file(tmp_path, "next", {"fp16_tflops": 100.2})), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "keeps 60 runs per figure and a keep of 50 would drop" in err and "--mig-baseline-shrink" not in err
+    assert f"a reference keeps 50 runs per figure and pytest-mig reference never shortens a history: give --out a " \
+           f"new folder, or move this file out of {out}" in err
+    assert path.read_bytes() == before
+
+
 def test_drop_test_takes_a_changed_test_out_of_the_folder_and_the_files(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A test whose definition changed leaves the reference, its old runs in later files too, while

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from pathlib import Path
 from typing import Any, ClassVar, Sequence, TextIO
 
-from pytest_mig.common.files import path_problem
+from pytest_mig.common.files import FileProblem, check_links, path_problem, writes_through
 from pytest_mig.common.text import SHOWN, printable, quoted, shown
 from pytest_mig.judge.reference import SHIPPED
 from pytest_mig.settings import HELP_BASELINE_DIR, positive_int_arg
@@ -99,3 +100,30 @@ def kept_folders(baselines: Path | None) -> list[tuple[Path, str]]:
     """The folders whose JSON files a command's --out never replaces (:func:`pytest_mig.common.files.kept_file`)."""
     folders = [(SHIPPED, "the shipped references")]
     return folders + ([(baselines, f"the baseline folder {printable(baselines)}")] if baselines is not None else [])
+
+
+def make_out_folder(path: Path, option: str, folders: list[tuple[Path, str]]) -> None:
+    """Make the missing folders of an output file's path before anything is read, so that ``--out
+    reports/2026-11-26/fleet.md`` works on a first night.  Refused, one sentence (FileProblem): a link
+    on the way that loops or leads nowhere (:func:`~pytest_mig.common.files.check_links`), and folders
+    that would be made inside one of ``folders`` (:func:`kept_folders`: a folder there reads as a GPU
+    model's), wherever a link on the way leads; nothing is made then."""
+    if writes_through(path):
+        return
+    check_links(path)
+    folder = Path(path).parent
+    if folder.is_dir():
+        return
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    real = Path(os.path.realpath(existing))
+    for kept, what in folders:
+        if real.is_relative_to(os.path.realpath(kept)):
+            raise FileProblem(f"{option} {printable(path)}: its folder {printable(folder)} would be made inside {what} "
+                              f"({printable(real)}), where no output goes; name another folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise FileProblem(f"{option} {printable(path)}: its folder {printable(folder)} cannot be made "
+                          f"({exc.strerror or exc})") from None

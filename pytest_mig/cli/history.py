@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Sequence, TextIO
 
-from pytest_mig.cli.common import CliError, Command, add_baseline_dir, kept_folders, path_arg
+from pytest_mig.cli.common import CliError, Command, add_baseline_dir, kept_folders, make_out_folder, path_arg
 from pytest_mig.common.files import check_output, output_file
 from pytest_mig.report.trend import write_page
 
@@ -32,6 +32,7 @@ def cmd_history(files: Sequence[Path], baselines: Path | None, page: Path, title
         raise CliError(f"--out {page}: the trend page is HTML, name it .html")
     output_file(str(page), "trend.html", "--out")  # a folder or a dangling link: said before anything is read
     check_output(page, "--out", kept_folders(baselines))
+    make_out_folder(page, "--out", kept_folders(baselines))
     count = write_page(page, baselines, files, title)
     print(f"trend page written: {page} ({count} figure(s))", file=out)
     return 0

@@ -7,7 +7,8 @@ import argparse
 from pathlib import Path
 from typing import Sequence, TextIO
 
-from pytest_mig.cli.common import Command, factor_arg, kept_folders, path_arg
+from pytest_mig.cli.common import Command, factor_arg, kept_folders, make_out_folder, path_arg
+from pytest_mig.common.collector import collector_paused
 from pytest_mig.common.files import check_output, output_file
 from pytest_mig.report.tables import (
     OUTLIER_FACTOR,
@@ -18,7 +19,7 @@ from pytest_mig.report.tables import (
     verdict_counts,
     write_report,
 )
-from pytest_mig.store.results import ResultRecord, read_results
+from pytest_mig.store.bulk_read import read_report_records
 from pytest_mig.report.fleet import find_device_outliers, slices_vs_one
 from pytest_mig.report.fleet_summary import summary_lines
 
@@ -29,21 +30,21 @@ REPORT_COLUMNS = ("test", "metric", "gpu", "profile", "node", "device", "value",
 TERMINAL_ROWS = 500
 
 
-def _read_all(files: Sequence[Path]) -> list[ResultRecord]:
-    records: list[ResultRecord] = []
-    for f in files:
-        records.extend(read_results(f))
-    return records
-
-
 def cmd_report(files: Sequence[Path], out_path: Path | None, factor: float, fail_on_outlier: bool, out: TextIO) -> int:
     """The summary first (outlier boards and nodes, regressions, fingerprints), then the rows: into
-    ``out_path`` where given, else on the terminal where they are few."""
+    ``out_path`` where given, else on the terminal where they are few.  The files are read by a pool of
+    processes where they are many (:func:`~pytest_mig.store.bulk_read.read_report_records`)."""
     if out_path is not None:
         report_format(out_path)  # a wrong suffix is said before anything is read or printed
         output_file(str(out_path), "report.md", "--out")
         check_output(out_path, "--out", kept_folders(None))  # never a results file, history or reference
-    records = _read_all(files)
+        make_out_folder(out_path, "--out", kept_folders(None))
+    with collector_paused():  # a fleet's records: a million objects, no cycle among them
+        return _report(files, out_path, factor, fail_on_outlier, out)
+
+
+def _report(files: Sequence[Path], out_path: Path | None, factor: float, fail_on_outlier: bool, out: TextIO) -> int:
+    records = read_report_records(files)
     if not records:
         print(f"no metrics in {len(files)} file(s)", file=out)
         return 0

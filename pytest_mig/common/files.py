@@ -47,12 +47,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from pytest_mig.common.huge_numbers import may_hold_huge
+from pytest_mig.common.nesting import MAX_DEPTH, depth, text_depth
 from pytest_mig.common.schema_check import Check, compile_schema
 from pytest_mig.common.text import printable, shown
 
-#: Deepest nesting any pytest-mig file has (a baseline: modes > tests > metrics > runs > fingerprint);
-#: far deeper input is refused before any reader recurses into it.
-MAX_DEPTH = 32
 #: A file larger than this is not read to learn what it is: no history, reference or results file
 #: comes near it.
 KIND_READ_LIMIT = 256 * 2**20
@@ -129,19 +127,6 @@ def _first_unreadable(doc: Any) -> tuple[str, str] | None:
     return None
 
 
-def depth(doc: Any) -> int:
-    """How deeply lists and objects nest in ``doc`` (a scalar: 0), found without recursion, a level of
-    containers at a time (a scalar is never held), stopping past MAX_DEPTH."""
-    level, containers = 0, [doc] if isinstance(doc, (dict, list)) else []
-    while containers and level <= MAX_DEPTH:
-        level += 1
-        below: list[Any] = []
-        for node in containers:
-            below.extend(c for c in (node.values() if isinstance(node, dict) else node) if isinstance(c, (dict, list)))
-        containers = below
-    return level
-
-
 def parse_json(text: str, where: str, *, allow_nan: bool = False) -> Any:
     """JSON text as a reader may trust it: no duplicate keys, no deeper than MAX_DEPTH, no integer of
     more than MAX_INT_DIGITS digits, no decimal that overflows a float, and no NaN or Infinity unless
@@ -160,7 +145,7 @@ def parse_json(text: str, where: str, *, allow_nan: bool = False) -> Any:
         raise FileProblem(f"{where}: not valid JSON ({exc})") from None
     except RecursionError:
         raise FileProblem(f"{where}: nested too deeply to be a pytest-mig file") from None
-    if depth(doc) > MAX_DEPTH:
+    if text_depth(text) > MAX_DEPTH:
         raise FileProblem(f"{where}: nested more than {MAX_DEPTH} levels deep, which no pytest-mig file is")
     bad = _first_unreadable(doc) if _Unreadable.made != made else None
     if bad is not None:

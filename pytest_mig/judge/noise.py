@@ -79,7 +79,6 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import numpy as np
-from scipy import stats
 
 #: From this many runs on, the run farthest from the median is left out of the standard deviation.
 TRIM_FROM = 8
@@ -159,6 +158,8 @@ def run_sigma(values: Sequence[float]) -> float:
     med = float(np.median(xs))
     if med == 0:
         return 0.0
+    from scipy import stats  # here: its import takes most of a second, which every pytest-mig command would pay
+
     mad = float(stats.median_abs_deviation(xs, scale="normal"))
     rest = np.delete(xs, int(np.argmax(np.abs(xs - med)))) if xs.size >= TRIM_FROM else xs
     return max(mad, float(np.std(rest, ddof=1))) / abs(med)

@@ -368,7 +368,9 @@ def build(paths: Sequence[Path], out: Path, *, drop: Sequence[str] = ()) -> Buil
                                        f"{r.metric.value:g}, which no measurement gives; nothing was written (leave "
                                        f"this file out or fix it)")
             records.append(_as_reference(r))
-    store = BaselineStore(out, keep=REFERENCE_KEEP)
+    store = BaselineStore(out, keep=REFERENCE_KEEP, consent=(
+        f"a reference keeps {REFERENCE_KEEP} runs per figure and pytest-mig reference never shortens a history: "
+        f"give --out a new folder, or move this file out of {printable(out)}"))
     if dropped:  # before anything is written: a mistyped id changes nothing
         held = {key[0] for path in store.files() for key in load_baseline_file(path).entries}
         unknown = [t for t, n in dropped.items() if not n and t not in held]

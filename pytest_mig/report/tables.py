@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import numbers
+import operator
 import statistics
 from collections import Counter
 from dataclasses import dataclass
@@ -93,8 +94,12 @@ def _band(v: Verdict | None) -> tuple[str, str]:
 
 def records_frame(records: Iterable[ResultRecord]) -> pd.DataFrame:
     """One row per record with :data:`COLUMNS`: the table every report is made from."""
-    rows = [_row(r) for r in records]
-    return pd.DataFrame(rows, columns=list(COLUMNS))
+    rows = [_IN_ORDER(_row(r)) for r in records]  # tuples: pandas builds a fleet's table from them quicker
+    return pd.DataFrame.from_records(rows, columns=list(COLUMNS))
+
+
+#: A row's values in the order of COLUMNS.
+_IN_ORDER = operator.itemgetter(*COLUMNS)
 
 
 def verdict_counts(records: Iterable[ResultRecord]) -> dict[str, int]:
@@ -196,8 +201,13 @@ def markdown_cell(value: Any) -> Any:
     return text.replace("\\", "\\\\").replace("|", "\\|")
 
 
+_FLOATS = (float, np.float64)
+
+
 def _markdown_text(value: Any) -> str:
     """One distinct value of a column as a markdown cell: numbers as tabulate's ``g`` writes them."""
+    if type(value) in _FLOATS:  # a fleet's hundreds of thousands of figures, without the ABC checks below
+        return format(float(value), "g")
     if isinstance(value, (bool, np.bool_)):
         return str(bool(value))
     if isinstance(value, numbers.Integral):
@@ -207,14 +217,24 @@ def _markdown_text(value: Any) -> str:
     return str(markdown_cell(value if isinstance(value, str) else str(value)))
 
 
+def _cell_text(value: Any) -> str:
+    """One distinct value as its markdown cell; ``-`` where pandas counts it missing (None, NaN)."""
+    if type(value) is float:
+        return "-" if value != value else format(value, "g")
+    return "-" if pd.isna(value) else _markdown_text(value)
+
+
 def markdown_table(frame: pd.DataFrame) -> str:
-    """The frame as a markdown (pipe) table: each distinct value of a column made a cell once, so a
-    fleet's hundreds of thousands of rows take seconds; a missing value is ``-``."""
+    """The frame as a markdown (pipe) table: each distinct value of a column made a cell once (equal
+    values are one, as pandas' factorize has them), so a fleet's hundreds of thousands of rows take
+    about a second; a missing value is ``-``."""
     cells = []
     for col in frame.columns:
-        codes, uniques = pd.factorize(frame[col], use_na_sentinel=True)
-        text = [_markdown_text(u) for u in uniques] + ["-"]  # code -1 (missing) is the last
-        cells.append([text[c] for c in codes])
+        values = frame[col].tolist()
+        text = dict.fromkeys(values)
+        for value in text:
+            text[value] = _cell_text(value)
+        cells.append(list(map(text.__getitem__, values)))
     numeric = [pd.api.types.is_numeric_dtype(frame[c]) and not pd.api.types.is_bool_dtype(frame[c])
                for c in frame.columns]
     lines = ["| " + " | ".join(str(markdown_cell(str(c))) for c in frame.columns) + " |",
@@ -333,15 +353,25 @@ def merged_frame(records: Sequence[ResultRecord], outliers: Sequence[Outlier],
                  devices: Sequence[DeviceOutlier] = ()) -> pd.DataFrame:
     """The merged table, a ``device`` column naming each row's board, and an ``outlier`` column marking
     the rows of outlier nodes (``<< 3.0x worse``) and outlier devices (``<< 8.1% worse``)."""
-    frame = records_frame(records)
-    frame.insert(frame.columns.get_loc("node") + 1, "device", [device_label(r) for r in records])
-    frame = frame.sort_values(["test", "metric", "gpu", "profile", "node", "device"], kind="stable")
+    labels: dict[tuple[int, str], str] = {}  # a fleet's records share a Target object per file: labelled once
+    device = []
+    for r in records:
+        label = labels.get((id(r.target), r.node))
+        if label is None:
+            label = labels[(id(r.target), r.node)] = device_label(r)
+        device.append(label)
     marks = {(o.test, o.metric, o.gpu, o.profile, o.mode, o.node): f"<< {o.factor:.1f}x worse" for o in outliers}
     boards = {(d.test, d.metric, d.node, d.device): f"<< {d.worse * 100:.1f}% worse than {d.others} devices"
               for d in devices}
-    frame["outlier"] = [marks.get((t, m, g, p, mo, n)) or boards.get((t, m, n, d), "") for t, m, g, p, mo, n, d in
-                        zip(frame["test"], frame["metric"], frame["gpu"], frame["profile"], frame["mode"],
-                            frame["node"], frame["device"])]
+    nodes, boards_at = {o.node for o in outliers}, {(d.node, d.device) for d in devices}  # most rows: neither
+    outlier = [(r.node in nodes and marks.get((r.test, r.metric.name, _gpu(r.target), _profile(r.target), r.mode,
+                                               r.node)))
+               or ((r.node, d) in boards_at and boards.get((r.test, r.metric.name, r.node, d))) or ""
+               for r, d in zip(records, device)]
+    frame = records_frame(records)
+    frame.insert(frame.columns.get_loc("node") + 1, "device", device)
+    frame["outlier"] = outlier
+    frame = frame.sort_values(["test", "metric", "gpu", "profile", "node", "device"], kind="stable")
     return frame.reset_index(drop=True)
 
 

@@ -129,13 +129,19 @@ def saveable(record: ResultRecord) -> str | None:
     return None
 
 
+#: What a save refused for shortening a history says to do, where the caller is pytest or calibrate.
+SHRINK_CONSENT = "confirm with --mig-baseline-shrink (to pytest or to pytest-mig calibrate), or leave the keep as it is"
+
+
 class BaselineStore:
     """The folder of baselines: ``<root>/<gpu-model-slug>/<profile>.json``."""
 
-    def __init__(self, root: Path | str, keep: int | None = None, *, shrink: bool = False) -> None:
+    def __init__(self, root: Path | str, keep: int | None = None, *, shrink: bool = False,
+                 consent: str = SHRINK_CONSENT) -> None:
         self.root = Path(root)
         self.keep = keep  # None: the file's own setting, else DEFAULT_KEEP
         self.shrink = shrink  # a keep below a file's own may drop its older runs (--mig-baseline-shrink)
+        self.consent = consent  # what a refusal to shorten a history says to do: the caller's own options
 
     def __repr__(self) -> str:
         return f"BaselineStore({str(self.root)!r})"
@@ -186,8 +192,7 @@ class BaselineStore:
             most = max([existing.keep, *(len(e.runs) for e in existing.entries.values())])
             raise BaselineError(
                 f"{path} keeps {most} runs per figure and a keep of {self.keep} would drop {lost} older "
-                f"run(s) of its {len(existing.entries)} figure(s); nothing is saved: confirm with "
-                f"--mig-baseline-shrink (to pytest or to pytest-mig calibrate), or leave the keep as it is")
+                f"run(s) of its {len(existing.entries)} figure(s); nothing is saved: {self.consent}")
         return existing
 
     def records(self, gpu_slug: str | None = None) -> tuple[list[ResultRecord], list[str]]:
