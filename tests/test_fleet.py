@@ -1,7 +1,7 @@
 """A fleet's night: ``pytest-mig report`` over many GPUs' results files (summary first, rows in the
 file, the same bytes whether a pool of processes read the files or not, a refused file named as its
 reader names it), the outlier rule in n log n, the compiled schema checks, and the recipes a fleet
-watches with (Prometheus alerting rules run by promtool, a Grafana dashboard).
+watches with (Prometheus alerting rules run by promtool and by a live Prometheus, a Grafana dashboard).
 
 The fleet is simulated from a real recorded H100 night (tests/fleet_nights.py: copies of
 docs/results/h100-nights-2026-11-26.tgz's night2.json with new boards and 0.3% noise, one board 8% slow).
@@ -18,6 +18,7 @@ import re
 import shutil
 import statistics
 import subprocess
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from jsonschema import Draft202012Validator
 from prometheus_client.parser import text_string_to_metric_families
 
 import fleet_nights
+from live_prometheus import needs_live, prometheus, wait_for
 from pytest_mig.cli import main
 from pytest_mig.common.schema_check import compile_schema
 from pytest_mig.report import exports
@@ -253,6 +255,40 @@ def test_alerting_rules_fire_on_the_slow_board_only(tmp_path: Path, night: dict[
     done = subprocess.run([PROMTOOL, "test", "rules", str(path)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS" in done.stdout
+
+
+@pytest.mark.e2e
+@needs_live
+def test_a_live_prometheus_loading_many_gpus_textfiles_alerts_on_the_slow_and_the_regressed_board(
+        tmp_path: Path, night: dict[str, Any]) -> None:
+    """The rules in a real Prometheus that scrapes node_exporter's textfile collector holding twelve
+    GPUs' exports (one file per GPU, as nodes write them): the outlier alert fires for every figure of
+    the 8% slow board and for no other board, the regressed alert for the regressed board only, and
+    no night is missing."""
+    keep = [r for r in night["records"] if r["metric"]["compare"]][:6]
+    textfiles = tmp_path / "textfile"
+    textfiles.mkdir()
+    slow, regressed = "", ""
+    for i in range(12):
+        doc = fleet_nights.simulate(dict(night, records=keep), i, noise=0.003, slow=0.08 if i == SLOW else 0.0, seed=0)
+        if i == 1:
+            doc["records"][0]["verdict"]["outcome"] = "regressed"
+        records = [ResultRecord.from_dict(r) for r in doc["records"]]
+        uuid = records[0].target.gpu_uuid
+        slow, regressed = (uuid if i == SLOW else slow), (uuid if i == 1 else regressed)
+        text = exports.prometheus_text(records, host=doc["records"][0]["node"])
+        (textfiles / f"gpu-{i}.prom").write_text(text)
+    with prometheus(tmp_path, textfiles, rule_files=[RULES]) as api:
+        def firing() -> dict[str, list[str]]:
+            alerts = [a for a in api("alerts", {})["alerts"] if a["state"] == "firing"]
+            return {name: sorted(a["labels"].get("UUID", "") for a in alerts if a["labels"]["alertname"] == name)
+                    for name in ("PytestMigOutlierBoard", "PytestMigRegressed", "PytestMigNightMissing")}
+        got = wait_for(firing, lambda f: len(f["PytestMigOutlierBoard"]) >= len(keep) and f["PytestMigRegressed"],
+                       tmp_path)
+        time.sleep(3)  # three more evaluations: nothing else fires
+        got = firing()
+    assert got == {"PytestMigOutlierBoard": [slow] * len(keep), "PytestMigRegressed": [regressed],
+                   "PytestMigNightMissing": []}
 
 
 @needs_promtool

@@ -13,15 +13,9 @@ Python, and by Prometheus's own engine (``promtool test rules``) where promtool 
 
 from __future__ import annotations
 
-import http.server
 import json
 import shutil
-import socket
 import subprocess
-import threading
-import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +23,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import topologies as topo
+from live_prometheus import needs_live, prometheus, wait_for
 from pytest_mig.device.target import TargetInfo
 from pytest_mig.store.verdicts import Verdict
 from pytest_mig.device.plan import Options, plan_run
@@ -187,42 +182,12 @@ def test_promtool_finds_nothing_dcgm_exporter_does_not_trigger_itself(planned):
     assert ours <= theirs, ours - theirs
 
 
+
 # --------------------------------------------------------------------------- live: scraped, then joined
-
-PROMETHEUS = shutil.which("prometheus")
-NODE_EXPORTER = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _get(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=5) as answer:  # loopback only: the servers this test started
-        return answer.read().decode()
-
-
-class _Exporter(http.server.BaseHTTPRequestHandler):
-    """dcgm-exporter's /metrics, as its template writes the series (``dcgm_series``)."""
-
-    body = b""
-
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.end_headers()
-        self.wfile.write(self.body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
 
 
 @pytest.mark.e2e
-@pytest.mark.skipif(PROMETHEUS is None or NODE_EXPORTER is None,
-                    reason="prometheus or node_exporter is not installed (Debian: apt-get install prometheus "
-                           "prometheus-node-exporter; neither is on PyPI)")
+@needs_live
 def test_a_live_prometheus_joins_the_textfile_export_with_dcgm_exporters_series(planned, tmp_path: Path):
     """A real Prometheus scrapes node_exporter's textfile collector (the export file, as a site deploys
     it) and a dcgm-exporter endpoint on loopback; the join, asked through its HTTP API, pairs every
@@ -235,46 +200,13 @@ def test_a_live_prometheus_joins_the_textfile_export_with_dcgm_exporters_series(
     (textfiles / "pytest_mig.prom").write_text(export)
     dcgm_text = "".join(f"{line}\n" for t in {t.name: t for t, _ in planned}.values()
                         for line in dcgm_series(t, field, fb_total))
-    handler = type("Dcgm", (_Exporter,), {"body": dcgm_text.encode()})
-    dcgm = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=dcgm.serve_forever, daemon=True).start()
-    node_port, prom_port = _free_port(), _free_port()
-    config = {"global": {"scrape_interval": "1s"}, "scrape_configs": [
-        {"job_name": "node", "static_configs": [{"targets": [f"127.0.0.1:{node_port}"]}]},
-        {"job_name": "dcgm", "static_configs": [{"targets": [f"127.0.0.1:{dcgm.server_address[1]}"]}]}]}
-    (tmp_path / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
-    procs = [subprocess.Popen([NODE_EXPORTER, f"--web.listen-address=127.0.0.1:{node_port}",
-                               "--collector.disable-defaults", "--collector.textfile",
-                               f"--collector.textfile.directory={textfiles}"],
-                              stdout=subprocess.DEVNULL, stderr=(tmp_path / "node.log").open("w")),
-             subprocess.Popen([PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
-                               f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{prom_port}"],
-                              stdout=subprocess.DEVNULL, stderr=(tmp_path / "prometheus.log").open("w"))]
-    try:
-        figures = _samples(export, "PYTEST_MIG_FIGURE")
-        query = urllib.parse.urlencode({"query": JOIN.format(field=field)})
-        result: list[dict[str, Any]] = []
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and len(result) < len(figures):
-            time.sleep(0.5)
-            try:
-                result = json.loads(_get(f"http://127.0.0.1:{prom_port}/api/v1/query?{query}"))["data"]["result"]
-            except (OSError, KeyError, ValueError):
-                continue
-        logs = (tmp_path / "prometheus.log").read_text()[-2000:] + (tmp_path / "node.log").read_text()[-2000:]
-        assert len(result) == len(figures), logs
-        expected = {e.labels["test"]: e.value * d.value for e in figures
-                    for d in _samples(dcgm_text, field) if _key(d.labels) == _key(e.labels)}
-        got = {r["metric"]["test"]: float(r["value"][1]) for r in result}
-        assert len(expected) == len(figures) and got == pytest.approx(expected)
-        for r in result:  # the figure's own labels, the scrape's job and instance: the node_exporter's
-            assert r["metric"]["job"] == "node" and r["metric"]["test"].startswith("test_gemm[")
-    finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        dcgm.shutdown()
+    figures = _samples(export, "PYTEST_MIG_FIGURE")
+    with prometheus(tmp_path, textfiles, endpoints=[dcgm_text]) as api:
+        result = wait_for(lambda: api("query", {"query": JOIN.format(field=field)})["result"],
+                          lambda r: len(r) >= len(figures), tmp_path)
+    expected = {e.labels["test"]: e.value * d.value for e in figures
+                for d in _samples(dcgm_text, field) if _key(d.labels) == _key(e.labels)}
+    got = {r["metric"]["test"]: float(r["value"][1]) for r in result}
+    assert len(expected) == len(figures) and got == pytest.approx(expected)
+    for r in result:  # the figure's own labels, and the scrape's job: the node_exporter's
+        assert r["metric"]["job"] == "node" and r["metric"]["test"].startswith("test_gemm[")
