@@ -66,6 +66,24 @@ def test_the_prior_never_comes_from_the_judged_board(tmp_path: Path) -> None:
     assert LeaveOneOut(nights_one).for_record(rec) is None
 
 
+def test_priors_within_boards_leave_out_the_spread_between_boards(tmp_path: Path, capsys) -> None:
+    """Two other boards 4% apart, each steady: across boards their spread is the prior; within boards
+    only each board's own night-to-night noise is (``--priors within-boards``)."""
+    for b, level in enumerate((19.0, 19.0, 19.76)):
+        folder = tmp_path / "runs" / f"board{b}"
+        folder.mkdir(parents=True)
+        for n in range(3):
+            write_results(folder / f"night{n}.json", [night(level * (1 + 0.001 * (n - 1)), f"GPU-{b}", n + 1)])
+    nights = nights_of(sorted((tmp_path / "runs").rglob("*.json")), open("/dev/null", "w"))
+    rec = nights[0].records[0]
+    across, within = LeaveOneOut(nights), LeaveOneOut(nights, within_boards=True)
+    across.board = within.board = "GPU-0"
+    assert across.for_record(rec).sigma > 0.015  # type: ignore[union-attr]  # the 4% step between boards
+    assert within.for_record(rec).sigma == pytest.approx(0.001, rel=0.05)  # type: ignore[union-attr]
+    assert cli.main(["replay", str(tmp_path / "runs"), "--priors", "within-boards"]) == 0
+    assert "False alarms: 0 night(s)" in capsys.readouterr().out
+
+
 def test_nights_that_shared_the_gpu_or_were_slowed_on_purpose_are_left_out(tmp_path: Path) -> None:
     busy = night(10.0, "GPU-9", 1, health={"after": {"others": [1343]}})
     write_results(tmp_path / "busy.json", [busy])

@@ -24,10 +24,13 @@ class Replay(Command):
                             help="results files, or folders searched for them")
         parser.add_argument("--exclude", action="append", default=[], metavar="GLOB",
                             help="leave out files whose path matches GLOB (repeatable)")
+        parser.add_argument("--priors", choices=("across-boards", "within-boards"), default="across-boards",
+                            help="the priors' noise: each profile's runs over the other boards (the plugin's "
+                                 "rule, default), or each other board's runs about its own median")
 
     @classmethod
     def run(cls, args: argparse.Namespace, out: TextIO) -> int:
         missing = [p for p in args.paths if not Path(p).exists()]
         if missing:
             raise CliError(f"{printable(missing[0])}: no such file or folder")
-        return cmd_replay(args.paths, args.exclude, out)
+        return cmd_replay(args.paths, args.exclude, out, args.priors == "within-boards")

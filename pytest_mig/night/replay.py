@@ -106,9 +106,12 @@ def _shared(rec: ResultRecord) -> bool:
 
 
 class LeaveOneOut:
-    """Priors from every series but the judged board's (the module docstring)."""
+    """Priors from every series but the judged board's (the module docstring).  ``within_boards``:
+    each other board's runs relative to their own median, as a history of one board sees its noise,
+    instead of each profile's runs over all the other boards (``--priors within-boards``)."""
 
-    def __init__(self, nights: Sequence[Night]) -> None:
+    def __init__(self, nights: Sequence[Night], within_boards: bool = False) -> None:
+        self.within_boards = within_boards
         self._values: dict[tuple[str, Key], dict[tuple[str, str], list[float]]] = {}
         self._kinds: dict[Key, str] = {}
         for night in nights:
@@ -123,10 +126,10 @@ class LeaveOneOut:
     def _sigma(self, model: str, key: Key) -> float | None:
         memo = (self.board, model, key)
         if memo not in self._cache:
-            by_profile: dict[str, list[float]] = {}
+            by_profile: dict[str | tuple[str, str], list[float]] = {}
             for (profile, board), values in self._values.get((model, key), {}).items():
                 if board != self.board:
-                    by_profile.setdefault(profile, []).extend(values)
+                    by_profile.setdefault((profile, board) if self.within_boards else profile, []).extend(values)
             groups = list(by_profile.values())
             dof = sum(len(g) - 1 for g in groups if len(g) > 1)
             self._cache[memo] = pooled_sigma(groups) if dof >= MIN_PRIOR_DOF else None
@@ -229,12 +232,12 @@ def results_files(paths: Sequence[Path], exclude: Sequence[str] = ()) -> list[Pa
     return [p for p in out if not any(fnmatch.fnmatch(str(p), pattern) for pattern in exclude)]
 
 
-def cmd_replay(paths: Sequence[Path], exclude: Sequence[str], out: TextIO) -> int:
+def cmd_replay(paths: Sequence[Path], exclude: Sequence[str], out: TextIO, within_boards: bool = False) -> int:
     nights = nights_of(results_files(paths, exclude), out)
     if not nights:
         print("no unchanged GPU nights in the files given", file=out)
         return 1
-    lengths = replay(nights, LeaveOneOut(nights))
+    lengths = replay(nights, LeaveOneOut(nights, within_boards))
     out.write(markdown(lengths, nights))
     return 0
 
