@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any, ClassVar, Sequence, TextIO
 
-from pytest_mig.common.files import FileProblem, check_links, path_problem, writes_through
+from pytest_mig.common.files import FileProblem, check_links, folder_holding, path_problem, writes_through
 from pytest_mig.common.text import SHOWN, printable, quoted, shown
 from pytest_mig.judge.reference import SHIPPED
 from pytest_mig.settings import HELP_BASELINE_DIR, positive_int_arg
@@ -117,11 +117,10 @@ def make_out_folder(path: Path, option: str, folders: list[tuple[Path, str]]) ->
     existing = folder
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
-    real = Path(os.path.realpath(existing))
-    for kept, what in folders:
-        if real.is_relative_to(os.path.realpath(kept)):
-            raise FileProblem(f"{option} {printable(path)}: its folder {printable(folder)} would be made inside {what} "
-                              f"({printable(real)}), where no output goes; name another folder")
+    what = folder_holding(existing, folders)
+    if what is not None:
+        raise FileProblem(f"{option} {printable(path)}: its folder {printable(folder)} would be made inside {what} "
+                          f"({printable(Path(os.path.realpath(existing)))}), where no output goes; name another folder")
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

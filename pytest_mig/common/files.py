@@ -376,9 +376,19 @@ def kept_file(path: Path, folders: Sequence[tuple[Path, str]] = ()) -> str | Non
             return "a pytest-mig file"
     real = Path(os.path.realpath(path))
     if real.suffix.lower() == ".json":
-        for folder, what in folders:
-            if real.is_relative_to(os.path.realpath(folder)):
-                return f"a file of {what}"
+        what = folder_holding(real, folders)
+        if what is not None:
+            return f"a file of {what}"
+    return None
+
+
+def folder_holding(path: Path, folders: Sequence[tuple[Path, str]]) -> str | None:
+    """What the first of ``folders`` ((folder, what it is) pairs) that holds ``path`` is, wherever
+    links on the way lead (both are resolved); None where none holds it."""
+    real = os.path.realpath(path)
+    for folder, what in folders:
+        if Path(real).is_relative_to(os.path.realpath(folder)):
+            return what
     return None
 
 
@@ -567,7 +577,8 @@ def _lock_file(root: Path, timeout: float) -> Iterator[None]:
         raise TimeoutError(str(root)) from None
 
 
-__all__ = ["KIND_READ_LIMIT", "LOCK_FILE_NAME", "LOCK_TIMEOUT_S", "MAX_DEPTH", "MAX_INT_DIGITS", "MAX_NUMBER",
-           "NAME_MAX", "PATH_MAX", "STREAMS", "STREAM_FOLDERS", "FileProblem", "atomic_write_text", "check_links",
-           "check_output", "check_path", "depth", "distinct_outputs", "folder_lock", "kept_file", "output_file",
-           "parse_json", "path_problem", "read_json", "read_text", "validate", "write_target", "writes_through"]
+__all__ = ["FileProblem", "KIND_READ_LIMIT", "LOCK_FILE_NAME", "LOCK_TIMEOUT_S", "MAX_DEPTH", "MAX_INT_DIGITS",
+           "MAX_NUMBER", "NAME_MAX", "PATH_MAX", "STREAMS", "STREAM_FOLDERS", "atomic_write_text", "check_links",
+           "check_output", "check_path", "depth", "distinct_outputs", "folder_holding", "folder_lock", "kept_file",
+           "output_file", "parse_json", "path_problem", "read_json", "read_text", "validate", "write_target",
+           "writes_through"]

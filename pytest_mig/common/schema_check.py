@@ -128,21 +128,8 @@ def _object_check(s: Mapping[str, Any]) -> Check | None:
             c = get(k, extra_check)
             if c is not None and not c(v):
                 return False
-            if names is not None and not names(k):
-                return False
-        return True
-
-    def check_values(x: Any) -> bool:  # the same, for an object whose keys are not checked
-        if not isinstance(x, dict):
-            return True
-        if not x.keys() >= required:
-            return False
-        for k, v in x.items():
-            c = get(k, extra_check)
-            if c is not None and not c(v):
-                return False
-        return True
-    return check if names is not None else check_values
+        return names is None or all(map(names, x))
+    return check
 
 
 def _array_check(s: Mapping[str, Any]) -> Check | None:
