@@ -22,6 +22,8 @@ from pytest_mig.device import emulation
 from pytest_mig.device import nvml
 from pytest_mig.device import target
 from pytest_mig.judge import verdict as _verdict  # noqa: F401  (numpy and scipy are imported once, before in-process runs)
+from scipy import stats as _stats  # noqa: F401  (pytest-mig imports it only when a sigma is computed: here, before
+#   any in-process run, since pytester forgets what an inner run imported and numpy's C modules load once per process)
 from pytest_mig.measure import Timer
 from pytest_mig.device.profiles import lookup_model
 from pytest_mig.device.target import CudaProps, Target
