@@ -16,7 +16,7 @@ import sys
 from typing import Any, Callable, Iterable, Sequence
 
 from pytest_mig.measure.cost import WULVER, SUCoefficients, cost_metrics
-from pytest_mig.measure import Metric, Telemetry, Timer, Timing, time_fn
+from pytest_mig.measure import Metric, Pace, Telemetry, Timer, Timing, time_fn
 
 #: A pytest-benchmark round on a GPU lasts at least this long (several calls when one is short).
 MIN_ROUND_S = 0.01
@@ -57,8 +57,8 @@ def drop_failed_test() -> bool:
 class BenchTimer(Timer):
     """A Timer whose first measurement is pytest-benchmark's pedantic run."""
 
-    def __init__(self, benchmark: Any, device: str, telemetry: Telemetry | None) -> None:
-        super().__init__(device, telemetry)
+    def __init__(self, benchmark: Any, device: str, telemetry: Telemetry | None, pace: Pace | None = None) -> None:
+        super().__init__(device, telemetry, pace)
         self._benchmark = benchmark
         self._used = False
 
@@ -97,6 +97,7 @@ class MigBench:
         allocation: tuple[float, float] = (1.0, 4.0),
         read_link: Callable[[], dict[str, int] | None] | None = None,
         caches: Caches | None = None,
+        pace: Pace | None = None,
     ) -> None:
         self.benchmark = benchmark
         self.read_link = read_link  # the board's PCIe link now (gen, width, max_gen, max_width), or None
@@ -108,7 +109,8 @@ class MigBench:
         #: systems); a benchmark passes it on (``run_training(..., caches=mig_bench.caches)``).
         #: None keeps nothing.
         self.caches = caches
-        self.timer = BenchTimer(benchmark, target.device, telemetry)
+        #: ``pace``: a layout's slice keeps its timed calls in step with the other slices' (Timer.pace).
+        self.timer = BenchTimer(benchmark, target.device, telemetry, pace)
         self.metrics: list[Metric] = []
         self._sink = sink
         #: While the plugin re-measures a test (confirming a figure beyond its threshold), the

@@ -371,7 +371,8 @@ class MigSession:
 
         return MigBench(benchmark, target, telemetry, sink, quick=mode == "quick", su=self.settings.su,
                         allocation=self.settings.allocation,
-                        read_link=self.board.pcie if self.board is not None else None, caches=self.caches)
+                        read_link=self.board.pcie if self.board is not None else None, caches=self.caches,
+                        pace=self.barrier)
 
     def judge(self, item: pytest.Item, bench: MigBench | None) -> list[str]:
         """Judge this test's records through the pipeline, re-measuring a figure beyond its threshold
@@ -450,8 +451,10 @@ class MigSession:
                    else "interrupted" if exitstatus == pytest.ExitCode.INTERRUPTED else None)
         if self.barrier is not None:
             self.barrier.end()
-            self.messages.append(f"layout barrier: each test began with the other slices'; waited "
-                                 f"{self.barrier.waited_s:.1f} s for them in all")
+            self.messages.append(f"layout barrier: each test and each timed call began with the other slices'; "
+                                 f"waited {self.barrier.waited_s:.1f} s for them in all, and ran "
+                                 f"{self.barrier.busy_s:.1f} s of work untimed while slower slices timed theirs")
+            self.messages.extend(self.barrier.notes)
         self._release_device(session)
         if self.window is not None and self.window.message():
             self.messages.append(self.window.message())

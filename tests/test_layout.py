@@ -4,6 +4,7 @@ daemon of an emulated layout stopped when the run is stopped midway."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -239,7 +240,54 @@ def test_the_slices_of_a_layout_begin_each_test_together(pytester, mig_env):
     assert abs(began["1g.10gbx2-together-0-mig-b"] - began["1g.10gbx2-together-1-mig-b"]) < 0.5
     assert abs(began["1g.10gbx2-together-0-mig-a"] - began["1g.10gbx2-together-1-mig-a"]) < 0.5
     logs = "".join(p.read_text() for p in Path(_worker_folder(result.stdout.str())).glob("device*.log"))
-    assert logs.count("layout barrier: each test began with the other slices'") == 2
+    assert logs.count("layout barrier: each test and each timed call began with the other slices'") == 2
+
+
+PACED = '''
+import time
+from pathlib import Path
+
+from pytest_mig.measure import Metric
+
+
+def test_a(mig_bench, pytestconfig):
+    slot = pytestconfig.getoption("mig_layout_slot")
+    slow = slot.endswith("/together/1/mig")
+    if slow:
+        time.sleep(1.0)  # the second slice's set-up is slower
+    calls = []
+
+    def work():
+        calls.append(time.time())
+        time.sleep(0.3 if slow else 0.01)  # and so is its work
+
+    mig_bench.timer.device = "cpu"  # the fake NVML's slices have no CUDA: time on the host's clock
+    mig_bench.time(work, warmup=0, repeats=3, energy=False)
+    name = slot.replace("/", "-")
+    Path(name).write_text(repr([calls[0], calls[-1], len(calls)]))
+    mig_bench.record(Metric("rate", 100.0, "items/s", "higher", [100.0] * 3, kind="compute"))
+'''
+
+
+def test_the_slices_time_together_and_a_faster_one_keeps_working_until_the_others_have_timed(pytester, mig_env):
+    fake_pynvml.install_subprocess(mig_env, two_1g_h100(), json_path=pytester.path / "topology.json")
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_bench=PACED)
+    result = pytester.runpytest_subprocess(*SLOW_PLUGINS, "--mig-layout", "1gx2", "--mig-results", "layout.json")
+    assert result.ret == 0, result.stdout.str()
+    fast = _written(pytester.path / "1g.10gbx2-together-0-mig")
+    slow = _written(pytester.path / "1g.10gbx2-together-1-mig")
+    assert abs(fast[0] - slow[0]) < 0.5  # the fast slice's timing waited for the slow one's 1 s set-up
+    assert fast[1] >= slow[1] and fast[2] > 10  # and it worked on, untimed, until the slow one had timed
+    alone = _written(pytester.path / "1g.10gbx2-alone-0-mig")
+    assert alone[2] <= 4  # alone (its pytest-benchmark round included), nobody to keep pace with
+    logs = "".join(p.read_text() for p in Path(_worker_folder(result.stdout.str())).glob("device*.log"))
+    assert "while slower slices timed theirs" in logs
+
+
+def _written(path: Path) -> list[float]:
+    """A worker's [first call, last call, calls] as it wrote them (JSON numbers)."""
+    return json.loads(path.read_text())
 
 
 def _worker_folder(out: str) -> str:

@@ -21,6 +21,7 @@ from pytest_mig.measure.timing import (
     RAMP_S,
     EnergyTicks,
     GpuClock,
+    Pace,
     PowerSampler,
     PowerTrace,
     Telemetry,
@@ -34,7 +35,7 @@ from pytest_mig.measure.timing import (
 
 __all__ = [
     "ENERGY_INFIX", "METRIC_KINDS", "POWER_LIMIT_SLACK", "RAMP_S", "RATE_KINDS", "SUSTAINED", "Direction",
-    "EnergyTicks", "GpuClock", "Metric", "PowerSampler", "PowerTrace", "Stats", "Telemetry", "Timer", "Timing",
+    "EnergyTicks", "GpuClock", "Metric", "Pace", "PowerSampler", "PowerTrace", "Stats", "Telemetry", "Timer", "Timing",
     "energy_metrics", "gpu_clock", "partner_keys", "percentile", "synchronize", "time_fn", "timing_partners",
     "within_run_noise",
 ]

@@ -12,7 +12,7 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from pytest_mig.measure.metric import (
     ENERGY_INFIX, Metric, Stats,
@@ -305,6 +305,16 @@ class Telemetry:
         return float(value) if isinstance(value, (int, float)) else None
 
 
+class Pace(Protocol):
+    """Keeps timed calls in step with other processes' (see :attr:`Timer.pace`)."""
+
+    def timing(self) -> None:
+        """Called before a timed call: returns once the others may time theirs too."""
+
+    def timed(self, busy: Callable[[], None]) -> None:
+        """Called after it: runs ``busy`` (more of the same work, untimed) while others still time."""
+
+
 class Timer:
     """Times a callable on a Target's device with warm-up and repeats, sampling power meanwhile.
 
@@ -312,9 +322,12 @@ class Timer:
     that also feeds pytest-benchmark; scripts and unit tests use this plain one.
     """
 
-    def __init__(self, device: str = "cpu", telemetry: Telemetry | None = None) -> None:
+    def __init__(self, device: str = "cpu", telemetry: Telemetry | None = None, pace: "Pace | None" = None) -> None:
         self.device = device
         self.telemetry = telemetry or Telemetry()
+        #: Where other processes' timed work is kept in step with this one's (a layout's slices:
+        #: :class:`pytest_mig.night.barrier.Barrier`); None times alone.
+        self.pace = pace
 
     #: GPU warm-up before the timed repeats: long enough to reach the clocks sustained load runs at.
     min_warmup_s = 0.2
@@ -327,18 +340,41 @@ class Timer:
         """Time ``fn``; with ``energy`` (and a board to read), then read board energy over a window
         of sustained work of its own: the telemetry's ``sustained_window_s`` where ``sustained`` (the
         window also times a rate that is judged), else its ``window_s``."""
+        if self.pace is not None:
+            self.pace.timing()
         before = self.telemetry.clocks()
         samples = self._timed(fn, warmup, repeats)
         t = self.telemetry
         seconds = t.sustained_window_s if sustained and t.sustained_window_s is not None else t.window_s
         power, calls, total = self._energy_window(fn, samples, seconds) if energy else (None, 0, 0)
         after = self.telemetry.clocks()
+        if self.pace is not None:
+            self.pace.timed(self._busy(fn, samples))
         clocks = {"before": before, "after": after} if (before or after) else {}
         return Timing(samples=samples, power=power, clocks=clocks, energy_calls=calls, window_calls=total)
 
     #: Work between two host synchronisations in the energy window: short enough that the host's
     #: clock follows the GPU's, long enough that synchronising costs well under a percent.
     window_batch_s = 0.005
+
+    def _busy(self, fn: Callable[[], Any], samples: list[float]) -> Callable[[], None]:
+        """One batch of ``fn``, untimed, about ``window_batch_s`` long and synchronised: what keeps
+        this process's share of the device busy while a pace waits for the others."""
+        batch = self._batch(samples)
+        gpu = self.device.startswith("cuda")
+
+        def busy() -> None:
+            for _ in range(batch):
+                fn()
+            if gpu:
+                synchronize()
+
+        return busy
+
+    def _batch(self, samples: list[float]) -> int:
+        """Calls of one timed sample's length making about ``window_batch_s`` of work."""
+        per_call = statistics.median(samples) if samples else 0.0
+        return max(1, min(1_000_000, math.ceil(self.window_batch_s / per_call))) if per_call > 0 else 1
 
     def _energy_window(self, fn: Callable[[], Any], samples: list[float],
                        window_s: float) -> tuple[PowerTrace | None, int, int]:
@@ -357,8 +393,7 @@ class Timer:
         t = self.telemetry
         if not t.reads_power or not samples:
             return None, 0, 0
-        per_call = statistics.median(samples)
-        batch = max(1, min(1_000_000, math.ceil(self.window_batch_s / per_call))) if per_call > 0 else 1
+        batch = self._batch(samples)
         gpu = self.device.startswith("cuda")
         sampler = PowerSampler(t.read_power_w, None, t.interval, t.sm_clock_mhz if t.read_clocks else None)
         ticks = EnergyTicks(t.read_energy_mj)
