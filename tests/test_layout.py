@@ -290,6 +290,40 @@ def _written(path: Path) -> list[float]:
     return json.loads(path.read_text())
 
 
+DIPS = '''
+from pathlib import Path
+
+from pytest_mig.measure import Metric
+
+
+def test_rate(mig_bench, pytestconfig):
+    counter = Path(pytestconfig.getoption("mig_layout_slot").replace("/", "-") + ".calls")
+    calls = int(counter.read_text()) if counter.exists() else 0
+    counter.write_text(str(calls + 1))
+    rate = 70.0 if Path("dip").exists() and calls == 0 else 100.0  # the first measurement only
+    mig_bench.record(Metric("rate", rate, "items/s", "higher", [rate] * 3, kind="compute"))
+'''
+
+
+def test_together_a_slice_does_not_re_measure_without_its_neighbours(pytester, mig_env):
+    fake_pynvml.install_subprocess(mig_env, two_1g_h100(), json_path=pytester.path / "topology.json")
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_bench=DIPS)
+    args = (*SLOW_PLUGINS, "--mig-layout", "1gx2", "--mig-baseline-dir", "bl", "--mig-save-baseline")
+    assert pytester.runpytest_subprocess(*args).ret == 0
+    for f in pytester.path.glob("*.calls"):
+        f.unlink()
+    (pytester.path / "dip").write_text("")
+    result = pytester.runpytest_subprocess(*args[:-1])
+    assert result.ret != 0
+    logs = {p.name: p.read_text() for p in Path(_worker_folder(result.stdout.str())).glob("device*.log")}
+    calls = {f.name: int(f.read_text()) for f in pytester.path.glob("*.calls")}
+    # alone, the dip was re-measured (twice) and cleared; together, the others had gone on: not re-measured
+    assert calls == {"1g.10gbx2-alone-0-mig.calls": 3, "1g.10gbx2-alone-1-mig.calls": 3,
+                     "1g.10gbx2-together-0-mig.calls": 1, "1g.10gbx2-together-1-mig.calls": 1}, calls
+    assert sum("regressed" in t for t in logs.values()) == 2, sorted(logs)
+
+
 def _worker_folder(out: str) -> str:
     return out.split("the workers' logs are in ")[1].split()[0]
 

@@ -114,7 +114,10 @@ def slot_devices(p: Planned, phase: str, daemon: mps.Mps | None, slots: Sequence
         tag = SlotTag(p.layout.name, phase, k, "mps" if daemon is not None else "mig")
         args = ("--mig-profile", profile, "--mig-layout-slot", tag.arg())
         if barrier is not None:  # one word: pytest takes a folder given as its own word for a test path
-            args += (f"--mig-layout-barrier={barrier}",)
+            # No re-measuring together: a slice re-measures a test after the others have gone on (they
+            # wait idle for it at the next test), so a re-measurement would run without the neighbours
+            # its figure is about and clear a loss of isolation as transient.
+            args += (f"--mig-layout-barrier={barrier}", "--mig-confirm=0")
         if daemon is None:
             uuid = p.instances[k]
             out.append(Device(uuid, p.gpu.index, f"GPU {p.gpu.index} {p.layout.name} slot {k} {profile} {uuid} "
