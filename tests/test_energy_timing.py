@@ -31,6 +31,7 @@ from pytest_mig.measure import EnergyTicks, Metric, Telemetry, Timer, energy_met
 from pytest_mig.measure.timing import FIT_SLACK, counter_instants
 from pytest_mig.judge.noise import FEW_RUNS_BAND, K, REFERENCE_FLOOR, band, reference_band, run_sigma, spread
 from pytest_mig.judge.reference import ReferenceStore, build
+from pytest_mig.judge.reference_check import check_folder
 from pytest_mig.device.target import TargetInfo
 from pytest_mig.store.results import ResultRecord, read_results, write_results
 from pytest_mig.judge.pipeline import Pipeline, StoreHistories
@@ -190,6 +191,61 @@ def test_the_detection_analysis_applies_the_same_rule(tmp_path: Path) -> None:
     energy = figures["energy_j_per_token"]
     assert not energy.gates and energy.cv == pytest.approx(max(figures["tokens_per_s"].cv or 0,
                                                                figures["step_time_s"].cv or 0))
+
+
+# --------------------------------------------------------------------------- step time at the largest batch
+
+MAXBATCH = "benchmarks/test_training.py::test_training[qwen1.5b-full-compiled-maxbatch]"
+#: The step times of ten unchanged runs of a largest-batch case whose batch was 27, 30 or 28 (sigma about 4.6%).
+BATCH_STEPS = [1.0, 1.11, 1.04, 1.0, 1.11, 1.04, 1.0, 1.11, 1.04, 1.0]
+
+
+def maxbatch_run(tokens: float, step: float, joules: float, *, step_compared: bool) -> list[ResultRecord]:
+    """One run of a largest-batch case; its step time compared, as histories and references made before
+    it was informational hold it, or informational, as the workload records it now."""
+    runs = [rec("tokens_per_s", tokens, MAXBATCH), rec("energy_j_per_token", joules / 1000, MAXBATCH)]
+    kind = "training" if step_compared else "info"
+    metric = Metric("step_time_s", step, "s", "lower", [step] * 3, kind, compare=step_compared)
+    return [*runs, ResultRecord(MAXBATCH, metric, TargetInfo.from_dict(TARGET), dict(FP), node="n1")]
+
+
+def test_a_history_of_step_time_at_the_largest_batch_is_kept_but_judges_and_pairs_with_nothing(
+        tmp_path: Path) -> None:
+    store = BaselineStore(tmp_path)
+    for tokens, step, joules in zip(QUIET, BATCH_STEPS, QUIET):
+        store.save(maxbatch_run(tokens, step, joules, step_compared=True))
+    night = maxbatch_run(100.0, 1.11, 105.0, step_compared=False)  # the batch grew; J/token +5%
+    verdicts = {v.metric: v for v in Pipeline(StoreHistories(store)).judge(night)}
+    assert verdicts["step_time_s"].outcome == "info" and not verdicts["step_time_s"].failed
+    energy = verdicts["energy_j_per_token"]  # judged on its own and tokens/s's sigma, not the step time's
+    assert energy.outcome == "regressed" and energy.sigma_of in (None, "tokens_per_s")
+    store.save(night)
+    base = store.load("nvidia-h100-80gb-hbm3", "4g.40gb-emulated")
+    assert base is not None and base.get(MAXBATCH, "step_time_s") is None
+    assert len(base.retired[(MAXBATCH, "step_time_s", "normal")].runs) == 10  # kept in the file, never judged
+    assert len(base.get(MAXBATCH, "tokens_per_s").runs) == 10  # keep 10: the night's run took the oldest's place
+    rows = {r["metric"] for r in threshold_rows(base)}
+    assert rows == {"tokens_per_s", "energy_j_per_token"}  # calibrate lists what is judged
+
+
+def test_a_reference_holding_step_time_at_the_largest_batch_counts_it_nowhere(tmp_path: Path) -> None:
+    files = []
+    for i, (tokens, step, joules) in enumerate(zip(QUIET[:5], BATCH_STEPS[:5], QUIET[:5])):
+        path = tmp_path / f"run{i}.json"
+        write_results(path, maxbatch_run(tokens, step, joules, step_compared=True))
+        files.append(path)
+    build(files, tmp_path / "ref")
+    assert "step_time_s" in (tmp_path / "ref" / "nvidia-h100-80gb-hbm3" / "4g.40gb-emulated.json").read_text()
+    refs = ReferenceStore(tmp_path / "ref")
+    pipeline = Pipeline(StoreHistories(None), references=refs)
+    verdicts = {v.metric: v for v in pipeline.judge(maxbatch_run(100.0, 1.11, 101.0, step_compared=False))}
+    assert verdicts["step_time_s"].outcome == "info"
+    energy = verdicts["energy_j_per_token"]
+    assert energy.source == "reference" and energy.outcome == "pass" and energy.sigma_of in (None, "tokens_per_s")
+    ref = refs.load("nvidia-h100-80gb-hbm3", "4g.40gb-emulated")
+    assert ref is not None and ref.judged_counts()["normal"] == (2, 2)  # what devices and the header count
+    (tally,) = check_folder(tmp_path / "ref")
+    assert tally.cases == 10 and tally.judged == 10  # reference-check: tokens/s and J/token, 5 runs each
 
 
 # --------------------------------------------------------------------------- the window: the counter's own instants

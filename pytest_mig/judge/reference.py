@@ -372,7 +372,8 @@ def build(paths: Sequence[Path], out: Path, *, drop: Sequence[str] = ()) -> Buil
         f"a reference keeps {REFERENCE_KEEP} runs per figure and pytest-mig reference never shortens a history: "
         f"give --out a new folder, or move this file out of {printable(out)}"))
     if dropped:  # before anything is written: a mistyped id changes nothing
-        held = {key[0] for path in store.files() for key in load_baseline_file(path).entries}
+        held = {key[0] for path in store.files() for base in [load_baseline_file(path)]
+                for key in [*base.entries, *base.retired]}
         unknown = [t for t, n in dropped.items() if not n and t not in held]
         if unknown:
             raise UnknownTestError(unknown[0])
@@ -389,12 +390,12 @@ def _drop(store: BaselineStore, dropped: dict[str, int]) -> None:
     with none is removed), counting each figure's runs into ``dropped``."""
     for path in store.files():
         base = load_baseline_file(path)
-        gone = [key for key in base.entries if key[0] in dropped]
+        gone = [(held, key) for held in (base.entries, base.retired) for key in held if key[0] in dropped]
         if not gone:
             continue
-        for key in gone:
-            dropped[key[0]] += len(base.entries.pop(key).runs)
-        if not base.entries:
+        for held, key in gone:
+            dropped[key[0]] += len(held.pop(key).runs)
+        if not base.entries and not base.retired:
             path.unlink()
             continue
         base.updated_at = utc_now()

@@ -6,11 +6,14 @@ The public names a site's own benchmark uses are imported here (``from pytest_mi
 from pytest_mig.measure.metric import (
     ENERGY_INFIX,
     METRIC_KINDS,
+    LARGEST_BATCH,
     RATE_KINDS,
+    STEP_TIME,
     SUSTAINED,
     Direction,
     Metric,
     Stats,
+    batch_bound,
     partner_keys,
     percentile,
     timing_partners,
@@ -34,8 +37,8 @@ from pytest_mig.measure.timing import (
 )
 
 __all__ = [
-    "ENERGY_INFIX", "METRIC_KINDS", "POWER_LIMIT_SLACK", "RAMP_S", "RATE_KINDS", "SUSTAINED", "Direction",
-    "EnergyTicks", "GpuClock", "Metric", "Pace", "PowerSampler", "PowerTrace", "Stats", "Telemetry", "Timer", "Timing",
-    "energy_metrics", "gpu_clock", "partner_keys", "percentile", "synchronize", "time_fn", "timing_partners",
+    "ENERGY_INFIX", "LARGEST_BATCH", "METRIC_KINDS", "POWER_LIMIT_SLACK", "RAMP_S", "RATE_KINDS", "STEP_TIME",
+    "SUSTAINED", "Direction", "EnergyTicks", "GpuClock", "Metric", "Pace", "PowerSampler", "PowerTrace", "Stats",
+    "Telemetry", "Timer", "Timing", "batch_bound", "energy_metrics", "gpu_clock", "partner_keys", "percentile", "synchronize", "time_fn", "timing_partners",
     "within_run_noise",
 ]

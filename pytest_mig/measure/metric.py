@@ -19,6 +19,11 @@ RATE_KINDS = ("compute", "tensor", "memory", "training", "simulation")
 ENERGY_INFIX = "energy_j_per_"
 #: A rate over the energy window itself is named ``<label>_sustained_<unit>`` (see timing_partners).
 SUSTAINED = "sustained_"
+#: A training step's time, which grows with the batch the step runs.
+STEP_TIME = "step_time_s"
+#: How the id of a test ends whose case runs at the largest batch its Target holds
+#: (``benchmarks/test_training.py``: ``-maxbatch``, ``-compiled-maxbatch``).
+LARGEST_BATCH = "maxbatch]"
 
 
 @dataclass
@@ -111,11 +116,22 @@ def percentile(samples: Sequence[float], p: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
+def batch_bound(test: str, metric: str) -> bool:
+    """Whether figure ``metric`` of ``test`` is the step time of a case at the largest batch its Target
+    holds.  The training workload records it as informational: that batch is found anew on each stack
+    (a compiled case's grown from the memory measured that night: 27, 28 or 30 sequences for
+    Qwen2.5-1.5B on an H100), and a step's time grows with it where tokens/s hardly moves (their
+    sigma 4.5% and 1.2%).  Histories and references saved before hold it as a compared figure: their
+    reader keeps it apart (:attr:`pytest_mig.store.history.Baseline.retired`), never judged, paired
+    with an energy figure or counted."""
+    return metric == STEP_TIME and test.endswith(LARGEST_BATCH)
+
+
 def timing_partners(energy_metric: str, energy_kind: str, figures: Iterable[tuple[str, str]]) -> list[str]:
     """Of one test's figures, given as (name, kind) pairs, the rate figures timed over the work
     that energy figure ``energy_metric`` divides its joules by: those with its label
     (``fp32_triad_energy_j_per_gb``: ``fp32_triad_gbs``; ``energy_j_per_token``: every rate figure
-    of the test, ``tokens_per_s`` and ``step_time_s``), and where one of them is the rate over the
+    of the test, ``tokens_per_s`` and, at a fixed batch, ``step_time_s``), and where one of them is the rate over the
     energy window itself (``<label>_sustained_<unit>``, as GEMM reports it beside a headline from
     short repeats and a per-cycle figure), that one alone.  Empty for a figure that is not energy.
 

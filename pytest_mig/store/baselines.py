@@ -289,7 +289,7 @@ class BaselineStore:
         if new_meta.emulated and not profile.endswith(EMULATED_SUFFIX):
             raise BaselineError(f"{path}: emulated figures cannot be saved into a real profile's baseline")
         keep = self.keep or (existing.keep if existing else DEFAULT_KEEP)
-        entries = dict(existing.entries) if existing else {}
+        entries = {**existing.entries, **existing.retired} if existing else {}  # the retired written back too
         restarted: list[str] = []
         touched: set[EntryKey] = set()
         repeats = 0

@@ -150,6 +150,9 @@ class Baseline:
     updated_at: str = ""
     keep: int = DEFAULT_KEEP
     extra: dict[str, Any] = field(default_factory=dict)  # further top-level blocks written (a reference's)
+    #: Figures the file holds as compared that the suite now records as informational
+    #: (:func:`pytest_mig.measure.batch_bound`): written back, never judged, paired or counted.
+    retired: dict[EntryKey, BaselineEntry] = field(default_factory=dict)
 
     def get(self, test: str, metric: str, mode: str = "normal") -> BaselineEntry | None:
         return self.entries.get((test, metric, mode))
@@ -169,13 +172,13 @@ class Baseline:
 
     def to_dict(self) -> dict[str, Any]:
         fps: dict[str, dict[str, Any]] = {}
-        for e in self.entries.values():
+        for e in [*self.entries.values(), *self.retired.values()]:
             for r in e.runs:
                 if r.fingerprint:
                     fps.setdefault(fingerprint_id(r.fingerprint), dict(r.fingerprint))
         ids = {k: k for k in fps}
         modes: dict[str, dict[str, dict[str, Any]]] = {}
-        for (test, metric, mode), entry in sorted(self.entries.items()):
+        for (test, metric, mode), entry in sorted({**self.entries, **self.retired}.items()):
             modes.setdefault(mode, {}).setdefault(test, {})[metric] = entry.to_dict(ids)
         return {
             "schema": BASELINE_SCHEMA,

@@ -16,6 +16,7 @@ from pytest_mig.common.files import FileProblem, parse_json, read_json, validate
 from pytest_mig.common.text import quoted
 from pytest_mig.device.profiles import model_slug
 from pytest_mig.device.target import EMULATED_SUFFIX
+from pytest_mig.measure.metric import batch_bound
 from pytest_mig.store.history import (
     ADVICE,
     BASELINE_SCHEMA,
@@ -113,7 +114,8 @@ def _parse_valid(doc: dict[str, Any], path: Path, schema: str) -> Baseline:
     newest = max((e.last for e in entries.values() if e.last), key=lambda r: r.recorded_at, default=None)
     meta.fingerprint = dict(newest.fingerprint) if newest else {}
     extra = {"reference": doc["reference"]} if "reference" in doc else {}  # a shipped reference's block
-    return Baseline(meta, entries, str(doc.get("updated_at") or ""), keep, extra)
+    retired = {key: entries.pop(key) for key in [k for k in entries if batch_bound(k[0], k[1])]}
+    return Baseline(meta, entries, str(doc.get("updated_at") or ""), keep, extra, retired)
 
 
 def _read_v2(path: Path, doc: dict[str, Any]) -> dict[EntryKey, BaselineEntry]:
