@@ -177,7 +177,9 @@ class MigSession:
             self._emulate(first, collect_only=bool(session.config.option.collectonly))
 
     def _compile_caches(self) -> None:
-        refs = self.references.root if self.references is not None else None
+        # The seeds of compiled batches are where a search starts, not something a figure is judged
+        # against: without references (--mig-reference none) the shipped ones are still read.
+        refs = self.references.root if self.references is not None else SHIPPED
         try:  # before anything compiles
             self.caches = compile_caches(self.settings.baseline_dir, self.fingerprint, references=refs)
         except FileProblem as exc:

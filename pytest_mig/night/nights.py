@@ -66,7 +66,8 @@ def compile_caches(baselines: Path, fingerprint: Mapping[str, Any], environ: Any
     baseline folder (made if need be), unless the site set them itself in ``environ``; the run's
     :class:`~pytest_mig.workloads.caches.Caches`: that folder (``stack``, the largest batches found,
     :mod:`pytest_mig.workloads.batch_search`), the built OpenMM systems' folder beside it, and
-    ``references``, the folder of references in use, where compiled batches may be seeded from
+    ``references``, the folder of references in use (the plugin gives the shipped one also where
+    none judges), where compiled batches may be seeded from
     (:func:`pytest_mig.workloads.batch_search.seed`).  Where the folder cannot be made, the caches stay
     where the libraries put them and only ``references`` is given."""
     folder = Path(baselines).parent / CACHE_FOLDER / stack_key(fingerprint)

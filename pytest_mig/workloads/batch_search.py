@@ -17,7 +17,9 @@
 - Seeded compiled batches (:func:`seed`): a compiled case with nothing remembered on its stack
   (a first night, or the first after a driver or CUDA update) takes a compiled batch found on the
   same GPU model, profile and search with the same torch and transformers, from another stack's
-  folder beside its own or from the references' ``batches.json``, and confirms it like a
+  folder beside its own or from the references' ``batches.json`` (the shipped ones under
+  ``--mig-reference none``: a seed says where the search starts, nothing about judging; a night
+  that grew its own batch measured another batch than the nights seeded), and confirms it like a
   remembered one: one compilation instead of two (one at the eager batch to measure the compiled
   step's memory, one at the batch it projects).  What a compiled step holds per sequence depends on
   torch and transformers, not on the driver.  A seed that does not fit is dropped, and the batch is

@@ -21,8 +21,8 @@ class Caches:
     stack: Path | None = None
     #: Built OpenMM systems (:mod:`pytest_mig.workloads.md_systems`), kept across stacks.
     built_systems: Path | None = None
-    #: The folder of references in use, whose ``batches.json`` seeds compiled batches
-    #: (:func:`pytest_mig.workloads.batch_search.seed`).
+    #: The folder of references in use (the shipped one also under ``--mig-reference none``), whose
+    #: ``batches.json`` seeds compiled batches (:func:`pytest_mig.workloads.batch_search.seed`).
     references: Path | None = None
 
 
