@@ -5,8 +5,8 @@ The public names a site's own benchmark uses are imported here (``from pytest_mi
 
 from pytest_mig.measure.metric import (
     ENERGY_INFIX,
-    METRIC_KINDS,
     LARGEST_BATCH,
+    METRIC_KINDS,
     RATE_KINDS,
     STEP_TIME,
     SUSTAINED,
@@ -39,6 +39,6 @@ from pytest_mig.measure.timing import (
 __all__ = [
     "ENERGY_INFIX", "LARGEST_BATCH", "METRIC_KINDS", "POWER_LIMIT_SLACK", "RAMP_S", "RATE_KINDS", "STEP_TIME",
     "SUSTAINED", "Direction", "EnergyTicks", "GpuClock", "Metric", "Pace", "PowerSampler", "PowerTrace", "Stats",
-    "Telemetry", "Timer", "Timing", "batch_bound", "energy_metrics", "gpu_clock", "partner_keys", "percentile", "synchronize", "time_fn", "timing_partners",
-    "within_run_noise",
+    "Telemetry", "Timer", "Timing", "batch_bound", "energy_metrics", "gpu_clock", "partner_keys", "percentile",
+    "synchronize", "time_fn", "timing_partners", "within_run_noise",
 ]

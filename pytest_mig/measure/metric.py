@@ -131,9 +131,9 @@ def timing_partners(energy_metric: str, energy_kind: str, figures: Iterable[tupl
     """Of one test's figures, given as (name, kind) pairs, the rate figures timed over the work
     that energy figure ``energy_metric`` divides its joules by: those with its label
     (``fp32_triad_energy_j_per_gb``: ``fp32_triad_gbs``; ``energy_j_per_token``: every rate figure
-    of the test, ``tokens_per_s`` and, at a fixed batch, ``step_time_s``), and where one of them is the rate over the
-    energy window itself (``<label>_sustained_<unit>``, as GEMM reports it beside a headline from
-    short repeats and a per-cycle figure), that one alone.  Empty for a figure that is not energy.
+    of the test, ``tokens_per_s`` and, at a fixed batch, ``step_time_s``), and where one of them is the
+    rate over the energy window itself (``<label>_sustained_<unit>``, as GEMM reports it beside a
+    headline from short repeats and a per-cycle figure), that one alone.  Empty for a figure that is not energy.
 
     Energy per unit of work is power x time / work, so it moves with that timing: a training step
     slowed by the host draws less power but not proportionally less (an H100's 4g.40gb-sized slice:
