@@ -349,3 +349,14 @@ def test_the_energy_window_reads_a_stepping_counter_seen_late_through_the_timer(
     assert by["power_w"].value == pytest.approx(250.0, rel=0.05)
     seconds_per_call = timing.power.seconds / timing.energy_calls
     assert by["energy_j_per_call"].value == pytest.approx(250.0 * seconds_per_call, rel=0.05)
+
+
+def test_a_results_file_written_when_step_time_at_the_largest_batch_was_compared_reads_it_as_informational(
+        tmp_path: Path) -> None:
+    largest = "benchmarks/test_training.py::test_training[qwen1.5b-full-compiled-maxbatch]"
+    old = [ResultRecord(test, Metric("step_time_s", 0.29, "s", "lower", [0.29] * 3, "training"),  # compared, as then
+                        TargetInfo.from_dict(TARGET), dict(FP)) for test in (largest, TRAIN)]
+    write_results(tmp_path / "old.json", old)
+    back = {r.test: r.metric for r in read_results(tmp_path / "old.json")}
+    assert (back[largest].compare, back[largest].kind) == (False, "info")  # replay and compare never judge it
+    assert (back[TRAIN].compare, back[TRAIN].kind) == (True, "training")  # a fixed batch's step time still is

@@ -11,13 +11,13 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable
 
 from pytest_mig.common.files import FileProblem, atomic_write_text, read_json, validate
 from pytest_mig.device.target import TargetInfo
-from pytest_mig.measure import Metric
+from pytest_mig.measure import Metric, batch_bound
 from pytest_mig.store.schemas import RESULTS
 from pytest_mig.store.verdicts import Verdict
 
@@ -69,9 +69,12 @@ class ResultRecord:
     def from_dict(cls, d: dict[str, Any]) -> "ResultRecord":
         m = dict(d["metric"])
         m.pop("stats", None)
+        metric = Metric(**m)
+        if metric.compare and batch_bound(str(d["test"]), metric.name):  # written when it was compared
+            metric = replace(metric, kind="info", compare=False)
         return cls(
             test=str(d["test"]),
-            metric=Metric(**m),
+            metric=metric,
             target=TargetInfo.from_dict(d.get("target")),
             fingerprint=dict(d.get("fingerprint") or {}),
             timestamp=str(d.get("timestamp", "")),
