@@ -184,10 +184,15 @@ def two_1g_h100() -> topo.Topology:
     return replace(base, gpus=(replace(base.gpus[0], instances=base.gpus[0].instances[:2]),))
 
 
-def test_a_layout_runs_each_slice_alone_then_together_and_judges_its_figures(pytester, mig_env):
+def _two_slices(pytester, mig_env, bench: str) -> None:
+    """Two 1g.10gb instances of an H100 behind the fake NVML, and ``bench`` as the tests to run."""
     fake_pynvml.install_subprocess(mig_env, two_1g_h100(), json_path=pytester.path / "topology.json")
     pytester.makeconftest(CONFTEST)
-    pytester.makepyfile(test_bench=BENCH)
+    pytester.makepyfile(test_bench=bench)
+
+
+def test_a_layout_runs_each_slice_alone_then_together_and_judges_its_figures(pytester, mig_env):
+    _two_slices(pytester, mig_env, BENCH)
     result = pytester.runpytest_subprocess(*SLOW_PLUGINS, "--mig-layout", "1gx2", "--mig-results", "layout.json")
     out = result.stdout.str()
     assert result.ret == 0, out
@@ -229,9 +234,7 @@ def test_b(mig_bench, pytestconfig):
 
 
 def test_the_slices_of_a_layout_begin_each_test_together(pytester, mig_env):
-    fake_pynvml.install_subprocess(mig_env, two_1g_h100(), json_path=pytester.path / "topology.json")
-    pytester.makeconftest(CONFTEST)
-    pytester.makepyfile(test_bench=STAGGERED)
+    _two_slices(pytester, mig_env, STAGGERED)
     result = pytester.runpytest_subprocess(*SLOW_PLUGINS, "--mig-layout", "1gx2", "--mig-results", "layout.json")
     assert result.ret == 0, result.stdout.str()
     began = {p.name: float(p.read_text()) for p in pytester.path.glob("1g.10gbx2-together-*")}
@@ -270,9 +273,7 @@ def test_a(mig_bench, pytestconfig):
 
 
 def test_the_slices_time_together_and_a_faster_one_keeps_working_until_the_others_have_timed(pytester, mig_env):
-    fake_pynvml.install_subprocess(mig_env, two_1g_h100(), json_path=pytester.path / "topology.json")
-    pytester.makeconftest(CONFTEST)
-    pytester.makepyfile(test_bench=PACED)
+    _two_slices(pytester, mig_env, PACED)
     result = pytester.runpytest_subprocess(*SLOW_PLUGINS, "--mig-layout", "1gx2", "--mig-results", "layout.json")
     assert result.ret == 0, result.stdout.str()
     fast = _written(pytester.path / "1g.10gbx2-together-0-mig")
@@ -306,9 +307,7 @@ def test_rate(mig_bench, pytestconfig):
 
 
 def test_together_a_slice_does_not_re_measure_without_its_neighbours(pytester, mig_env):
-    fake_pynvml.install_subprocess(mig_env, two_1g_h100(), json_path=pytester.path / "topology.json")
-    pytester.makeconftest(CONFTEST)
-    pytester.makepyfile(test_bench=DIPS)
+    _two_slices(pytester, mig_env, DIPS)
     args = (*SLOW_PLUGINS, "--mig-layout", "1gx2", "--mig-baseline-dir", "bl", "--mig-save-baseline")
     assert pytester.runpytest_subprocess(*args).ret == 0
     for f in pytester.path.glob("*.calls"):
