@@ -33,6 +33,7 @@ from pytest_mig.judge.noise import FEW_RUNS_BAND, K, REFERENCE_FLOOR, band, refe
 from pytest_mig.judge.reference import ReferenceStore, build
 from pytest_mig.judge.reference_check import check_folder
 from pytest_mig.device.target import TargetInfo
+from pytest_mig.store import results as results_module
 from pytest_mig.store.results import ResultRecord, read_results, write_results
 from pytest_mig.judge.pipeline import Pipeline, StoreHistories
 
@@ -228,13 +229,16 @@ def test_a_history_of_step_time_at_the_largest_batch_is_kept_but_judges_and_pair
     assert rows == {"tokens_per_s", "energy_j_per_token"}  # calibrate lists what is judged
 
 
-def test_a_reference_holding_step_time_at_the_largest_batch_counts_it_nowhere(tmp_path: Path) -> None:
+def test_a_reference_holding_step_time_at_the_largest_batch_counts_it_nowhere(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     files = []
     for i, (tokens, step, joules) in enumerate(zip(QUIET[:5], BATCH_STEPS[:5], QUIET[:5])):
         path = tmp_path / f"run{i}.json"
         write_results(path, maxbatch_run(tokens, step, joules, step_compared=True))
         files.append(path)
-    build(files, tmp_path / "ref")
+    with monkeypatch.context() as m:  # built as before the step time was informational: it holds it compared
+        m.setattr(results_module, "batch_bound", lambda test, metric: False)
+        build(files, tmp_path / "ref")
     assert "step_time_s" in (tmp_path / "ref" / "nvidia-h100-80gb-hbm3" / "4g.40gb-emulated.json").read_text()
     refs = ReferenceStore(tmp_path / "ref")
     pipeline = Pipeline(StoreHistories(None), references=refs)

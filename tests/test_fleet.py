@@ -30,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import fleet_nights
 from live_prometheus import needs_live, prometheus, wait_for
 from pytest_mig.cli import main
+from pytest_mig.measure import batch_bound
 from pytest_mig.common.schema_check import compile_schema
 from pytest_mig.report import exports
 from pytest_mig.report.fleet import median_without
@@ -81,7 +82,8 @@ def test_report_of_a_fleet_prints_the_summary_first_and_keeps_the_rows_in_the_fi
                                                                           f"written to {out_path}"]
     boards = lines[lines.index("OUTLIER BOARDS: 1") + 1]
     assert f"serial {1650000000000 + SLOW}" in boards and boards.startswith(f"  GPU {SLOW} ")
-    compared = sum(1 for r in night["records"] if r["metric"]["compare"] and r["metric"]["value"] > 0)
+    compared = sum(1 for r in night["records"] if r["metric"]["compare"] and r["metric"]["value"] > 0
+                   and not batch_bound(r["test"], r["metric"]["name"]))  # read as informational
     assert f": {compared} figure(s) worse than the other NVIDIA H100 80GB HBM3 full devices" in boards
     assert f"REGRESSIONS: {regressed} figure(s) on 1 device(s)" in lines
     assert any(line.startswith("  GPU 1 (") and f"{regressed} regressed" in line for line in lines)
@@ -105,14 +107,15 @@ def test_report_without_out_says_where_the_rows_go_when_they_are_many(
 
 #: sha256 of what ``pytest-mig report`` wrote for _small_fleet (8 boards, one 8% slow, one regressed on a new
 #: driver) before its reading was put in a pool of processes: the report file, then the terminal's lines (the
-#: folder written as <tmp>).  A change here is a change in the report's bytes: make it on purpose or not at all.
+#: folder written as <tmp>), the largest batch's step time read as informational (its rows of kind info, the slow
+#: board 99 figures worse, not 103).  A change here is a change in the report's bytes: make it on purpose or not at all.
 UNCHANGED = {
-    "md": ("aa93f578367d1766f0ea79b7d4c8897a5ec280f7eb5741959a6e8938bedbb61c",
-           "5c50454c494a5fbca1415fa052d8c4ebaf0225ca0e3743ccd23dae1fc731357d"),
-    "csv": ("6efdec107e80ca62bd28b90f0462846219ebfac8066fa9d7ff14a3a43b38c5a7",
-            "f4b5318cd015b9b50b7801d0742c543123e34131f73f7d943069f3e481869db7"),
-    "json": ("3aabbc0fcd3d35387111c54d95a9f1f7b0cd10aa342f6d76e7ce463d7e49f072",
-             "a85abcdcb30745c10649d5eab1a7e9ecca0b0e1a934628e3c3d7e10022c8769d"),
+    "md": ("bb3e68be9239f5711d0906fe2bd3d37a8807e27c7ba0b9a8849f0016a629e08e",
+           "eaabfe5efbdda76fb6d05ca90285be6f2b2ee63b323264ea9a1ddce0d6f6dd6c"),
+    "csv": ("c4ac2c1a05eaaf8c8bfe26b34e45464cc29748eb9d92e9ff031c2521d8ae1d14",
+            "7369d03f8fdeba290a7ce82a8e2cc6afd03ae2374fb78a7e3dc9e4e68ae8cc7f"),
+    "json": ("99085e8d7aa607b995657d03feb3f5eaacaa542dd8e16e04db7a704489550f4f",
+             "04ae83eecd95631cb3c8a6a0633c445cfba62d3cd6b874ae2514c1ab19077d00"),
 }
 
 
