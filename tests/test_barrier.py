@@ -4,6 +4,7 @@ gone, or never came (then it says so)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -205,9 +206,33 @@ def test_the_timer_paces_each_timed_call_and_keeps_busy_with_the_same_work_untim
         events.append("fn")
 
     timing = timer(fn, warmup=1, repeats=2)
-    assert len(timing.samples) == 2  # the busy calls are not samples
+    assert len(timing.samples) == 2 and timing.busy_calls == 3  # the busy calls are not samples, but counted
     assert events[0] == "timing" and events.index("timed") == len(events) - 4
     assert events.count("fn") == 1 + 2 + 3 and events[-3:] == ["fn"] * 3
     unpaced: list[str] = []
     Timer("cpu")(lambda: unpaced.append("fn"), warmup=1, repeats=2)
     assert unpaced == ["fn"] * 3
+
+
+def test_a_worker_killed_but_not_yet_reaped_is_not_waited_for(tmp_path):
+    a, _b = _two(tmp_path, timeout_s=5)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "b" / "pid.1").write_text(str(child.pid))
+        child.kill()
+        time.sleep(0.3)  # dead, and not waited for: a zombie, as a runner waiting on another slot leaves it
+        start = time.monotonic()
+        assert a.wait("t1") is None and time.monotonic() - start < 1
+    finally:
+        child.wait()
+
+
+def test_a_test_begun_again_starts_its_timed_calls_again(tmp_path):
+    a, b = _two(tmp_path)
+    b.end()  # nobody to wait for
+    a.wait("t1")
+    a.timing()
+    a.timed(lambda: None)
+    assert a.step == 2
+    a.wait("t1")  # re-run (pytest-rerunfailures): its first timed call pairs with the others' first
+    assert a.step == 0 and json.loads((tmp_path / "b" / "at.0").read_text()) == [1, 0]

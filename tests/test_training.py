@@ -116,6 +116,28 @@ def test_measured_losses_are_the_repeats_before_the_energy_window():
         tr.measured_losses(losses[:6], 4, 5)
 
 
+class _KeepBusy:
+    """A layout's pace: 25 untimed steps after each timed call (as while slower slices time theirs)."""
+
+    def timing(self):
+        pass
+
+    def timed(self, busy):
+        for _ in range(25):
+            busy()
+
+
+def test_the_untimed_steps_of_a_layout_slice_are_not_taken_for_the_measured_ones(cpu):
+    def losses(pace):
+        timer = Timer("cpu", pace=pace)
+        timer.window_batch_s = 0.0  # one step per busy batch
+        metrics = tr.run_training(cpu, timer, config="gpt2-small", mode="full", quick=True)
+        info = next(m for m in metrics if m.name == "tokens_per_s").info
+        return info["loss_first"], info["loss_last"], info["steps"]
+
+    assert losses(_KeepBusy()) == losses(None)  # the same seeded steps were measured
+
+
 # --- a model that does not train fails -----------------------------------------------------------
 
 

@@ -216,6 +216,7 @@ class Timing:
     clocks: dict[str, Any] = field(default_factory=dict)  # before/after SM clock, throttle reasons
     energy_calls: int = 0  # calls made while ``power`` was read (the energy window); 0: the timed repeats
     window_calls: int = 0  # every call the energy window made, those before its first counter tick too
+    busy_calls: int = 0  # calls made after all these, untimed, while a pace waited for other processes
 
     @property
     def window_seconds_per_call(self) -> float | None:
@@ -348,24 +349,28 @@ class Timer:
         seconds = t.sustained_window_s if sustained and t.sustained_window_s is not None else t.window_s
         power, calls, total = self._energy_window(fn, samples, seconds) if energy else (None, 0, 0)
         after = self.telemetry.clocks()
+        busy_calls = [0]
         if self.pace is not None:
-            self.pace.timed(self._busy(fn, samples))
+            self.pace.timed(self._busy(fn, samples, busy_calls))
         clocks = {"before": before, "after": after} if (before or after) else {}
-        return Timing(samples=samples, power=power, clocks=clocks, energy_calls=calls, window_calls=total)
+        return Timing(samples=samples, power=power, clocks=clocks, energy_calls=calls, window_calls=total,
+                      busy_calls=busy_calls[0])
 
     #: Work between two host synchronisations in the energy window: short enough that the host's
     #: clock follows the GPU's, long enough that synchronising costs well under a percent.
     window_batch_s = 0.005
 
-    def _busy(self, fn: Callable[[], Any], samples: list[float]) -> Callable[[], None]:
+    def _busy(self, fn: Callable[[], Any], samples: list[float], made: list[int]) -> Callable[[], None]:
         """One batch of ``fn``, untimed, about ``window_batch_s`` long and synchronised: what keeps
-        this process's share of the device busy while a pace waits for the others."""
+        this process's share of the device busy while a pace waits for the others; ``made[0]``
+        counts the calls (a workload that keeps a result per call tells its measured ones apart)."""
         batch = self._batch(samples)
         gpu = self.device.startswith("cuda")
 
         def busy() -> None:
             for _ in range(batch):
                 fn()
+                made[0] += 1
             if gpu:
                 synchronize()
 

@@ -288,7 +288,8 @@ def _train(trainer: _Trainer, target: Target, timer: Timer, batch: str, effort: 
     phases = {"batch": round(timed - started, 2), "timer": round(time.perf_counter() - timed, 2)}
     alloc, reserved, source = _peak_memory(cuda, estimate)
     losses = [float(x) for x in torch.stack(trainer.losses[start:]).tolist()]
-    return _Run(n_batch, timing, measured_losses(losses, len(timing.samples), timing.window_calls), alloc, reserved,
+    after = timing.window_calls + timing.busy_calls  # the energy window's steps, then a layout's untimed ones
+    return _Run(n_batch, timing, measured_losses(losses, len(timing.samples), after), alloc, reserved,
                 source, estimate, search, growth, phases)
 
 
@@ -301,16 +302,17 @@ def uses_graph(device: str, mode: str, batch: str, compile_model: bool) -> bool:
     return device.startswith("cuda") and batch == "fixed" and mode in GRAPH_MODES and not compile_model
 
 
-def measured_losses(losses: list[float], repeats: int, energy_calls: int) -> list[float]:
+def measured_losses(losses: list[float], repeats: int, after: int) -> list[float]:
     """The losses of the measured steps among every step a timer call made.
 
     A timer runs warm-up calls (and, under pytest-benchmark, a short estimate and perhaps several
-    calls per round), then the measured repeats, then the energy window's calls (``energy_calls``:
-    every call it made): the ``repeats`` calls just before the energy window were all measured.
+    calls per round), then the measured repeats, then the energy window's calls and, in a layout's
+    slice, the untimed calls it made while the other slices timed theirs (``after``: all of those):
+    the ``repeats`` calls just before them were all measured.
     """
-    end = len(losses) - energy_calls
+    end = len(losses) - after
     if repeats < 1 or end < repeats:
-        raise ValueError(f"{len(losses)} steps cannot hold {repeats} measured and {energy_calls} energy-window steps")
+        raise ValueError(f"{len(losses)} steps cannot hold {repeats} measured and {after} later steps")
     return losses[end - repeats:end]
 
 
