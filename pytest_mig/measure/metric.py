@@ -123,7 +123,8 @@ def batch_bound(test: str, metric: str) -> bool:
     Qwen2.5-1.5B on an H100), and a step's time grows with it where tokens/s hardly moves (their
     sigma 4.5% and 1.2%).  Histories and references saved before hold it as a compared figure: their
     reader keeps it apart (:attr:`pytest_mig.store.history.Baseline.retired`), never judged, paired
-    with an energy figure or counted."""
+    with an energy figure or counted; results files written before are read with it informational
+    (:meth:`pytest_mig.store.results.ResultRecord.from_dict`)."""
     return metric == STEP_TIME and test.endswith(LARGEST_BATCH)
 
 

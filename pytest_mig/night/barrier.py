@@ -100,9 +100,7 @@ class Barrier:
         if self.current is None:
             return
         self._set_step(self.step + 1)
-        start = time.monotonic()
         self._note(self._until(self.step, busy), "had not timed")
-        self.busy_s += time.monotonic() - start
 
     def end(self) -> None:
         """This worker runs no more tests: nobody waits for it."""
@@ -110,7 +108,8 @@ class Barrier:
 
     def _until(self, step: int, busy: Callable[[], None] | None = None) -> list[int]:
         """Wait (running ``busy`` meanwhile, if given) until every other worker has reached ``step``
-        of the current test; the slots still behind when ``timeout_s`` ran out (none: all came)."""
+        of the current test, the seconds counted as waited or kept busy; the slots still behind when
+        ``timeout_s`` ran out (none: all came)."""
         start = time.monotonic()
         pending = [k for k in range(self.slots) if k != self.slot]
         assert self.current is not None
@@ -123,6 +122,8 @@ class Barrier:
                 time.sleep(self.poll_s)
         if busy is None:
             self.waited_s += time.monotonic() - start
+        else:
+            self.busy_s += time.monotonic() - start
         return pending
 
     def _note(self, pending: list[int], what: str) -> None:
