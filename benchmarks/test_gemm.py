@@ -15,7 +15,8 @@ from pytest_mig.workloads.gemm import PRECISION_NAMES, run_gemm
 
 @pytest.mark.parametrize("dtype", PRECISION_NAMES)
 def test_gemm(mig_bench: MigBench, dtype: str) -> None:
-    metrics = mig_bench.record_all(run_gemm(mig_bench.target, mig_bench.timer, dtype=dtype, quick=mig_bench.quick))
+    metrics = mig_bench.record_all(run_gemm(mig_bench.target, mig_bench.timer, dtype=dtype, quick=mig_bench.quick,
+                                            size=mig_bench.size_of(f"{dtype}_tflops")))
     tflops = next(m for m in metrics if m.name == f"{dtype}_tflops")
     assert tflops.value > 0
     mig_bench.cost(tflops.value, "TFLOP", rate_samples=tflops.samples, unit_count=1e6)

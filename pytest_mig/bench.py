@@ -98,6 +98,7 @@ class MigBench:
         read_link: Callable[[], dict[str, int] | None] | None = None,
         caches: Caches | None = None,
         pace: Pace | None = None,
+        sizes: Callable[[str], int | None] | None = None,
     ) -> None:
         self.benchmark = benchmark
         self.read_link = read_link  # the board's PCIe link now (gen, width, max_gen, max_width), or None
@@ -109,6 +110,7 @@ class MigBench:
         #: systems); a benchmark passes it on (``run_training(..., caches=mig_bench.caches)``).
         #: None keeps nothing.
         self.caches = caches
+        self._sizes = sizes  # a figure's name -> the problem size its history (else reference) was measured at
         #: ``pace``: a layout's slice keeps its timed calls in step with the other slices' (Timer.pace).
         self.timer = BenchTimer(benchmark, target.device, telemetry, pace)
         self.metrics: list[Metric] = []
@@ -116,6 +118,13 @@ class MigBench:
         #: While the plugin re-measures a test (confirming a figure beyond its threshold), the
         #: metrics go here only: not to the results, the verdicts or pytest-benchmark's extra_info.
         self.remeasured: list[Metric] | None = None
+
+    def size_of(self, metric: str) -> int | None:
+        """The problem size this test's figure ``metric`` is judged at (that of its history, else of its
+        reference; :meth:`pytest_mig.judge.pipeline.Pipeline.measured_size`): a workload that chooses a size
+        each run measures at this one where it can.  None: none is known (a first night, a run outside
+        the plugin)."""
+        return self._sizes(metric) if self._sizes is not None else None
 
     def record(self, metric: Metric) -> Metric:
         """Keep one metric: results file, verdicts, pytest-benchmark's extra_info."""

@@ -355,10 +355,7 @@ class MigSession:
                                   window_s=ENERGY_WINDOW_S[mode], sustained_window_s=SUSTAINED_WINDOW_S[mode],
                                   power_limit_w=self.fingerprint.get("power_limit_w"))
 
-        def sink(metric: Metric) -> None:
-            escaped = self.emulator.escaped() if self.emulator is not None else None
-            if escaped:  # measured outside the profile's green context: never recorded as the profile's
-                pytest.fail(f"{escaped}; this test's figures are not recorded", pytrace=False)
+        def record(metric: Metric) -> ResultRecord:
             where = target.info()
             if self.settings.slowdown_sms:
                 where = replace(where, extra={**where.extra, "slowed_to_sms": int(self.settings.slowdown_sms)})
@@ -366,15 +363,20 @@ class MigSession:
                 extra = {**where.extra, **self.slot.extra(),
                          **({"layout_slot_problem": self.slot_problem} if self.slot_problem else {})}
                 where = replace(where, baseline_profile=self.slot.history_profile(str(where.profile)), extra=extra)
-            rec = ResultRecord(test=self.key(item, target), metric=metric, target=where,
-                               fingerprint=dict(self.fingerprint), mode=mode)
-            run.records.append(rec)
-            self.records.append(rec)
+            return ResultRecord(test=self.key(item, target), metric=metric, target=where,
+                                fingerprint=dict(self.fingerprint), mode=mode)
+
+        def sink(metric: Metric) -> None:
+            escaped = self.emulator.escaped() if self.emulator is not None else None
+            if escaped:  # measured outside the profile's green context: never recorded as the profile's
+                pytest.fail(f"{escaped}; this test's figures are not recorded", pytrace=False)
+            run.records.append(record(metric))
+            self.records.append(run.records[-1])
 
         return MigBench(benchmark, target, telemetry, sink, quick=mode == "quick", su=self.settings.su,
                         allocation=self.settings.allocation,
                         read_link=self.board.pcie if self.board is not None else None, caches=self.caches,
-                        pace=self.barrier)
+                        pace=self.barrier, sizes=lambda name: self.pipeline.measured_size(record(Metric(name, 1.0, ""))))
 
     def judge(self, item: pytest.Item, bench: MigBench | None) -> list[str]:
         """Judge this test's records through the pipeline, re-measuring a figure beyond its threshold

@@ -121,6 +121,25 @@ def test_each_save_adds_a_run_and_the_last_n_are_kept(store: BaselineStore) -> N
     assert len(runs_of(path)) == 3
 
 
+def test_each_run_keeps_the_problem_size_it_was_measured_at_and_the_entry_names_the_usual_one(
+    store: BaselineStore,
+) -> None:
+    for i, size in enumerate([16384, 20480, 16384, None]):
+        r = rec(150.0 + i, timestamp=f"2025-01-{i + 1:02d}T00:00:00+00:00")
+        if size:
+            r.metric.info["size"] = size
+        store.save([r])
+    path = store.path_for("nvidia-h200", "3g.71gb")
+    assert [r.get("size") for r in runs_of(path)] == [16384, 20480, 16384, None]
+    entry = store.load("nvidia-h200", "3g.71gb").get(GEMM, "fp16_tflops")
+    assert entry.size == 16384 and entry.values_at_size == [150.0, 152.0]
+    tie = baselines.entry_from_records([rec(1.0), rec(2.0)])
+    tie.runs[0].size, tie.runs[1].size = 16384, 20480
+    assert tie.size == 20480  # a tie: the latest
+    assert tie.values_at_size == [2.0]
+    assert baselines.entry_from_records([rec(1.0), rec(2.0)]).values_at_size == [1.0, 2.0]  # no size named
+
+
 def test_a_run_that_re_measured_a_figure_adds_the_median_of_its_readings(store: BaselineStore) -> None:
     """Transient (a dip, re-measured twice near the history) or confirmed (every reading low), the
     history gains the median of the run's readings; a non-finite re-measurement is left out."""
@@ -282,6 +301,10 @@ CORRUPTIONS: list[tuple[str, Callable[[Path], None], str]] = [
     ("string value", lambda p: _edit(p, lambda d: _run(d).update(value="151.7")), 'value is "151.7", not a number'),
     ("negative value", lambda p: _edit(p, lambda d: _run(d).update(value=-151.7)), "a figure must be above 0"),
     ("zero value", lambda p: _edit(p, lambda d: _run(d).update(value=0)), "a figure must be above 0"),
+    ("size of 0", lambda p: _edit(p, lambda d: _run(d).update(size=0)), "run size is 0, not a problem size"),
+    ("fractional size", lambda p: _edit(p, lambda d: _run(d).update(size=1.5)), "run size is 1.5, not a problem size"),
+    ("size true", lambda p: _edit(p, lambda d: _run(d).update(size=True)), "run size is true, not a problem size"),
+    ("huge size", lambda p: _edit(p, lambda d: _run(d).update(size=2**40)), "a whole number from 1 to 2147483648"),
     ("unknown fingerprint", lambda p: _edit(p, lambda d: _run(d).update(fp="0000000000")),
      'names fingerprint "0000000000"'),
     ("negative tolerance", lambda p: _edit(p, lambda d: _entry(d).update(tolerance=-0.05)),

@@ -430,3 +430,38 @@ def test_every_shipped_reference_names_a_test_the_suite_still_has() -> None:
         ref = store.load(path.parent.name, path.stem)
         missing = {e.test for e in ref.baseline.entries.values()} - collected
         assert not missing, f"{path} names tests the suite no longer has: {sorted(missing)}"
+
+
+def test_a_figure_is_measured_at_the_size_of_its_history_else_of_its_reference_and_sigma_counts_that_size(
+        tmp_path: Path) -> None:
+    """The reference keeps each run's size; its sigma pools only the runs at the size the figure is judged
+    at (another size is another workload); a site's own history, once it has the figure, names the size."""
+    values = [(100.0, 16384), (100.4, 16384), (92.0, 20480), (99.7, 16384), (100.2, 16384)]
+    files = [results_file(tmp_path, f"run{i}", {"fp16_tflops": v}, info={"size": n})
+             for i, (v, n) in enumerate(values)]
+    build(files, tmp_path / "ref")
+    refs = ReferenceStore(tmp_path / "ref")
+    ref = refs.load("nvidia-h200", "3g.71gb")
+    entry = ref.get(TEST, "fp16_tflops", "normal")
+    assert [r.size for r in entry.runs] == [16384, 16384, 20480, 16384, 16384] and entry.size == 16384
+    assert ref.sigma_for(entry) == pytest.approx(pooled_sigma([[100.0, 100.4, 99.7, 100.2]]), rel=1e-3)
+    assert ref.sigma_for(entry) < 0.005  # with the 20480 run it would be about 3.5%
+
+    store = BaselineStore(tmp_path / "baselines")
+    judge = Pipeline(StoreHistories(store), references=refs)
+    assert judge.measured_size(record(1.0)) == 16384  # no history: the reference's
+    assert judge.measured_size(record(1.0, name="other_tflops")) is None  # neither holds the figure
+    store.save([record(99.0, info={"size": 12288})])
+    judge = Pipeline(StoreHistories(store), references=refs)
+    assert judge.measured_size(record(1.0)) == 12288  # the site's own history
+
+
+def test_a_history_that_cannot_be_read_names_no_size_and_the_workload_sizes_itself(tmp_path: Path) -> None:
+    store = BaselineStore(tmp_path / "baselines")
+    store.save([record(99.0, info={"size": 12288})])
+    path = store.path_for("nvidia-h200", "3g.71gb")
+    path.write_text("{broken")
+    judge = Pipeline(StoreHistories(store))
+    assert judge.measured_size(record(1.0)) is None
+    with pytest.raises(BaselineError):  # the verdict still names the broken file
+        judge.judge([record(1.0)])

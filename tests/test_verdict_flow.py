@@ -74,8 +74,8 @@ def baseline_path(pytester: pytest.Pytester, slug: str = "nvidia-h200", profile:
     return pytester.path / "baselines" / slug / f"{profile}.json"
 
 
-def entry(path: Path, metric: str = "rate", mode: str = "normal") -> dict[str, Any]:
-    return json.loads(path.read_text())["modes"][mode][TEST_ID][metric]
+def entry(path: Path, metric: str = "rate", mode: str = "normal", test: str = TEST_ID) -> dict[str, Any]:
+    return json.loads(path.read_text())["modes"][mode][test][metric]
 
 
 def history(h200: Callable[..., pytest.RunResult], mig_env: pytest.MonkeyPatch, rates: list[float],
@@ -584,3 +584,35 @@ def test_a_transient_dip_enters_the_history_as_the_median_of_the_runs_measuremen
     rate = rate_record(pytester, "r.json")
     assert rate.metric.value == pytest.approx(95.0) and rate.verdict.confirmations == [100.0, 100.0]
     assert entry(baseline_path(pytester))["runs"][-1]["value"] == 100.0  # results keep the first reading
+
+
+SIZED = '''
+import os
+
+from pytest_mig.measure import Metric
+
+
+def test_sized(mig_bench):
+    size = mig_bench.size_of("rate") or int(os.environ["SWEEP"])  # as run_gemm: the size judged at, else its own
+    mig_bench.record(Metric("rate", 100.0, "items/s", "higher", [99.0, 100.0, 101.0], kind="compute",
+                            info={"size": size}))
+'''
+
+
+def test_a_workload_measures_at_the_size_its_history_was_measured_at(
+        h200: Callable[..., pytest.RunResult], pytester: pytest.Pytester, mig_env: pytest.MonkeyPatch) -> None:
+    """mig_bench.size_of gives the size the figure's history was measured at: a first night's own choice is
+    saved with the run and every later night measures there, whatever it would choose itself."""
+    pytester.makepyfile(test_bench=SIZED)
+
+    def night(sweep: int, results: str) -> int:
+        mig_env.setenv("SWEEP", str(sweep))
+        h200("--mig-save-baseline", "--mig-reference", "none", "--mig-results", results).assert_outcomes(passed=1)
+        (rec,) = read_results(pytester.path / results)
+        return rec.metric.info["size"]
+
+    assert night(16384, "n1.json") == 16384  # nothing known: its own choice
+    sized = "test_bench.py::test_sized"
+    assert [r["size"] for r in entry(baseline_path(pytester), test=sized)["runs"]] == [16384]
+    assert night(20480, "n2.json") == 16384  # the history's size, not the one it would choose
+    assert [r["size"] for r in entry(baseline_path(pytester), test=sized)["runs"]] == [16384, 16384]

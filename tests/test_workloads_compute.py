@@ -501,3 +501,22 @@ def test_stream_datasheet_share_and_emulation_flag():
     assert by_name["fp32_triad_pct_of_copy"].value == pytest.approx(50.0)
     assert by_name["fp32_triad_pct_of_peak"].value == pytest.approx(100 * 300 / 3350)
     assert all(m.info.get("emulated_bandwidth_not_partitioned") for m in metrics if m.name.startswith("fp32_"))
+
+
+def test_gemm_times_its_headline_at_the_size_it_is_judged_at(cpu, timer, monkeypatch):
+    """Given the size its history was measured at, the headline is timed there whatever this run's sweep
+    prefers, and every compared figure carries the size (what a history keeps with each run); a size
+    that is not one of the Target's candidates leaves the choice to the sweep."""
+    monkeypatch.setattr(gemm, "headline_size", lambda squares, tie=gemm.SIZE_TIE: gemm.CPU_SIZES_QUICK[-1])
+    swept = {m.name: m for m in gemm.run_gemm(cpu, timer, dtype="fp32", quick=True)}
+    assert swept["fp32_size_at_peak"].value == gemm.CPU_SIZES_QUICK[-1]
+    assert swept["fp32_size_at_peak"].info["chosen_by"] == "this run's sweep"
+
+    pinned = {m.name: m for m in gemm.run_gemm(cpu, timer, dtype="fp32", quick=True, size=gemm.CPU_SIZES_QUICK[0])}
+    assert pinned["fp32_size_at_peak"].value == gemm.CPU_SIZES_QUICK[0]
+    assert pinned["fp32_size_at_peak"].info["chosen_by"] == "the size it is judged at"
+    assert pinned["fp32_tflops"].info["size"] == gemm.CPU_SIZES_QUICK[0]
+    assert {m.info.get("size") for m in pinned.values() if m.compare} == {gemm.CPU_SIZES_QUICK[0]}
+
+    other = {m.name: m for m in gemm.run_gemm(cpu, timer, dtype="fp32", quick=True, size=gemm.CPU_SIZES_QUICK[0] + 64)}
+    assert other["fp32_size_at_peak"].value == gemm.CPU_SIZES_QUICK[-1]

@@ -60,6 +60,8 @@ MAX_INT_DIGITS = 30
 #: Largest magnitude a number in a pytest-mig file has; the schemas bound their fields by it, so
 #: that no figure's square or ratio overflows a float.
 MAX_NUMBER = 1e300
+#: The largest problem size a run may name (a GEMM's square edge); a larger one is an edited file.
+MAX_SIZE = 1 << 31
 
 
 class FileProblem(ValueError):
@@ -577,7 +579,7 @@ def _lock_file(root: Path, timeout: float) -> Iterator[None]:
         raise TimeoutError(str(root)) from None
 
 
-__all__ = ["FileProblem", "KIND_READ_LIMIT", "LOCK_FILE_NAME", "LOCK_TIMEOUT_S", "MAX_DEPTH", "MAX_INT_DIGITS",
+__all__ = ["FileProblem", "KIND_READ_LIMIT", "LOCK_FILE_NAME", "LOCK_TIMEOUT_S", "MAX_DEPTH", "MAX_INT_DIGITS", "MAX_SIZE",
            "MAX_NUMBER", "NAME_MAX", "PATH_MAX", "STREAMS", "STREAM_FOLDERS", "atomic_write_text", "check_links",
            "check_output", "check_path", "depth", "distinct_outputs", "folder_holding", "folder_lock", "kept_file",
            "output_file", "parse_json", "path_problem", "read_json", "read_text", "validate", "write_target",

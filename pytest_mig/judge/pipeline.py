@@ -24,7 +24,7 @@ from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
 from pytest_mig.measure.clocks import throttle_reasons
 from pytest_mig.store.baselines import BaselineStore, entry_from_records, meta_from_record
-from pytest_mig.store.history import Baseline, BaselineEntry, BaselineMeta
+from pytest_mig.store.history import Baseline, BaselineEntry, BaselineError, BaselineMeta
 from pytest_mig.device.health import annotate
 from pytest_mig.judge.prior import PriorSource, Priors
 from pytest_mig.judge.ceiling import Ceilings
@@ -188,6 +188,21 @@ class Pipeline:
         if base is not None and base.get(rec.test, rec.metric.name, rec.mode) is not None:
             return None
         return self.references.holding(rec)
+
+    def measured_size(self, rec: ResultRecord) -> int | None:
+        """The problem size the record's figure is judged at: that of its own history, else of the
+        reference it would be judged against (:attr:`BaselineEntry.size`; None: neither names one).
+        A workload that chooses its size each run measures at this one, so a night compares like with like.
+        None also where the history cannot be read: the verdict names it, the workload sizes itself."""
+        try:
+            base = self.history(rec)
+            entry = base.get(rec.test, rec.metric.name, rec.mode) if base is not None else None
+            ref = self.reference(rec, base) if entry is None else None
+        except BaselineError:
+            return None
+        if ref is not None:
+            entry = ref.get(rec.test, rec.metric.name, rec.mode)
+        return entry.size if entry is not None else None
 
     def first(self, rec: ResultRecord, tolerance: Tolerance = None) -> Verdict:
         """The verdict on the first measurement."""

@@ -16,7 +16,8 @@ naming the file) with one more top-level block::
 
 ``sigma`` is each figure's run-to-run sigma pooled over every reference run of the GPU model (each
 profile's runs relative to their own median): a figure too noisy on one profile is not judged on
-any.  ``pytest-mig reference FILES... --out DIR`` builds such a folder from results files (the
+any.  Where a figure's runs name the problem size they were measured at (GEMM's square), only those
+at the size it is judged at count (:attr:`~pytest_mig.store.history.BaselineEntry.size`).  ``pytest-mig reference FILES... --out DIR`` builds such a folder from results files (the
 shipped one, or a site's own fleet reference, used with ``--mig-reference DIR``).  The boards'
 identities (UUIDs) are not kept: the reference speaks for the model, not for one board.  A figure a
 run re-measured enters as the median of its measurements (:func:`_as_reference`).
@@ -413,7 +414,7 @@ def _write_sigma(store: BaselineStore) -> list[Path]:
         groups: dict[EntryKey, list[list[float]]] = {}
         for base in bases:
             for key, entry in base.entries.items():
-                groups.setdefault(key, []).append(entry.values)
+                groups.setdefault(key, []).append(entry.values_at_size)  # another size is another workload
         sigma: dict[str, dict[str, dict[str, float]]] = {}
         for (test, metric, mode), values in sorted(groups.items()):
             s = pooled_sigma(values)

@@ -44,10 +44,11 @@ import math
 import os
 import statistics
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 from pytest_mig.common.files import (
     LOCK_TIMEOUT_S,
+    MAX_SIZE,
     FileProblem,
     atomic_write_text,
     check_links,
@@ -95,7 +96,15 @@ def run_from_record(record: ResultRecord) -> Run:
     """The run a record adds to its figure's history (its value: :func:`measured_value`)."""
     m = record.metric
     return Run(value=measured_value(record), recorded_at=record.timestamp, fingerprint=dict(record.fingerprint or {}),
-               noise=within_run_noise(m.samples), throttled=throttle_reasons(m.info), clock_mhz=measured_clock(m.info))
+               noise=within_run_noise(m.samples), throttled=throttle_reasons(m.info), clock_mhz=measured_clock(m.info),
+               size=measured_size(m.info))
+
+
+def measured_size(info: Any) -> int | None:
+    """The problem size a figure was measured at (its info's ``size``, as GEMM records its square's edge),
+    where it is a whole number from 1 to MAX_SIZE; else None."""
+    size = info.get("size") if isinstance(info, dict) else None
+    return size if isinstance(size, int) and not isinstance(size, bool) and 0 < size <= MAX_SIZE else None
 
 
 def entry_from_records(records: Iterable[ResultRecord], tolerance: float | None = None) -> BaselineEntry:
@@ -376,6 +385,6 @@ def _records_of(base: Baseline) -> Iterator[ResultRecord]:
 
 
 __all__ = [
-    "BaselineStore", "entry_from_records", "history_exists", "measured_value", "meta_from_record", "run_from_record",
+    "BaselineStore", "entry_from_records", "history_exists", "measured_size", "measured_value", "meta_from_record", "run_from_record",
     "saveable",
 ]

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from pytest_mig.common.files import MAX_NUMBER
+from pytest_mig.common.files import MAX_NUMBER, MAX_SIZE
 from pytest_mig.common.text import quoted
 from pytest_mig.device.target import EMULATED_SUFFIX
 from pytest_mig.measure import METRIC_KINDS, partner_keys
@@ -54,6 +54,7 @@ class Run:
     noise: float | None = None  # the run's own within-run spread (relative); informs, never sets, thresholds
     throttled: list[str] = field(default_factory=list)
     clock_mhz: float | None = None  # the SM clock it ran at (:func:`pytest_mig.measure.clocks.measured_clock`), for scaling checks
+    size: int | None = None  # the problem size it was measured at, where its workload chooses one (GEMM's square)
 
     def to_dict(self, fp_id: str | None) -> dict[str, Any]:
         d: dict[str, Any] = {"at": self.recorded_at, "value": round_figure(self.value)}
@@ -65,6 +66,8 @@ class Run:
             d["throttled"] = list(self.throttled)
         if self.clock_mhz is not None and math.isfinite(self.clock_mhz) and self.clock_mhz > 0:
             d["clock_mhz"] = round(self.clock_mhz, 1)
+        if self.size:
+            d["size"] = int(self.size)
         return d
 
 
@@ -93,6 +96,19 @@ class BaselineEntry:
     @property
     def last(self) -> Run | None:
         return self.runs[-1] if self.runs else None
+
+    @property
+    def values_at_size(self) -> list[float]:
+        """The values of the runs measured at :attr:`size` (all of them where no run names a size)."""
+        size = self.size
+        return [r.value for r in self.runs if size is None or r.size == size]
+
+    @property
+    def size(self) -> int | None:
+        """The problem size its runs were measured at: the most common one, the latest on a tie (None:
+        no run names one)."""
+        sizes = [r.size for r in self.runs if r.size]
+        return max(reversed(sizes), key=sizes.count) if sizes else None
 
     @property
     def fingerprint(self) -> dict[str, Any]:
@@ -265,6 +281,16 @@ def check_number(path: Path, where: str, value: Any, *, positive: bool = False) 
     return float(value)
 
 
+def check_size(path: Path, where: str, value: Any) -> int | None:
+    """A run's problem size: None, or a whole number from 1 to ``MAX_SIZE``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_SIZE:
+        raise BaselineError(f"{path}: {where} is {json.dumps(value)}, not a problem size (a whole number from 1 to "
+                            f"{MAX_SIZE}); fix it or delete the entry")
+    return value
+
+
 def check_header(path: Path, where: str, e: Any) -> tuple[str, str, str, float | None]:
     """unit, direction, kind and tolerance of an entry, checked."""
     if not isinstance(e, dict):
@@ -305,6 +331,6 @@ def check_throttled(path: Path, where: str, raw: Any) -> list[str]:
 
 __all__ = [
     "ADVICE", "BASELINE_SCHEMA", "DEFAULT_KEEP", "Baseline", "BaselineEntry", "BaselineError", "BaselineMeta", "EntryKey",
-    "Run", "SaveResult", "check_fingerprint", "check_header", "check_number", "check_throttled", "check_tolerance",
+    "Run", "SaveResult", "check_fingerprint", "check_header", "check_number", "check_size", "check_throttled", "check_tolerance",
     "fingerprint_id", "round_figure",
 ]

@@ -30,6 +30,7 @@ from pytest_mig.store.history import (
     check_fingerprint,
     check_header,
     check_number,
+    check_size,
     check_throttled,
 )
 from pytest_mig.store.legacy import BASELINE_SCHEMA_V1, read_v1
@@ -155,6 +156,7 @@ def _read_v2(path: Path, doc: dict[str, Any]) -> dict[EntryKey, BaselineEntry]:
                         throttled=check_throttled(path, where, r.get("throttled")),
                         clock_mhz=None if r.get("clock_mhz") is None else check_number(path, f"{where} run clock_mhz",
                                                                                  r["clock_mhz"], positive=True),
+                        size=check_size(path, f"{where} run size", r.get("size")),
                     ))
                 entries[(test, name, mode)] = BaselineEntry(test, name, unit, direction, kind, tol, runs, mode)
     return entries

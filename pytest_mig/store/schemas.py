@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytest_mig.common.files import MAX_NUMBER
+from pytest_mig.common.files import MAX_NUMBER, MAX_SIZE
 from pytest_mig.measure import METRIC_KINDS
 
 _NUMBER = {"type": "number"}
@@ -114,6 +114,7 @@ RUN: dict[str, Any] = {
         "value": _FIGURE, "at": _OPT_STRING, "fp": _OPT_STRING,
         "noise": _OPT_BOUNDED, "throttled": {"type": ["array", "null"], "items": {"type": "string"}},
         "clock_mhz": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": MAX_NUMBER},
+        "size": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_SIZE},
     },
 }
 

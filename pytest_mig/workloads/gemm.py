@@ -385,8 +385,15 @@ def headline_size(squares: list[tuple[tuple[int, int, int], float, float]], tie:
     return max(shape[0] for shape, rate, _ in squares if rate >= best * (1 - tie))
 
 
-def run_gemm(target: Target, timer: Timer, *, dtype: str = "bf16", quick: bool = False) -> list[Metric]:
-    """Peak torch.matmul TFLOPS of ``dtype`` on ``target``, verified, with the size and memory at the peak."""
+def run_gemm(target: Target, timer: Timer, *, dtype: str = "bf16", quick: bool = False,
+             size: int | None = None) -> list[Metric]:
+    """Peak torch.matmul TFLOPS of ``dtype`` on ``target``, verified, with the size and memory at the peak.
+
+    ``size``: the square size the figure's history was measured at (``MigBench.size_of``).  Where it is
+    one of this Target's candidate sizes the headline is timed there, not at the size this run's sweep
+    prefers: two sizes within ``SIZE_TIE`` of each other in the sweep can differ by 8% in the headline
+    (a power-capped H100's fp16 read 703 TFLOPS at 16384 and 648 at 20480, the sweep choosing 20480 in
+    10 of 51 normal runs), which a night must not read as a change."""
     if dtype not in PRECISIONS:
         raise ValueError(f"unknown GEMM precision '{dtype}': use one of {', '.join(PRECISION_NAMES)}")
     prec = PRECISIONS[dtype]
@@ -405,7 +412,8 @@ def run_gemm(target: Target, timer: Timer, *, dtype: str = "bf16", quick: bool =
     try:
         with fp32_matmul_mode(prec.tf32):
             squares = _sweep([(n, n, n) for n in sizes], prec, device, gen, check_gen, effort, stop_when_slow=True)
-            best_n = headline_size(squares)
+            pinned = size in sizes
+            best_n = size if pinned else headline_size(squares)
 
             # The headline: fresh random operands at the best size, through the timer.
             if device.startswith("cuda"):
@@ -424,7 +432,13 @@ def run_gemm(target: Target, timer: Timer, *, dtype: str = "bf16", quick: bool =
                               stop_when_slow=False)
     finally:
         _release(device)
-    return _metrics(target, prec, timing, flops, best_n, rel_err, peak_gb, peak_source, squares, wide)
+    metrics = _metrics(target, prec, timing, flops, best_n, rel_err, peak_gb, peak_source, squares, wide)
+    for m in metrics:
+        if m.compare:  # every figure of the headline was measured at its size: the history keeps it with each run
+            m.info.setdefault("size", best_n)
+        if m.name == f"{dtype}_size_at_peak":
+            m.info["chosen_by"] = "the size it is judged at" if pinned else "this run's sweep"
+    return metrics
 
 
 _Shapes = list[tuple[tuple[int, int, int], float, float]]
