@@ -42,6 +42,10 @@ def rec(value: float, *, node: str = "gpu01", test: str = GEMM, name: str = "fp1
                         "2025-01-01T00:00:00+00:00", node)
 
 
+#: A figure no shipped reference holds: no prior, so one earlier run gives the conservative band.
+OWN = "own_tflops"
+
+
 def results(path: Path, *records: ResultRecord) -> str:
     write_results(path, records)
     return str(path)
@@ -169,8 +173,8 @@ def test_report_of_empty_results(capsys: pytest.CaptureFixture[str], tmp_path: P
 
 
 def test_compare_prints_verdicts_and_fails_on_a_regression(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    old = results(tmp_path / "old.json", rec(151.7), rec(4.1, test=STREAM, name="copy_tbs", unit="TB/s", kind="memory"))
-    new = results(tmp_path / "new.json", rec(130.2, fingerprint={"driver": "590.10"}),
+    old = results(tmp_path / "old.json", rec(151.7, name=OWN), rec(4.1, test=STREAM, name="copy_tbs", unit="TB/s", kind="memory"))
+    new = results(tmp_path / "new.json", rec(130.2, name=OWN, fingerprint={"driver": "590.10"}),
                   rec(4.11, test=STREAM, name="copy_tbs", unit="TB/s", kind="memory"),
                   rec(7.0, test=STREAM, name="triad_tbs", unit="TB/s", kind="memory"))
     code, out, err = run(capsys, "compare", old, new)
@@ -178,8 +182,8 @@ def test_compare_prints_verdicts_and_fails_on_a_regression(capsys: pytest.Captur
     lines = out.splitlines()
     assert lines[0].split() == ["test", "metric", "profile", "value", "unit", "baseline", "change_pct", "threshold_pct",
                                 "verdict"]
-    # one earlier run: too few to measure noise, so the conservative 10% band (and it says so)
-    assert f"REGRESSED {GEMM} fp16_tflops 130.2 TFLOPS, baseline 151.7 TFLOPS (1 run): -14.2%, threshold 10%: " \
+    # one earlier run of a figure no reference knows: too few to measure noise, so the conservative 10% band
+    assert f"REGRESSED {GEMM} {OWN} 130.2 TFLOPS, baseline 151.7 TFLOPS (1 run): -14.2%, threshold 10%: " \
            "only 1 run(s) in the baseline" in out
     assert "since the baseline: driver 580.159.04 -> 590.10" in out
     copy_row = next(line.split() for line in lines if "copy_tbs" in line)
@@ -207,15 +211,15 @@ def test_compare_judges_the_last_file_against_the_history_of_the_others(capsys: 
 
 def test_compare_without_regression_exits_zero_and_improvement_can_fail(capsys: pytest.CaptureFixture[str],
                                                                          tmp_path: Path) -> None:
-    old = results(tmp_path / "old.json", rec(100.0))
-    same = results(tmp_path / "same.json", rec(100.2))
-    faster = results(tmp_path / "faster.json", rec(120.0))
+    old = results(tmp_path / "old.json", rec(100.0, name=OWN))
+    same = results(tmp_path / "same.json", rec(100.2, name=OWN))
+    faster = results(tmp_path / "faster.json", rec(120.0, name=OWN))
     assert run(capsys, "compare", old, same)[0] == 0
     code, out, _ = run(capsys, "compare", old, faster)
-    assert code == 0 and f"IMPROVED {GEMM} fp16_tflops 120.0 TFLOPS" in out
+    assert code == 0 and f"IMPROVED {GEMM} {OWN} 120.0 TFLOPS" in out
     assert run(capsys, "compare", "--mig-fail-on-improvement", old, faster)[0] == 1
     # a site's tolerance caps the threshold: 7% slower passes the conservative 10% band of one run, not 5%
-    slower = results(tmp_path / "slower.json", rec(93.0))
+    slower = results(tmp_path / "slower.json", rec(93.0, name=OWN))
     assert run(capsys, "compare", old, slower)[0] == 0
     code, out, _ = run(capsys, "compare", "--mig-tolerance", "5%", old, slower)
     assert code == 1 and "threshold 5% (the tolerance set" in out
