@@ -451,6 +451,9 @@ def test_a_figure_is_measured_at_the_size_of_its_history_else_of_its_reference_a
     judge = Pipeline(StoreHistories(store), references=refs)
     assert judge.measured_size(record(1.0)) == 16384  # no history: the reference's
     assert judge.measured_size(record(1.0, name="other_tflops")) is None  # neither holds the figure
+    store.save([record(99.0)])  # a history saved before runs kept their size
+    judge = Pipeline(StoreHistories(store), references=refs)
+    assert judge.measured_size(record(1.0)) == 16384  # names none: the reference's
     store.save([record(99.0, info={"size": 12288})])
     judge = Pipeline(StoreHistories(store), references=refs)
     assert judge.measured_size(record(1.0)) == 12288  # the site's own history
