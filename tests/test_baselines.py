@@ -138,6 +138,11 @@ def test_each_run_keeps_the_problem_size_it_was_measured_at_and_the_entry_names_
     assert tie.size == 20480  # a tie: the latest
     assert tie.values_at_size == [2.0]
     assert baselines.entry_from_records([rec(1.0), rec(2.0)]).values_at_size == [1.0, 2.0]  # no size named
+    old = baselines.entry_from_records([rec(1.0), rec(2.0), rec(3.0)])  # two runs saved before sizes were kept
+    old.runs[2].size = 20480
+    assert old.size is None and old.values_at_size == [1.0, 2.0, 3.0]  # under half name one: measured as it was
+    old.runs[1].size = 16384
+    assert old.size == 20480  # two of three name one: the latest on a tie
 
 
 def test_a_run_that_re_measured_a_figure_adds_the_median_of_its_readings(store: BaselineStore) -> None:

@@ -451,12 +451,12 @@ def test_a_figure_is_measured_at_the_size_of_its_history_else_of_its_reference_a
     judge = Pipeline(StoreHistories(store), references=refs)
     assert judge.measured_size(record(1.0)) == 16384  # no history: the reference's
     assert judge.measured_size(record(1.0, name="other_tflops")) is None  # neither holds the figure
-    store.save([record(99.0)])  # a history saved before runs kept their size
+    store.save([record(99.0)])  # a history saved before runs kept their size: measured as it was
     judge = Pipeline(StoreHistories(store), references=refs)
-    assert judge.measured_size(record(1.0)) == 16384  # names none: the reference's
-    store.save([record(99.0, info={"size": 12288})])
+    assert judge.measured_size(record(1.0)) is None
+    store.save([record(99.0, info={"size": 12288})])  # half of it names one: the site's own
     judge = Pipeline(StoreHistories(store), references=refs)
-    assert judge.measured_size(record(1.0)) == 12288  # the site's own history
+    assert judge.measured_size(record(1.0)) == 12288
 
 
 def test_a_history_that_cannot_be_read_names_no_size_and_the_workload_sizes_itself(tmp_path: Path) -> None:
@@ -468,3 +468,31 @@ def test_a_history_that_cannot_be_read_names_no_size_and_the_workload_sizes_itse
     assert judge.measured_size(record(1.0)) is None
     with pytest.raises(BaselineError):  # the verdict still names the broken file
         judge.judge([record(1.0)])
+
+
+def test_every_figure_of_a_run_takes_the_size_its_headline_names_and_a_run_at_another_size_is_not_checked(
+        tmp_path: Path) -> None:
+    """Results files keep the size with the headline only; the builder gives it to the run's other compared
+    figures (measured at the headline's size), never where the run names two.  reference-check leaves out
+    a run at another size than the figure is judged at: judged there, 15% slower, it was a false alarm."""
+    from pytest_mig.judge.reference_check import check_folder
+
+    files = []
+    for i, (v, n) in enumerate([(100.0, 16384), (100.3, 16384), (85.0, 20480), (99.8, 16384), (100.1, 16384)]):
+        path = tmp_path / f"run{i}.json"
+        recs = [record(v, info={"size": n}, fingerprint=dict(BOARD)),
+                record(1.0 + i / 1000, name="fp16_energy_j_per_tflop", unit="J/TFLOP", direction="lower", kind="energy",
+                       fingerprint=dict(BOARD))]
+        if i == 4:  # a run that names two sizes gives its other figures none
+            recs.append(record(1.0, name="fp16_peak_memory_gb", unit="GB", kind="info", compare_=False,
+                               info={"size": 8192}, fingerprint=dict(BOARD)))
+        write_results(path, recs)
+        files.append(path)
+    build(files, tmp_path / "ref")
+    ref = ReferenceStore(tmp_path / "ref").load("nvidia-h200", "3g.71gb")
+    energy = ref.get(TEST, "fp16_energy_j_per_tflop", "normal")
+    assert [r.size for r in energy.runs] == [16384, 16384, 20480, 16384, None]
+    headline = ref.get(TEST, "fp16_tflops", "normal")
+    assert ref.band_for(headline).center == pytest.approx(100.05)  # the median of the runs at 16384
+    (tally,) = check_folder(tmp_path / "ref")
+    assert tally.false_alarms == [] and tally.cases == 7  # the runs at 16384: 4 headline, 3 energy

@@ -190,21 +190,19 @@ class Pipeline:
         return self.references.holding(rec)
 
     def measured_size(self, rec: ResultRecord) -> int | None:
-        """The problem size the record's figure is judged at: that of its own history, else (no history,
-        or one whose runs name no size, saved before runs kept it) of its GPU model and profile's
-        reference (:attr:`BaselineEntry.size`; None: neither names one).  A workload that chooses its
-        size each run measures at this one, so a night compares like with like.  None also where a
-        file cannot be read: the verdict names it, the workload sizes itself."""
-        key = (rec.test, rec.metric.name, rec.mode)
+        """The problem size the record's figure is judged at (:attr:`BaselineEntry.size`): that of its
+        own history, else, where it has none, of the reference it is judged against.  None where the
+        one it is judged against names none (a history saved before runs kept their size: the workload
+        sizes itself as it did), or a file cannot be read (the verdict names it).  A workload that
+        chooses its size each run measures at this one, so a night compares like with like."""
         try:
             base = self.history(rec)
-            own = base.get(*key) if base is not None else None
-            if own is not None and own.size:
-                return own.size
-            ref = self.references.holding(rec) if self.references is not None else None
+            entry = base.get(rec.test, rec.metric.name, rec.mode) if base is not None else None
+            ref = self.reference(rec, base) if entry is None else None
         except BaselineError:
             return None
-        entry = ref.get(*key) if ref is not None else None
+        if ref is not None:
+            entry = ref.get(rec.test, rec.metric.name, rec.mode)
         return entry.size if entry is not None else None
 
     def first(self, rec: ResultRecord, tolerance: Tolerance = None) -> Verdict:

@@ -34,7 +34,7 @@ from typing import Any, Iterable, Sequence
 
 from pytest_mig.common.files import folder_lock
 from pytest_mig.device.fingerprint import FINGERPRINT_FIELDS, fingerprint_value
-from pytest_mig.store.baselines import BaselineStore, history_exists, measured_value, meta_from_record
+from pytest_mig.store.baselines import BaselineStore, history_exists, measured_size, measured_value, meta_from_record
 from pytest_mig.store.history import Baseline, BaselineEntry, BaselineError, EntryKey
 from pytest_mig.store.reader import check_baseline_text, load_baseline_file
 from pytest_mig.common.files import MAX_NUMBER, FileProblem, path_problem, validate
@@ -77,9 +77,10 @@ class Reference:
 
     def band_for(self, entry: BaselineEntry) -> Band:
         """The reference band a verdict applies to ``entry`` (:func:`~pytest_mig.judge.noise.reference_band`):
-        its pooled sigma, or that of a rate figure whose timing it shares where larger."""
+        its pooled sigma, or that of a rate figure whose timing it shares where larger, about the median
+        of its runs at the size it is judged at."""
         partners = {p.metric: self.sigma_for(p) for p in self.baseline.timing_partners(entry)}
-        return reference_band(entry.values, self.sigma_for(entry), partners)
+        return reference_band(entry.values_at_size, self.sigma_for(entry), partners)
 
     def runs(self) -> dict[str, int]:
         """Runs per mode (the most any figure has), quick first: ``{"quick": 5, "normal": 2}``."""
@@ -325,6 +326,24 @@ def pooled_sigma(groups: Iterable[Sequence[float]]) -> float | None:
     return sigma if sigma is not None and sigma <= MAX_NUMBER else None
 
 
+def _sized(records: Sequence[ResultRecord]) -> list[ResultRecord]:
+    """The records, each compared figure of a test's run given the size the run measured at where one
+    of its figures names a single one (results files keep it with the headline only: GEMM's
+    sustained, energy and cost figures were measured at the headline's size)."""
+    sizes: dict[tuple[str, str, str], set[int]] = {}
+    for r in records:
+        size = measured_size(r.metric.info)
+        if size:
+            sizes.setdefault((r.test, r.mode, r.timestamp), set()).add(size)
+    out = []
+    for r in records:
+        named = sizes.get((r.test, r.mode, r.timestamp), set())
+        if r.metric.compare and len(named) == 1 and not measured_size(r.metric.info):
+            r = replace(r, metric=replace(r.metric, info={**r.metric.info, "size": next(iter(named))}))
+        out.append(r)
+    return out
+
+
 def _as_reference(record: ResultRecord) -> ResultRecord:
     """A run's record as a reference keeps it: no board identity, no verdict, and the run's own
     re-measurements counted (:func:`~pytest_mig.store.baselines.measured_value`, as a local history
@@ -360,7 +379,7 @@ def build(paths: Sequence[Path], out: Path, *, drop: Sequence[str] = ()) -> Buil
     dropped = dict.fromkeys(drop, 0)
     records: list[ResultRecord] = []
     for path in paths:  # every file read and checked whole before anything is written
-        for r in read_results(path):
+        for r in _sized(read_results(path)):
             if r.test in dropped:
                 dropped[r.test] += 1
                 continue

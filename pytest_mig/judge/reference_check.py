@@ -72,7 +72,9 @@ def _held_out(entry: BaselineEntry, run: Run, index: int) -> int | None:
 
 
 def _values(entry: BaselineEntry, drop: int | None) -> list[float]:
-    return [r.value for i, r in enumerate(entry.runs) if i != drop]
+    """The runs at the size the figure is judged at, less run ``drop`` (as the shipped sigma pools them)."""
+    size = entry.size
+    return [r.value for i, r in enumerate(entry.runs) if i != drop and (size is None or r.size == size)]
 
 
 def _sigma(groups: dict[int, BaselineEntry], n: int, drop: int | None, rule: SigmaRule) -> float | None:
@@ -96,6 +98,8 @@ def leave_one_out(bases: Sequence[Baseline], *, rule: SigmaRule = pooled, loss: 
                 continue
             partners = bases[n].timing_partners(entry)
             for i, run in enumerate(entry.runs):
+                if entry.size is not None and run.size != entry.size:
+                    continue  # measured at another size than the figure is judged at: another workload
                 t = tallies.setdefault(mode, Tally(model, mode))
                 t.cases += 1
                 sigma = _sigma(groups, n, i, rule)

@@ -105,10 +105,12 @@ class BaselineEntry:
 
     @property
     def size(self) -> int | None:
-        """The problem size its runs were measured at: the most common one, the latest on a tie (None:
-        no run names one)."""
+        """The problem size its runs were measured at: the most common one, the latest on a tie.  None
+        where fewer than half of its runs name one (a history saved before runs kept their size is
+        measured as it was until half of it names one: a first night's choice of the less usual size
+        would otherwise be kept, and judged every night against runs mostly of the other)."""
         sizes = [r.size for r in self.runs if r.size]
-        return max(reversed(sizes), key=sizes.count) if sizes else None
+        return max(reversed(sizes), key=sizes.count) if sizes and 2 * len(sizes) >= len(self.runs) else None
 
     @property
     def fingerprint(self) -> dict[str, Any]:
