@@ -97,8 +97,9 @@ def leave_one_out(bases: Sequence[Baseline], *, rule: SigmaRule = pooled, loss: 
             if len(entry.runs) < 2:
                 continue
             partners = bases[n].timing_partners(entry)
+            size = entry.size
             for i, run in enumerate(entry.runs):
-                if entry.size is not None and run.size != entry.size:
+                if size is not None and run.size != size:
                     continue  # measured at another size than the figure is judged at: another workload
                 t = tallies.setdefault(mode, Tally(model, mode))
                 t.cases += 1

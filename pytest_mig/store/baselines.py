@@ -48,7 +48,6 @@ from typing import Any, Iterable, Iterator
 
 from pytest_mig.common.files import (
     LOCK_TIMEOUT_S,
-    MAX_SIZE,
     FileProblem,
     atomic_write_text,
     check_links,
@@ -70,6 +69,7 @@ from pytest_mig.store.history import (
     EntryKey,
     Run,
     SaveResult,
+    is_size,
     round_figure,
 )
 from pytest_mig.store.reader import check_baseline_text, load_baseline_file
@@ -102,9 +102,9 @@ def run_from_record(record: ResultRecord) -> Run:
 
 def measured_size(info: Any) -> int | None:
     """The problem size a figure was measured at (its info's ``size``, as GEMM records its square's edge),
-    where it is a whole number from 1 to MAX_SIZE; else None."""
+    where it is one (:func:`~pytest_mig.store.history.is_size`); else None."""
     size = info.get("size") if isinstance(info, dict) else None
-    return size if isinstance(size, int) and not isinstance(size, bool) and 0 < size <= MAX_SIZE else None
+    return size if is_size(size) else None
 
 
 def entry_from_records(records: Iterable[ResultRecord], tolerance: float | None = None) -> BaselineEntry:

@@ -283,11 +283,16 @@ def check_number(path: Path, where: str, value: Any, *, positive: bool = False) 
     return float(value)
 
 
+def is_size(value: Any) -> bool:
+    """Whether ``value`` is a problem size: a whole number (not a bool) from 1 to ``MAX_SIZE``."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_SIZE
+
+
 def check_size(path: Path, where: str, value: Any) -> int | None:
     """A run's problem size: None, or a whole number from 1 to ``MAX_SIZE``."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_SIZE:
+    if not is_size(value):
         raise BaselineError(f"{path}: {where} is {json.dumps(value)}, not a problem size (a whole number from 1 to "
                             f"{MAX_SIZE}); fix it or delete the entry")
     return value
@@ -334,5 +339,5 @@ def check_throttled(path: Path, where: str, raw: Any) -> list[str]:
 __all__ = [
     "ADVICE", "BASELINE_SCHEMA", "DEFAULT_KEEP", "Baseline", "BaselineEntry", "BaselineError", "BaselineMeta", "EntryKey",
     "Run", "SaveResult", "check_fingerprint", "check_header", "check_number", "check_size", "check_throttled", "check_tolerance",
-    "fingerprint_id", "round_figure",
+    "fingerprint_id", "is_size", "round_figure",
 ]

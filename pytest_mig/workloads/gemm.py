@@ -432,13 +432,7 @@ def run_gemm(target: Target, timer: Timer, *, dtype: str = "bf16", quick: bool =
                               stop_when_slow=False)
     finally:
         _release(device)
-    metrics = _metrics(target, prec, timing, flops, best_n, rel_err, peak_gb, peak_source, squares, wide)
-    for m in metrics:
-        if m.compare:  # every figure of the headline was measured at its size: the history keeps it with each run
-            m.info.setdefault("size", best_n)
-        if m.name == f"{dtype}_size_at_peak":
-            m.info["chosen_by"] = "the size it is judged at" if pinned else "this run's sweep"
-    return metrics
+    return _metrics(target, prec, timing, flops, best_n, rel_err, peak_gb, peak_source, squares, wide, pinned=pinned)
 
 
 _Shapes = list[tuple[tuple[int, int, int], float, float]]
@@ -455,6 +449,8 @@ def _metrics(
     peak_source: str,
     squares: _Shapes,
     wide: _Shapes,
+    *,
+    pinned: bool = False,
 ) -> list[Metric]:
     p = prec.name
     samples = [r / 1e12 for r in timing.rate_samples(flops)]
@@ -465,7 +461,8 @@ def _metrics(
     metrics = [
         Metric(f"{p}_tflops", tflops, "TFLOPS", "higher", samples, kind=prec.kind, info=info),
         Metric(f"{p}_size_at_peak", best_n, "n", "higher", [], kind="info", compare=False,
-               info={"candidates": [s[0][0] for s in squares]}),
+               info={"candidates": [s[0][0] for s in squares],
+                     "chosen_by": "the size it is judged at" if pinned else "this run's sweep"}),
         Metric(f"{p}_peak_memory_gb", peak_gb, "GB", "lower", [], kind="info", compare=False,
                info={"source": peak_source, "size": best_n}),
     ]
@@ -477,6 +474,9 @@ def _metrics(
         metrics += _sweep_metrics(p, tflops, squares + wide)
     metrics += _window_metrics(target, prec, timing, flops)
     metrics.extend(energy_metrics(timing, flops / 1e12, "TFLOP", label=p))
+    for m in metrics:
+        if m.compare:  # every figure of the headline was measured at its size: the history keeps it with each run
+            m.info.setdefault("size", best_n)
     return metrics
 
 
