@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from pytest_mig.judge.noise import FEW_RUNS_BAND, FLOOR, K, MIN_RUNS, PRIOR, PRIOR_ELSEWHERE, Prior, band
+from pytest_mig.judge.noise import FEW_RUNS_BAND, FLOOR, K, MIN_RUNS, PRIOR, PRIOR_BOARD, PRIOR_ELSEWHERE, Prior, band
 from pytest_mig.judge.pipeline import Pipeline, RecordHistories
 from pytest_mig.judge.prior import Priors
 from pytest_mig.judge.reference import SHIPPED, ReferenceStore
 from pytest_mig.measure import Metric
 from pytest_mig.device.target import TargetInfo
+from pytest_mig.store.baselines import entry_from_records
 from pytest_mig.store.results import ResultRecord
 
 GEMM = "benchmarks/test_gemm.py::test_gemm[bf16]"
@@ -156,3 +158,67 @@ def test_a_prior_pooled_from_too_few_runs_does_not_judge_a_short_history() -> No
 def test_the_priors_carry_the_degrees_of_freedom_their_reference_pooled() -> None:
     p = Priors(ReferenceStore(SHIPPED)).for_record(rec(700.0))
     assert p is not None and p.dof is not None and p.dof >= 4
+
+
+# --------------------------------------------------------------------------- a history of one board
+
+
+TRACK = "benchmarks/test_tracking.py::test_tracking[10M]"
+
+
+def _on(record: ResultRecord, board: str) -> ResultRecord:
+    return replace(record, fingerprint={**(record.fingerprint or {}), "gpu_uuid": board})
+
+
+def _tracking(value: float, board: str) -> ResultRecord:
+    r = rec(value, test=TRACK, name="energy_j_per_particle-turn", kind="energy")
+    return _on(replace(r, metric=replace(r.metric, unit="J/particle-turn", direction="lower")), board)
+
+
+def test_a_history_of_this_boards_runs_is_judged_with_the_references_noise_on_one_board() -> None:
+    """The shipped H100 reference names each run's board: tracking's energy moves less from night to
+    night on one board than between boards, and a history of one board takes the smaller sigma."""
+    ref = ReferenceStore(SHIPPED).load("nvidia-h100-80gb-hbm3", "full")
+    assert ref is not None
+    entry = ref.get(TRACK, "energy_j_per_particle-turn", "normal")
+    assert entry is not None and len({r.fingerprint.get("board") for r in entry.runs}) > 1
+    board, across = ref.board_sigma_for(entry), ref.band_for(entry).sigma
+    assert board is not None and across is not None and board < across
+    history = entry_from_records([_tracking(0.5, "GPU-aaaa"), _tracking(0.501, "GPU-aaaa")])
+    p = Priors(ReferenceStore(SHIPPED)).for_record(_tracking(0.5, "GPU-aaaa"), history)
+    assert p is not None and (p.sigma, p.source) == (board, PRIOR_BOARD)
+    mixed = entry_from_records([_tracking(0.5, "GPU-bbbb"), _tracking(0.501, "GPU-aaaa")])
+    q = Priors(ReferenceStore(SHIPPED)).for_record(_tracking(0.5, "GPU-aaaa"), mixed)
+    assert q is not None and (q.sigma, q.source) == (across, PRIOR)  # a folder shared between boards
+    unnamed = entry_from_records([rec(0.5, test=TRACK, name="energy_j_per_particle-turn", kind="energy")])
+    plain = Priors(ReferenceStore(SHIPPED)).for_record(_tracking(0.5, "GPU-aaaa"), unnamed)
+    assert plain is not None and plain.source == PRIOR  # runs that name no board: not known to be one board's
+
+
+def test_the_verdict_on_a_one_board_history_says_whose_noise_judged_it() -> None:
+    """A figure whose noise on one board gates it from the second night where the noise across
+    boards would not: the second night of a board gates at 5%; the same history judging another
+    board's run keeps the conservative band."""
+    ref = ReferenceStore(SHIPPED).load("nvidia-h100-80gb-hbm3", "full")
+    assert ref is not None
+    widen = K * math.sqrt(2)
+    entry = next(e for e in ref.baseline.entries.values() if e.mode == "normal" and e.kind != "energy"
+                 and (ref.board_sigma_for(e) or 1) * widen <= 0.05 < (ref.band_for(e).sigma or 0) * widen)
+    metric = Metric(entry.metric, entry.value, entry.unit, entry.direction, [], entry.kind)  # type: ignore[arg-type]
+    mine = _on(replace(rec(1.0, test=entry.test), metric=metric), "GPU-aaaa")
+    pipeline = Pipeline(RecordHistories([[mine]]), references=ReferenceStore(SHIPPED))
+    v = pipeline.judge([mine])[0]
+    assert v.outcome == "pass" and v.sigma_of == PRIOR_BOARD and "night to night on one board" in v.message
+    assert v.gates and (v.threshold or 1) <= 0.05
+    other = pipeline.judge([_on(mine, "GPU-cccc")])[0]  # the same history judging another board's run
+    assert other.sigma_of == PRIOR and (other.threshold or 0) > 0.05
+
+
+def test_a_model_with_no_reference_borrows_the_one_board_sigma_for_a_one_board_history() -> None:
+    a100 = dict(gpu="NVIDIA A100-SXM4-80GB", profile="1g.10gb", test=TRACK, name="energy_j_per_particle-turn",
+                kind="energy")
+    first = _on(rec(0.4, **a100), "GPU-a100")  # type: ignore[arg-type]
+    one = Priors(ReferenceStore(SHIPPED)).for_record(first, entry_from_records([first]))
+    across = Priors(ReferenceStore(SHIPPED)).for_record(first)
+    assert one is not None and across is not None and one.sigma < across.sigma
+    assert "night to night on one board" in one.source and "across nights and boards" in across.source

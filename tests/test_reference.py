@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -20,6 +21,7 @@ from pytest_mig.judge.noise import DETECT_Z, REFERENCE_FLOOR, REFERENCE_MAX, K, 
 from pytest_mig.judge.reference import (
     SHIPPED,
     ReferenceStore,
+    board_name,
     build,
     fingerprint_beside,
     judged_against,
@@ -86,14 +88,48 @@ def test_build_writes_a_baseline_file_per_profile_without_the_board_and_with_poo
     doc = json.loads(path.read_text())
     assert doc["schema"] == "pytest-mig/baseline/2" and doc["profile"] == "3g.71gb"
     (fp,) = doc["fingerprints"].values()
-    assert "gpu_uuid" not in fp and fp["driver"] == FP_OLD["driver"]  # the model, not one board
+    assert "gpu_uuid" not in fp and fp["driver"] == FP_OLD["driver"]  # the model, not one board ...
+    assert fp["board"] == board_name(BOARD["gpu_uuid"]) != BOARD["gpu_uuid"]  # ... named by an anonymous tag
     assert doc["reference"]["runs"] == {"normal": 5}
     sigma = doc["reference"]["sigma"]["normal"][TEST]
+    assert doc["reference"]["board_sigma"]["normal"][TEST] == sigma  # one board: its noise is all there is
     assert 0.002 < sigma["fp16_tflops"] < 0.005 and sigma["small_batch_tflops"] > 0.05
     assert "size_at_peak" not in doc["modes"]["normal"][TEST]  # informational figures are not references
     ref = refs.load("nvidia-h200", "3g.71gb")
     assert ref is not None and ref.sigma_for(ref.get(TEST, "fp16_tflops", "normal")) == sigma["fp16_tflops"]
     assert refs.models() == {"NVIDIA H200": ["3g.71gb"]}
+
+
+def test_the_noise_on_one_board_leaves_out_the_step_between_boards(tmp_path: Path) -> None:
+    """Two boards 4% apart, each quiet: the sigma across boards holds the step, the sigma on one
+    board does not; with fewer than 4 degrees of freedom on one board none is written."""
+    files = []
+    for b, level in enumerate((100.0, 104.0)):
+        fp = {**FP_OLD, "gpu_uuid": f"GPU-board-{b}"}
+        for n in range(3):
+            path = tmp_path / f"b{b}n{n}.json"
+            r = record(level * (1 + 0.001 * (n - 1)), name="fp16_tflops", fingerprint=fp)
+            write_results(path, [replace(r, timestamp=f"2026-01-0{n + 1}T0{b}:00:00+00:00")])
+            files.append(path)
+    build(files, tmp_path / "ref")
+    ref = ReferenceStore(tmp_path / "ref").load("nvidia-h200", "3g.71gb")
+    assert ref is not None
+    entry = ref.get(TEST, "fp16_tflops", "normal")
+    assert entry is not None and len({r.fingerprint["board"] for r in entry.runs}) == 2
+    assert ref.sigma_for(entry) > 0.015 and ref.board_sigma_for(entry) == pytest.approx(0.001, rel=0.05)
+    build(files[:2] + files[3:5], tmp_path / "thin")  # two runs a board: 2 degrees of freedom
+    thin = ReferenceStore(tmp_path / "thin").load("nvidia-h200", "3g.71gb")
+    assert thin is not None and thin.sigma and not thin.board_sigma
+
+
+def test_a_reference_whose_board_sigma_is_not_a_number_is_an_error_naming_the_file(
+        tmp_path: Path, refs: ReferenceStore) -> None:
+    path = tmp_path / "ref" / "nvidia-h200" / "3g.71gb.json"
+    doc = json.loads(path.read_text())
+    doc["reference"]["board_sigma"]["normal"][TEST]["fp16_tflops"] = -0.1
+    path.write_text(json.dumps(doc))
+    with pytest.raises(BaselineError, match=r"3g\.71gb\.json: reference board sigma of .*fp16_tflops .*-0\.1"):
+        ReferenceStore(tmp_path / "ref").load("nvidia-h200", "3g.71gb")
 
 
 def test_a_profile_keeps_the_sigma_of_its_own_figures_only(tmp_path: Path, refs: ReferenceStore) -> None:
@@ -180,6 +216,7 @@ def test_the_shipped_references_read_and_every_judged_figure_has_its_sigma() -> 
         assert ref is not None and ref.baseline.entries
         for entry in ref.baseline.entries.values():
             assert "gpu_uuid" not in entry.fingerprint
+            assert all(str(r.fingerprint.get("board", "")).startswith("b-") for r in entry.runs)  # each names its board
             assert entry.mode in ("quick", "normal")
         # a figure some profile of the model has run twice has its pooled sigma; one with a single run
         # of each profile has none (not judged: verdict.py says so)

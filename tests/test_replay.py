@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,8 @@ from pytest_mig.night.replay import LeaveOneOut, nights_of, replay
 from pytest_mig.store.baselines import entry_from_records
 from pytest_mig.store.history import Baseline, BaselineMeta
 from pytest_mig.device.target import TargetInfo
-from pytest_mig.store.results import ResultRecord, write_results
+from pytest_mig.store.results import ResultRecord, read_results, write_results
+from pytest_mig.store.verdicts import Verdict
 
 FMA = "benchmarks/test_cuda_cores.py::test_cuda_core_fma[fp32]"
 
@@ -50,7 +52,36 @@ def test_a_real_slowdown_in_a_series_is_counted_as_an_alarm_and_named(tmp_path: 
     root = series(tmp_path, slow={(2, 3): 0.9})
     assert cli.main(["replay", str(root)]) == 0
     out = capsys.readouterr().out
-    assert "False alarms: 1 night(s) of 16." in out and "GPU-2 2026-01-04" in out and "fp32_fma_tflops -9.8%" in out
+    assert "False alarms: 1 night(s) of 16 (1 of them unconfirmed" in out and "GPU-2 2026-01-04" in out
+    assert "fp32_fma_tflops -9.8% (threshold 2.0%), unconfirmed" in out  # the night recorded no re-measurement
+
+
+def test_an_alarm_the_night_re_measured_is_counted_as_confirmed(tmp_path: Path, capsys) -> None:
+    root = series(tmp_path, slow={(2, 3): 0.9})
+    path = root / "board2" / "night3.json"
+    (slow,) = read_results(path)
+    slow.verdict = Verdict("regressed", slow.metric.name, slow.metric.value, None, None, None,
+                           confirmations=[17.1, 17.2])
+    write_results(path, [slow])
+    assert cli.main(["replay", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "False alarms: 1 night(s) of 16." in out and "-9.8% (threshold 2.0%)\n" in out
+
+
+def test_a_prior_counts_only_the_runs_at_the_size_the_night_was_measured_at(tmp_path: Path) -> None:
+    """GEMM at two squares 8% apart: the other boards' runs at another size are another workload."""
+    for b in range(4):
+        folder = tmp_path / "runs" / f"board{b}"
+        folder.mkdir(parents=True)
+        for n in range(6):
+            size = 16384 if n % 2 else 20480
+            r = night(19.0 * (1.0 if size == 16384 else 0.92) * (1 + 0.001 * (n % 2)), f"GPU-{b}", n + 1)
+            write_results(folder / f"night{n}.json", [replace(r, metric=replace(r.metric, info={"size": size}))])
+    nights = nights_of(sorted((tmp_path / "runs").rglob("*.json")), open("/dev/null", "w"))
+    priors = LeaveOneOut(nights)
+    priors.board = "GPU-0"
+    at_size = [r for n in nights for r in n.records if r.metric.info.get("size") == 16384][0]
+    assert priors.for_record(at_size).sigma < 0.002  # type: ignore[union-attr]  # the 8% step is left out
 
 
 def test_the_prior_never_comes_from_the_judged_board(tmp_path: Path) -> None:
@@ -76,12 +107,13 @@ def test_priors_within_boards_leave_out_the_spread_between_boards(tmp_path: Path
             write_results(folder / f"night{n}.json", [night(level * (1 + 0.001 * (n - 1)), f"GPU-{b}", n + 1)])
     nights = nights_of(sorted((tmp_path / "runs").rglob("*.json")), open("/dev/null", "w"))
     rec = nights[0].records[0]
-    across, within = LeaveOneOut(nights), LeaveOneOut(nights, within_boards=True)
+    across, within = LeaveOneOut(nights, within_boards=False), LeaveOneOut(nights)
     across.board = within.board = "GPU-0"
     assert across.for_record(rec).sigma > 0.015  # type: ignore[union-attr]  # the 4% step between boards
     assert within.for_record(rec).sigma == pytest.approx(0.001, rel=0.05)  # type: ignore[union-attr]
-    assert cli.main(["replay", str(tmp_path / "runs"), "--priors", "within-boards"]) == 0
+    assert cli.main(["replay", str(tmp_path / "runs")]) == 0  # within boards, as the plugin judges one board
     assert "False alarms: 0 night(s)" in capsys.readouterr().out
+    assert "on one board (leave-one-out)" in within.for_record(rec).source  # type: ignore[union-attr]
 
 
 def test_nights_that_shared_the_gpu_or_were_slowed_on_purpose_are_left_out(tmp_path: Path) -> None:

@@ -24,9 +24,10 @@ class Replay(Command):
                             help="results files, or folders searched for them")
         parser.add_argument("--exclude", action="append", default=[], metavar="GLOB",
                             help="leave out files whose path matches GLOB (repeatable)")
-        parser.add_argument("--priors", choices=("across-boards", "within-boards"), default="across-boards",
-                            help="the priors' noise: each profile's runs over the other boards (the plugin's "
-                                 "rule, default), or each other board's runs about its own median")
+        parser.add_argument("--priors", choices=("within-boards", "across-boards"), default="within-boards",
+                            help="the priors' noise: each other board's runs about its own median, as the plugin "
+                                 "judges a history of one board (default), or each profile's runs over the other "
+                                 "boards")
 
     @classmethod
     def run(cls, args: argparse.Namespace, out: TextIO) -> int:

@@ -25,21 +25,20 @@ measures on the GPU):
   re-measured (see pytest_mig.judge.verdict), which removes transient dips, the cases where 5 alone was
   seen to fail on the GPU.
 * **A short history** (1 to ``MIN_RUNS`` - 1 = 4 runs) cannot measure its own sigma, so it is judged
-  with a **prior** (:class:`Prior`): the figure's run-to-run sigma measured across nights and boards
-  in the shipped reference of its GPU model and profile or, for a GPU model with no reference, on the
-  models that have one (see :mod:`pytest_mig.judge.prior`), pooled from at least ``MIN_PRIOR_DOF``
-  (4) degrees of freedom.  Sigma is the larger of the prior, the
-  few runs' own sample standard deviation and their timing partners', and the threshold is
-  ``K`` x sigma x sqrt(1 + 1/n): a new run differs from the mean of n runs by sigma x sqrt(1 + 1/n),
-  so one run in the history widens the band by 41%, four by 12%.  Where that threshold is within the
+  with a **prior** (:class:`Prior`): the figure's run-to-run sigma measured in the shipped reference
+  of its GPU model and profile (night to night on one board where the history is one board's, else
+  across boards) or, for a GPU model with no reference, on the models that have one (see
+  :mod:`pytest_mig.judge.prior`), pooled from at least ``MIN_PRIOR_DOF`` (4) degrees of freedom.
+  Sigma is the larger of the prior, the few runs' own sample standard deviation and their timing
+  partners', and the threshold is ``K`` x sigma x sqrt(1 + 1/n): a new run differs from the mean
+  of n runs by sigma x sqrt(1 + 1/n), so one run in the history widens the band by 41%, four by 12%.  Where that threshold is within the
   tolerance the figure gates from the second night; where it is wider, the band is the conservative
   one below (it never judges a noisy figure at its tolerance on a handful of runs).  With no prior
   at all (no reference knows the figure or its kind), **too few runs** give no usable estimate of
   sigma: the band is at least ``FEW_RUNS_BAND`` (10%), wider when the few runs already differ
   (``K`` x their sample standard deviation), and the verdict says so.
 * **A short history borrows the reference's noise**: from ``MIN_RUNS`` up to ``PRIOR_RUNS`` (10)
-  runs, sigma is never below the figure's pooled sigma in the shipped reference (``prior``: its runs
-  across nights and boards of the model).  Runs taken back to back understate night-to-night noise:
+  runs, sigma is never below that prior.  Runs taken back to back understate night-to-night noise:
   on an H100, ``pytest-mig calibrate -n 5`` gave bf16 GEMM a sigma of 0.20% and a 1% threshold, and
   the very next unchanged run failed at -1.3%; with ten runs its sigma was 0.68% and six unchanged
   runs passed.  From ``PRIOR_RUNS`` runs on the site's own history alone sets sigma.
@@ -92,6 +91,8 @@ MIN_RUNS = 5
 PRIOR_RUNS = 10
 #: ``Band.sigma_of`` where the reference's sigma for the figure's own GPU model and profile (the prior) was the larger.
 PRIOR = "the reference"
+#: ``Band.sigma_of`` where the reference's sigma on one board (a history of one board's nights) was the larger.
+PRIOR_BOARD = "the reference, on one board"
 #: Degrees of freedom a prior needs before it judges a short history.
 MIN_PRIOR_DOF = 4
 #: How ``Band.sigma_of`` starts where a prior from other GPU models was the larger (see :class:`Prior`).
@@ -109,8 +110,8 @@ DETECT_Z = 2.2
 @dataclass(frozen=True)
 class Prior:
     """A figure's run-to-run sigma known before its history can measure it, and whose it is:
-    ``PRIOR`` (the reference of its own GPU model and profile) or a phrase starting with
-    ``PRIOR_ELSEWHERE`` that a verdict shows as it is."""
+    ``PRIOR`` (the reference of its own GPU model and profile), ``PRIOR_BOARD`` (the same, on one
+    board) or a phrase starting with ``PRIOR_ELSEWHERE`` that a verdict shows as it is."""
 
     sigma: float
     source: str = PRIOR
@@ -126,7 +127,7 @@ class Prior:
 
 def is_prior(sigma_of: str | None) -> bool:
     """Whether ``Band.sigma_of`` names a prior rather than a timing partner."""
-    return sigma_of is not None and (sigma_of == PRIOR or sigma_of.startswith(PRIOR_ELSEWHERE))
+    return sigma_of is not None and (sigma_of in (PRIOR, PRIOR_BOARD) or sigma_of.startswith(PRIOR_ELSEWHERE))
 
 
 @dataclass(frozen=True)
@@ -273,6 +274,6 @@ def reference_band(values: Sequence[float], sigma: float | None,
                 known and threshold <= REFERENCE_MAX, "reference", REFERENCE_MAX, sigma_of)
 
 
-__all__ = ["Band", "DETECT_Z", "FEW_RUNS_BAND", "FLOOR", "K", "MIN_PRIOR_DOF", "MIN_RUNS", "PRIOR", "PRIOR_ELSEWHERE", "PRIOR_RUNS",
+__all__ = ["Band", "DETECT_Z", "FEW_RUNS_BAND", "FLOOR", "K", "MIN_PRIOR_DOF", "MIN_RUNS", "PRIOR", "PRIOR_BOARD", "PRIOR_ELSEWHERE", "PRIOR_RUNS",
            "Prior", "REFERENCE_FLOOR", "REFERENCE_MAX", "TRIM_FROM", "band", "is_prior", "reference_band", "run_sigma",
            "spread"]

@@ -225,8 +225,9 @@ class Pipeline:
                 return compare(rec, *alt, tolerance=tol, improvement_fails=self.improvement_fails)
             if unseen:
                 return _why_no_ceiling(self.histories.missing(rec, base), judged)
+        history = base.get(rec.test, rec.metric.name, rec.mode) if base is not None else None
         return compare(rec, base, tolerance=tol, improvement_fails=self.improvement_fails,
-                       default_tolerance=self.default_tolerance, prior=self.priors.for_record(rec))
+                       default_tolerance=self.default_tolerance, prior=self.priors.for_record(rec, history))
 
     def confirm(self, rec: ResultRecord, verdict: Verdict, values: Sequence[float]) -> Verdict:
         """The verdict re-judged on the median of the first measurement and ``values``."""

@@ -6,7 +6,13 @@ from, most specific first:
 
 1. **The reference of the figure's GPU model and profile**: the figure's sigma across the
    reference's runs, pooled over the model's profiles and boards (the larger of its own and its
-   timing partners', :meth:`pytest_mig.judge.reference.Reference.band_for`).
+   timing partners', :meth:`pytest_mig.judge.reference.Reference.band_for`).  Where every run of
+   the history was measured on the board being judged (a site's history of one board, the usual
+   case), the sigma of each reference board's runs about their own median instead
+   (:meth:`~pytest_mig.judge.reference.Reference.board_sigma_for`): the noise a history of one board
+   sees from night to night, without the few percent that boards differ by, which such a history
+   never has to hold.  A history that mixes boards (a baseline folder shared between nodes) keeps
+   the sigma across boards.
 2. **The same figure in the model's other profiles** (a profile with no reference of its own: a
    real MIG slice where the references hold emulated ones): the model's sigma, which is pooled over
    its profiles anyway.
@@ -27,13 +33,14 @@ are judged against (``--mig-reference``): what they say about noise holds either
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterable, Protocol
 
 from pytest_mig.device.profiles import CPU
-from pytest_mig.judge.noise import PRIOR, PRIOR_ELSEWHERE, Prior
+from pytest_mig.judge.noise import PRIOR, PRIOR_BOARD, PRIOR_ELSEWHERE, Prior
 from pytest_mig.judge.reference import SHIPPED, Reference, ReferenceStore
 from pytest_mig.store.baselines import meta_from_record
-from pytest_mig.store.history import BaselineError, BaselineMeta
+from pytest_mig.store.history import BaselineEntry, BaselineError, BaselineMeta, board_of
 from pytest_mig.store.results import ResultRecord
 
 Figure = tuple[str, str, str]  # (test, metric, mode)
@@ -42,8 +49,8 @@ Figure = tuple[str, str, str]  # (test, metric, mode)
 class PriorSource(Protocol):
     """Where a pipeline gets each figure's prior."""
 
-    def for_record(self, rec: ResultRecord) -> Prior | None:
-        """The prior of the record's figure (None: none is known)."""
+    def for_record(self, rec: ResultRecord, history: BaselineEntry | None = None) -> Prior | None:
+        """The prior of the record's figure, judged against ``history`` (None: none is known)."""
 
 
 class Priors:
@@ -53,46 +60,60 @@ class Priors:
     def __init__(self, references: ReferenceStore | None, shipped: ReferenceStore | None = None) -> None:
         self.references = references
         self.shipped = shipped if shipped is not None else _shipped_like(references)
-        self._figures: dict[Figure, dict[str, tuple[float, int]]] | None = None
+        self._figures: dict[Figure, dict[str, _Pooled]] | None = None
 
-    def for_record(self, rec: ResultRecord) -> Prior | None:
-        """The prior of the record's figure (None: no reference knows the figure)."""
-        return self.for_figure(meta_from_record(rec), (rec.test, rec.metric.name, rec.mode))
+    def for_record(self, rec: ResultRecord, history: BaselineEntry | None = None) -> Prior | None:
+        """The prior of the record's figure judged against ``history``, its runs so far (None: no
+        reference knows the figure).  Where every run of ``history`` is of the record's board, the
+        reference's noise on one board speaks for it."""
+        board = board_of(rec.fingerprint) or rec.target.gpu_uuid
+        one_board = history is not None and history.on_board(board)
+        return self.for_figure(meta_from_record(rec), (rec.test, rec.metric.name, rec.mode), one_board)
 
-    def for_figure(self, meta: BaselineMeta, key: Figure) -> Prior | None:
-        """The prior of figure ``key`` (test, metric, mode) on the GPU model and profile of ``meta``
-        (None for a CPU run: the module docstring)."""
+    def for_figure(self, meta: BaselineMeta, key: Figure, one_board: bool = False) -> Prior | None:
+        """The prior of figure ``key`` (test, metric, mode) on the GPU model and profile of ``meta``,
+        for a history of one board's runs where ``one_board`` (None for a CPU run: the module
+        docstring)."""
         if meta.gpu_slug == CPU:
             return None
-        own = self._own(meta, key)
+        own = self._own(meta, key, one_board)
         if own is not None:
             return own
-        others = self._table().get(key, {})
+        others = {m: p.on(one_board) for m, p in self._table().get(key, {}).items()}
+        where = "night to night on one board" if one_board else "across nights and boards"
         model = meta.gpu_model
         if model in others:
             sigma, dof = others[model]
-            return Prior(sigma, f"{PRIOR_ELSEWHERE}this figure's across nights and boards of {model}'s "
+            return Prior(sigma, f"{PRIOR_ELSEWHERE}this figure's {where} of {model}'s "
                                 f"other profiles; no reference for this profile", dof)
         if others:
             name = max(others, key=lambda m: others[m][0])
             sigma, dof = others[name]
-            return Prior(sigma, f"{PRIOR_ELSEWHERE}this figure's across nights and boards of "
+            return Prior(sigma, f"{PRIOR_ELSEWHERE}this figure's {where} of "
                                 f"{_names(others)}, the largest ({name}); no reference for this GPU model", dof)
         return None
 
-    def _own(self, meta: BaselineMeta, key: Figure) -> Prior | None:
+    def _own(self, meta: BaselineMeta, key: Figure, one_board: bool) -> Prior | None:
         """The prior from the reference of the figure's own GPU model and profile."""
         for store in (self.references, self.shipped):
-            sigma = _reference_sigma(store, meta, key)
-            if sigma is not None:
-                return Prior(sigma, PRIOR, self._table().get(key, {}).get(meta.gpu_model, (sigma, None))[1])
+            ref = _reference(store, meta)
+            entry = ref.get(*key) if ref is not None else None
+            if ref is not None and entry is not None:
+                pooled = self._table().get(key, {}).get(meta.gpu_model)
+                board = ref.board_sigma_for(entry) if one_board else None
+                if board is not None:
+                    return Prior(board, PRIOR_BOARD, pooled.board_dof if pooled is not None else None)
+                sigma = ref.band_for(entry).sigma
+                if sigma is not None:
+                    return Prior(sigma, PRIOR, pooled.dof if pooled is not None else None)
             if store is not None and self.references is not None:
                 break  # a site's own reference folder speaks for its GPU models: the shipped one is not asked
         return None
 
-    def _table(self) -> dict[Figure, dict[str, tuple[float, int]]]:
-        """Every figure's sigma in the references, by GPU model, with the degrees of freedom it was
-        pooled from (each of the model's files adds its runs of the figure less one)."""
+    def _table(self) -> dict[Figure, dict[str, _Pooled]]:
+        """Every figure's sigmas in the references, by GPU model, with the degrees of freedom they
+        were pooled from (each of the model's files adds its runs of the figure less one; on one
+        board, each board's runs less one)."""
         if self._figures is None:
             self._figures = {}
             for ref in _all(self.references, self.shipped):
@@ -102,9 +123,27 @@ class Priors:
                     if sigma is None:
                         continue
                     by_model = self._figures.setdefault((entry.test, entry.metric, entry.mode), {})
-                    _, dof = by_model.get(model, (sigma, 0))  # the sigma is pooled over the model's files alike
-                    by_model[model] = (sigma, dof + max(len(entry.runs) - 1, 0))
+                    held = by_model.setdefault(model, _Pooled(sigma, 0, ref.board_sigma_for(entry), 0))
+                    held.dof += max(len(entry.runs) - 1, 0)  # the sigmas are pooled over the model's files alike
+                    held.board_dof += sum(len(v) - 1 for v in entry.values_by_board.values() if v)
         return self._figures
+
+
+@dataclass
+class _Pooled:
+    """A figure's sigmas in one GPU model's references: across boards, and on one board (None: no
+    reference run names its board)."""
+
+    sigma: float
+    dof: int
+    board_sigma: float | None
+    board_dof: int
+
+    def on(self, one_board: bool) -> tuple[float, int]:
+        """The sigma for a history of one board's runs (where known) or else, and its dof."""
+        if one_board and self.board_sigma is not None:
+            return self.board_sigma, self.board_dof
+        return self.sigma, self.dof
 
 
 def reference_prior(references: ReferenceStore | None, rec: ResultRecord) -> float | None:
@@ -114,16 +153,21 @@ def reference_prior(references: ReferenceStore | None, rec: ResultRecord) -> flo
 
 
 def _reference_sigma(references: ReferenceStore | None, meta: BaselineMeta, key: Figure) -> float | None:
-    """Figure ``key``'s sigma in the reference of ``meta``'s GPU model and profile.  A reference that
-    cannot be read gives none: the site's own history still judges."""
+    """Figure ``key``'s sigma in the reference of ``meta``'s GPU model and profile."""
+    ref = _reference(references, meta)
+    entry = ref.get(*key) if ref is not None else None
+    return ref.band_for(entry).sigma if ref is not None and entry is not None else None
+
+
+def _reference(references: ReferenceStore | None, meta: BaselineMeta) -> Reference | None:
+    """The reference of ``meta``'s GPU model and profile.  One that cannot be read gives none: the
+    site's own history still judges."""
     if references is None:
         return None
     try:
-        ref = references.load(meta.gpu_slug, meta.profile)
+        return references.load(meta.gpu_slug, meta.profile)
     except BaselineError:
         return None
-    entry = ref.get(*key) if ref is not None else None
-    return ref.band_for(entry).sigma if ref is not None and entry is not None else None
 
 
 def _shipped_like(references: ReferenceStore | None) -> ReferenceStore | None:

@@ -16,15 +16,20 @@ naming the file) with one more top-level block::
 
 ``sigma`` is each figure's run-to-run sigma pooled over every reference run of the GPU model (each
 profile's runs relative to their own median): a figure too noisy on one profile is not judged on
-any.  Where a figure's runs name the problem size they were measured at (GEMM's square), only those
+any.  ``board_sigma`` is the same pooled over each board's runs of each profile, each relative to
+their own median: the night-to-night noise one board shows, without the spread between boards,
+kept where it is pooled from at least ``MIN_PRIOR_DOF`` degrees of freedom; a site's history of one
+board is judged with it (:mod:`pytest_mig.judge.prior`).  Where a figure's runs name the problem size they were measured at (GEMM's square), only those
 at the size it is judged at count (:attr:`~pytest_mig.store.history.BaselineEntry.size`).  ``pytest-mig reference FILES... --out DIR`` builds such a folder from results files (the
 shipped one, or a site's own fleet reference, used with ``--mig-reference DIR``).  The boards'
-identities (UUIDs) are not kept: the reference speaks for the model, not for one board.  A figure a
+identities (UUIDs) are not kept: each run names its board by an anonymous ``board`` in its
+fingerprint (:func:`board_name`), which tells one board's runs from another's and nothing more.  A figure a
 run re-measured enters as the median of its measurements (:func:`_as_reference`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import statistics
@@ -38,7 +43,7 @@ from pytest_mig.store.baselines import BaselineStore, history_exists, measured_s
 from pytest_mig.store.history import Baseline, BaselineEntry, BaselineError, EntryKey
 from pytest_mig.store.reader import check_baseline_text, load_baseline_file
 from pytest_mig.common.files import MAX_NUMBER, FileProblem, path_problem, validate
-from pytest_mig.judge.noise import REFERENCE_FLOOR, REFERENCE_MAX, Band, reference_band
+from pytest_mig.judge.noise import MIN_PRIOR_DOF, REFERENCE_FLOOR, REFERENCE_MAX, Band, reference_band
 from pytest_mig.store.results import ResultRecord, ResultsFileError, atomic_write_text, read_results, utc_now
 from pytest_mig.store.schemas import REFERENCE
 from pytest_mig.common.text import printable, shown
@@ -68,12 +73,21 @@ class Reference:
 
     baseline: Baseline
     sigma: dict[EntryKey, float] = field(default_factory=dict)
+    board_sigma: dict[EntryKey, float] = field(default_factory=dict)
 
     def get(self, test: str, metric: str, mode: str) -> BaselineEntry | None:
         return self.baseline.get(test, metric, mode)
 
     def sigma_for(self, entry: BaselineEntry) -> float | None:
         return self.sigma.get((entry.test, entry.metric, entry.mode))
+
+    def board_sigma_for(self, entry: BaselineEntry) -> float | None:
+        """The figure's night-to-night sigma on one board, or that of a rate figure whose timing it
+        shares where larger; None where it or a partner has none (then only :meth:`band_for`'s
+        sigma, across boards, speaks for its noise)."""
+        sigmas = [self.board_sigma.get((e.test, e.metric, e.mode))
+                  for e in (entry, *self.baseline.timing_partners(entry))]
+        return None if any(s is None for s in sigmas) else max(s for s in sigmas if s is not None)
 
     def band_for(self, entry: BaselineEntry) -> Band:
         """The reference band a verdict applies to ``entry`` (:func:`~pytest_mig.judge.noise.reference_band`):
@@ -240,23 +254,29 @@ def _check_text(path: Path) -> Any:
 
 def _reference_of(base: Baseline, path: Path) -> Reference:
     block = base.extra.get("reference") or {}
+    sigma, board_sigma = _sigma_block(block, "sigma", path), _sigma_block(block, "board_sigma", path)
+    try:  # what the loops, which name the figure, did not look at
+        validate(block, REFERENCE, f"{path}: its 'reference' block")
+    except FileProblem as exc:
+        raise BaselineError(str(exc)) from None
+    return Reference(base, sigma, board_sigma)
+
+
+def _sigma_block(block: Any, name: str, path: Path) -> dict[EntryKey, float]:
+    """The figures' sigmas in the reference block's ``name`` (modes to tests to metrics to a number)."""
     sigma: dict[EntryKey, float] = {}
-    raw = block.get("sigma") if isinstance(block, dict) else None
+    raw = block.get(name) if isinstance(block, dict) else None
     if raw is not None and not isinstance(raw, dict):
-        raise BaselineError(f"{path}: 'reference.sigma' must map modes to tests to metrics to a number")
+        raise BaselineError(f"{path}: 'reference.{name}' must map modes to tests to metrics to a number")
     for mode, tests in (raw or {}).items():
         for test, metrics in (tests or {}).items() if isinstance(tests, dict) else ():
             for metric, value in (metrics or {}).items() if isinstance(metrics, dict) else ():
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                         or value < 0:
-                    raise BaselineError(f"{path}: reference sigma of {test} {metric} ({mode}) is "
+                    raise BaselineError(f"{path}: reference {name.replace('_', ' ')} of {test} {metric} ({mode}) is "
                                         f"{json.dumps(value)}, not a number of 0 or more")
                 sigma[(test, metric, mode)] = float(value)
-    try:  # what the loop above, which names the figure, did not look at
-        validate(block, REFERENCE, f"{path}: its 'reference' block")
-    except FileProblem as exc:
-        raise BaselineError(str(exc)) from None
-    return Reference(base, sigma)
+    return sigma
 
 
 def judged_against(targets: Iterable[Any], store: BaselineStore, references: ReferenceStore | None,
@@ -326,7 +346,7 @@ def pooled_sigma(groups: Iterable[Sequence[float]]) -> float | None:
     return sigma if sigma is not None and sigma <= MAX_NUMBER else None
 
 
-def _sized(records: Sequence[ResultRecord]) -> list[ResultRecord]:
+def sized(records: Sequence[ResultRecord]) -> list[ResultRecord]:
     """The records, each compared figure of a test's run given the size the run measured at where one
     of its figures names a single one (results files keep it with the headline only: GEMM's
     sustained, energy and cost figures were measured at the headline's size)."""
@@ -344,13 +364,21 @@ def _sized(records: Sequence[ResultRecord]) -> list[ResultRecord]:
     return out
 
 
+def board_name(uuid: str) -> str:
+    """The anonymous name a reference gives a board: ``b-`` and 10 hex digits of its UUID's SHA-256."""
+    return "b-" + hashlib.sha256(uuid.encode()).hexdigest()[:10]
+
+
 def _as_reference(record: ResultRecord) -> ResultRecord:
-    """A run's record as a reference keeps it: no board identity, no verdict, and the run's own
+    """A run's record as a reference keeps it: its board by an anonymous name, no verdict, and the run's own
     re-measurements counted (:func:`~pytest_mig.store.baselines.measured_value`, as a local history
     counts them): with two or three runs per profile one transient dip would set the figure's
     pooled sigma, widening its band past what is judged.
     """
     fp = {k: v for k, v in (record.fingerprint or {}).items() if k not in BOARD_KEYS}
+    uuid = (record.fingerprint or {}).get("gpu_uuid") or record.target.gpu_uuid
+    if isinstance(uuid, str) and uuid:
+        fp["board"] = board_name(uuid)
     metric = replace(record.metric, value=measured_value(record))
     return replace(record, metric=metric, fingerprint=fp, verdict=None, health=None)
 
@@ -379,7 +407,7 @@ def build(paths: Sequence[Path], out: Path, *, drop: Sequence[str] = ()) -> Buil
     dropped = dict.fromkeys(drop, 0)
     records: list[ResultRecord] = []
     for path in paths:  # every file read and checked whole before anything is written
-        for r in _sized(read_results(path)):
+        for r in sized(read_results(path)):
             if r.test in dropped:
                 dropped[r.test] += 1
                 continue
@@ -431,26 +459,43 @@ def _write_sigma(store: BaselineStore) -> list[Path]:
     for files in by_model.values():
         bases = [load_baseline_file(p) for p in files]
         groups: dict[EntryKey, list[list[float]]] = {}
+        by_board: dict[EntryKey, list[list[float]]] = {}
         for base in bases:
             for key, entry in base.entries.items():
                 groups.setdefault(key, []).append(entry.values_at_size)  # another size is another workload
-        sigma: dict[str, dict[str, dict[str, float]]] = {}
-        for (test, metric, mode), values in sorted(groups.items()):
-            s = pooled_sigma(values)
-            if s is not None:
-                sigma.setdefault(mode, {}).setdefault(test, {})[metric] = float(f"{s:.4g}")
+                by_board.setdefault(key, []).extend(entry.values_by_board.values())
+        sigma = _nested(groups)
+        board_sigma = _nested({k: g for k, g in by_board.items() if sum(len(v) - 1 for v in g if v) >= MIN_PRIOR_DOF})
         for path, base in zip(files, bases):
-            own: dict[str, dict[str, dict[str, float]]] = {}
-            for mode, tests in sigma.items():  # only the figures this file holds: no empty tests or modes
-                for t, ms in tests.items():
-                    mine = {m: v for m, v in ms.items() if (t, m, mode) in base.entries}
-                    if mine:
-                        own.setdefault(mode, {})[t] = mine
-            base.extra = {"reference": {"runs": Reference(base).runs(), "sigma": own}}
+            block: dict[str, Any] = {"runs": Reference(base).runs(), "sigma": _held(sigma, base)}
+            if _held(board_sigma, base):
+                block["board_sigma"] = _held(board_sigma, base)
+            base.extra = {"reference": block}
             atomic_write_text(path, base.to_json(), check=_check_text(path))
             written.append(path)
     return written
 
 
-__all__ = ["NONE", "REFERENCE_KEEP", "Built", "Reference", "ReferenceStore", "SHIPPED", "UnknownTestError", "build",
-           "count_range", "fingerprint_beside", "judged_against", "pooled_sigma", "store_for"]
+def _nested(groups: dict[EntryKey, list[list[float]]]) -> dict[str, dict[str, dict[str, float]]]:
+    """Each figure's pooled sigma of its groups (:func:`pooled_sigma`), as modes to tests to metrics."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for (test, metric, mode), values in sorted(groups.items()):
+        s = pooled_sigma(values)
+        if s is not None:
+            out.setdefault(mode, {}).setdefault(test, {})[metric] = float(f"{s:.4g}")
+    return out
+
+
+def _held(sigma: dict[str, dict[str, dict[str, float]]], base: Baseline) -> dict[str, dict[str, dict[str, float]]]:
+    """The sigmas of the figures ``base`` holds: no empty tests or modes."""
+    own: dict[str, dict[str, dict[str, float]]] = {}
+    for mode, tests in sigma.items():
+        for t, ms in tests.items():
+            mine = {m: v for m, v in ms.items() if (t, m, mode) in base.entries}
+            if mine:
+                own.setdefault(mode, {})[t] = mine
+    return own
+
+
+__all__ = ["NONE", "REFERENCE_KEEP", "Built", "Reference", "ReferenceStore", "SHIPPED", "UnknownTestError", "board_name",
+           "build", "count_range", "fingerprint_beside", "judged_against", "pooled_sigma", "sized", "store_for"]

@@ -44,6 +44,7 @@ from pytest_mig.judge.noise import (
     FLOOR,
     MIN_RUNS,
     PRIOR,
+    PRIOR_BOARD,
     PRIOR_RUNS,
     Prior,
     REFERENCE_FLOOR,
@@ -174,8 +175,9 @@ def worse_by(value: float, center: float, direction: str) -> float:
 def _sigma_text(v: Verdict) -> str:
     """'0.42%', or '5.1% (that of tokens_per_s, whose timing it shares)' where a partner's sigma was used,
     or the prior's (:class:`~pytest_mig.judge.noise.Prior`) where it was the larger."""
-    if v.sigma_of == PRIOR:
-        return (f"{_pct(v.sigma or 0.0)} (the reference's for this GPU model, across nights and boards: larger than "
+    if v.sigma_of in (PRIOR, PRIOR_BOARD):
+        where = "night to night on one board" if v.sigma_of == PRIOR_BOARD else "across nights and boards"
+        return (f"{_pct(v.sigma or 0.0)} (the reference's for this GPU model, {where}: larger than "
                 f"this history's own until it has {PRIOR_RUNS} runs)")
     if is_prior(v.sigma_of):
         return f"{_pct(v.sigma or 0.0)} ({v.sigma_of})"

@@ -19,10 +19,10 @@ from typing import Callable, Collection, Iterable, Sequence, TextIO
 
 from pytest_mig.judge.verdict import DEFAULT_TOLERANCE, format_number
 from pytest_mig.store.baselines import BaselineStore, meta_from_record
-from pytest_mig.store.history import Baseline, BaselineError
+from pytest_mig.store.history import Baseline, BaselineError, board_of
 from pytest_mig.store.reader import load_baseline_file
 from pytest_mig.common.files import FileProblem
-from pytest_mig.judge.noise import PRIOR, PRIOR_RUNS, Band, band
+from pytest_mig.judge.noise import PRIOR, PRIOR_BOARD, PRIOR_RUNS, Band, band
 from pytest_mig.judge.prior import Priors
 from pytest_mig.judge.reference import Reference, ReferenceStore
 from pytest_mig.store.results import ResultsFileError, read_results, read_results_file
@@ -194,7 +194,8 @@ def threshold_rows(base: Baseline, default_tolerance: float = DEFAULT_TOLERANCE,
     for (test, metric, mode), e in sorted(base.entries.items()):
         partners = {p.metric: p.values for p in base.timing_partners(e)}
         ref_entry = ref.get(test, metric, mode) if ref is not None else None
-        prior = priors.for_figure(base.meta, (test, metric, mode))
+        one_board = e.last is not None and e.on_board(board_of(e.last.fingerprint))
+        prior = priors.for_figure(base.meta, (test, metric, mode), one_board)
         b = band(e.values, tolerance=e.tolerance, default_tolerance=default_tolerance, partners=partners,
                  prior=prior)
         first = ref.band_for(ref_entry) if ref is not None and ref_entry is not None else None
@@ -338,7 +339,7 @@ def print_thresholds(bases: Sequence[Baseline], out: TextIO, results: Iterable[P
         if few:
             print(f"{len(few)} figure(s) have fewer than 5 runs: their band is a conservative 10% or more (as wide as "
                   f"their runs differ) until they do.", file=out)
-        borrowed = [r for r in rows if r["cv_of"] == PRIOR]
+        borrowed = [r for r in rows if r["cv_of"] in (PRIOR, PRIOR_BOARD)]
         if borrowed:
             print(f"{len(borrowed)} figure(s) take the reference's sigma, larger than this history's own, until they "
                   f"have {PRIOR_RUNS} runs: a few runs back to back understate night-to-night noise.", file=out)

@@ -9,10 +9,17 @@ is made 5% worse (direction-aware, its re-measurements alike) and judged again: 
 
 The priors a short history is judged with (:mod:`pytest_mig.judge.prior`) are computed
 **leave-one-out**, as a shipped reference computes them but from the other boards' nights only:
-the runs of each profile of the GPU model (every other board's, every session's) relative to
-their median, pooled over the profiles (:func:`pytest_mig.judge.reference.pooled_sigma`), with at
-least ``MIN_PRIOR_DOF`` degrees of freedom, as the plugin asks of a prior; an energy figure's is the larger of its own and its timing
-partners'.  So no night is judged with noise measured on its own board.
+each other board's runs of each profile of the GPU model relative to their own median, pooled
+(:func:`pytest_mig.judge.reference.pooled_sigma`), as the plugin judges a history of one board
+(every replayed series is one board's); with ``--priors across-boards``, each profile's runs over
+all the other boards instead.  Only runs at the size the night was measured at count (GEMM's
+square), at least ``MIN_PRIOR_DOF`` degrees of freedom are asked, as the plugin asks of a prior, and
+an energy figure's is the larger of its own and its timing partners'.  So no night is judged with
+noise measured on its own board.
+
+A false alarm on a figure whose night recorded no re-measurement of it (it passed when it ran, so
+the plugin took none) is counted, and named as unconfirmed: the plugin re-measures a figure before
+it fails it, which the replay cannot.
 
 Runs slowed on purpose (``--mig-slowdown-sms``) and tests that shared the GPU with another
 process (their health note names it) are left out, and so are files matching ``exclude`` (runs of
@@ -31,7 +38,9 @@ from pytest_mig.judge.noise import MIN_PRIOR_DOF, PRIOR_ELSEWHERE, Prior
 from pytest_mig.judge.pipeline import Pipeline, RecordHistories
 from pytest_mig.judge.reference import pooled_sigma
 from pytest_mig.measure import partner_keys
-from pytest_mig.store.baselines import measured_value, meta_from_record
+from pytest_mig.judge.reference import sized
+from pytest_mig.store.baselines import measured_size, measured_value, meta_from_record
+from pytest_mig.store.history import BaselineEntry
 from pytest_mig.store.results import ResultRecord, ResultsFileError, read_results
 from pytest_mig.store.verdicts import Verdict
 from pytest_mig.common.text import printable
@@ -65,6 +74,7 @@ class Length:
 
     nights: int = 0
     alarmed: int = 0  # nights with at least one false alarm
+    unconfirmed: int = 0  # ... of which every alarm is on a figure the night recorded no re-measurement of
     judged: int = 0  # figure-nights against a history (judged, or too noisy to gate)
     gating: int = 0  # ... of which gated at <= GATE
     caught: int = 0  # ... of those, a LOSS caught
@@ -77,7 +87,7 @@ def nights_of(paths: Iterable[Path], out: TextIO) -> list[Night]:
     nights: list[Night] = []
     for path in paths:
         try:
-            records = read_results(path)
+            records = sized(read_results(path))
         except (ResultsFileError, OSError) as exc:
             print(f"passed over {printable(path)}: {exc}", file=out)
             continue
@@ -107,41 +117,52 @@ def _shared(rec: ResultRecord) -> bool:
 
 class LeaveOneOut:
     """Priors from every series but the judged board's (the module docstring).  ``within_boards``:
-    each other board's runs relative to their own median, as a history of one board sees its noise,
-    instead of each profile's runs over all the other boards (``--priors within-boards``)."""
+    each other board's runs relative to their own median, as the plugin judges a history of one
+    board; else each profile's runs over all the other boards (``--priors across-boards``)."""
 
-    def __init__(self, nights: Sequence[Night], within_boards: bool = False) -> None:
+    def __init__(self, nights: Sequence[Night], within_boards: bool = True) -> None:
         self.within_boards = within_boards
-        self._values: dict[tuple[str, Key], dict[tuple[str, str], list[float]]] = {}
+        self._values: dict[tuple[str, Key], dict[tuple[str, str], list[tuple[int | None, float]]]] = {}
         self._kinds: dict[Key, str] = {}
         for night in nights:
             for r in night.records:
                 key = (r.test, r.metric.name, r.mode)
                 self._kinds[key] = r.metric.kind
                 groups = self._values.setdefault((night.model, key), {})
-                groups.setdefault((night.series[2], night.series[1]), []).append(measured_value(r))
+                groups.setdefault((night.series[2], night.series[1]), []).append(
+                    (measured_size(r.metric.info), measured_value(r)))
         self.board: str | None = None
-        self._cache: dict[tuple[str | None, str, Key], float | None] = {}
+        self._cache: dict[tuple[str | None, str, Key, int | None, bool], float | None] = {}
 
-    def _sigma(self, model: str, key: Key) -> float | None:
-        memo = (self.board, model, key)
+    def _sigma(self, model: str, key: Key, size: int | None, within: bool) -> float | None:
+        memo = (self.board, model, key, size, within)
         if memo not in self._cache:
-            by_profile: dict[str | tuple[str, str], list[float]] = {}
-            for (profile, board), values in self._values.get((model, key), {}).items():
+            by_group: dict[str | tuple[str, str], list[float]] = {}
+            for (profile, board), runs in self._values.get((model, key), {}).items():
                 if board != self.board:
-                    by_profile.setdefault((profile, board) if self.within_boards else profile, []).extend(values)
-            groups = list(by_profile.values())
+                    values = [v for s, v in runs if size is None or s is None or s == size]
+                    by_group.setdefault((profile, board) if within else profile, []).extend(values)
+            groups = list(by_group.values())
             dof = sum(len(g) - 1 for g in groups if len(g) > 1)
             self._cache[memo] = pooled_sigma(groups) if dof >= MIN_PRIOR_DOF else None
         return self._cache[memo]
 
-    def for_record(self, rec: ResultRecord) -> Prior | None:
+    def _pooled(self, rec: ResultRecord, within: bool) -> float | None:
+        """The figure's sigma, the larger of its own and its timing partners' (None: one is unknown)."""
         model = meta_from_record(rec).gpu_model
         key = (rec.test, rec.metric.name, rec.mode)
-        sigmas = [self._sigma(model, k) for k in [key, *partner_keys(key, rec.metric.kind, self._kinds)]]
-        if sigmas[0] is None or any(s is None for s in sigmas):
-            return None
-        return Prior(max(s for s in sigmas if s is not None), f"{PRIOR_ELSEWHERE}the other boards' (leave-one-out)")
+        size = measured_size(rec.metric.info)
+        sigmas = [self._sigma(model, k, size, within) for k in [key, *partner_keys(key, rec.metric.kind, self._kinds)]]
+        return None if any(s is None for s in sigmas) else max(s for s in sigmas if s is not None)
+
+    def for_record(self, rec: ResultRecord, history: BaselineEntry | None = None) -> Prior | None:
+        """On one board where the other boards' runs show it, else across boards, as the plugin
+        falls back where a reference's runs name no board."""
+        sigma = self._pooled(rec, True) if self.within_boards else None
+        where = "on one board"
+        if sigma is None:
+            sigma, where = self._pooled(rec, False), "across boards"
+        return None if sigma is None else Prior(sigma, f"{PRIOR_ELSEWHERE}the other boards', {where} (leave-one-out)")
 
 
 def _worse(rec: ResultRecord, loss: float) -> ResultRecord:
@@ -182,11 +203,13 @@ def _one_night(pipeline: Pipeline, night: Night, into: Length) -> None:
     if not judged:
         return
     into.nights += 1
-    alarms = [v for _, v in judged if v.failed]
+    alarms = [(r, v) for r, v in judged if v.failed]
     if alarms:
         into.alarmed += 1
+        into.unconfirmed += not any(_remeasured(r) for r, _ in alarms)
         into.alarms += [f"{night.series[1][:12]} {night.at[:16]} {v.test} {v.metric} {v.change_pct:+.1f}% "
-                        f"(threshold {100 * (v.threshold or 0):.1f}%)" for v in alarms]
+                        f"(threshold {100 * (v.threshold or 0):.1f}%){'' if _remeasured(r) else ', unconfirmed'}"
+                        for r, v in alarms]
     gating = [(r, v) for r, v in judged if v.gates and (v.threshold or 1) <= GATE]
     into.judged += len(judged)
     into.gating += len(gating)
@@ -194,6 +217,11 @@ def _one_night(pipeline: Pipeline, night: Night, into: Length) -> None:
         worse = [_worse(r, LOSS) for r, _ in gating]
         caught = _judge(pipeline, worse)
         into.caught += sum(1 for v in caught if v.outcome == "regressed")
+
+
+def _remeasured(rec: ResultRecord) -> bool:
+    """Whether the night recorded re-measurements of the record's figure."""
+    return rec.verdict is not None and bool(rec.verdict.confirmations)
 
 
 def _pct(a: int, b: int) -> str:
@@ -217,8 +245,11 @@ def markdown(lengths: Mapping[int, Length], nights: Sequence[Night]) -> str:
     for row in lengths.values():
         total.nights += row.nights
         total.alarmed += row.alarmed
+        total.unconfirmed += row.unconfirmed
         total.alarms += row.alarms
-    lines += ["", f"False alarms: {total.alarmed} night(s) of {total.nights}."]
+    unconfirmed = (f" ({total.unconfirmed} of them unconfirmed: no re-measurement recorded, where the plugin "
+                   f"re-measures before it fails a figure)") if total.unconfirmed else ""
+    lines += ["", f"False alarms: {total.alarmed} night(s) of {total.nights}{unconfirmed}."]
     lines += [f"- {a}" for a in total.alarms]
     return "\n".join(lines) + "\n"
 

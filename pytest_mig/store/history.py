@@ -44,6 +44,20 @@ def fingerprint_id(fp: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
+#: The fingerprint keys that name the board a run was measured on: a local run's ``gpu_uuid``, a
+#: reference run's ``board`` (an anonymous name for it, :func:`pytest_mig.judge.reference.board_name`).
+BOARD_FIELDS = ("gpu_uuid", "board")
+
+
+def board_of(fingerprint: Mapping[str, Any] | None) -> str | None:
+    """The board a fingerprint names (None: it names none)."""
+    for key in BOARD_FIELDS:
+        value = (fingerprint or {}).get(key)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
 @dataclass
 class Run:
     """One saved run of one figure."""
@@ -102,6 +116,23 @@ class BaselineEntry:
         """The values of the runs measured at :attr:`size` (all of them where no run names a size)."""
         size = self.size
         return [r.value for r in self.runs if size is None or r.size == size]
+
+    @property
+    def values_by_board(self) -> dict[str, list[float]]:
+        """The values at :attr:`size` by the board each run was measured on (:func:`board_of`); runs
+        that name none are left out."""
+        size = self.size
+        out: dict[str, list[float]] = {}
+        for r in self.runs:
+            board = board_of(r.fingerprint)
+            if board is not None and (size is None or r.size == size):
+                out.setdefault(board, []).append(r.value)
+        return out
+
+    def on_board(self, board: str | None) -> bool:
+        """Whether every run was measured on ``board`` (a history of one board's nights, which a
+        prior of night-to-night noise on one board speaks for)."""
+        return board is not None and bool(self.runs) and all(board_of(r.fingerprint) == board for r in self.runs)
 
     @property
     def size(self) -> int | None:
@@ -337,7 +368,7 @@ def check_throttled(path: Path, where: str, raw: Any) -> list[str]:
 
 
 __all__ = [
-    "ADVICE", "BASELINE_SCHEMA", "DEFAULT_KEEP", "Baseline", "BaselineEntry", "BaselineError", "BaselineMeta", "EntryKey",
+    "ADVICE", "BASELINE_SCHEMA", "BOARD_FIELDS", "DEFAULT_KEEP", "Baseline", "BaselineEntry", "BaselineError", "BaselineMeta", "EntryKey",
     "Run", "SaveResult", "check_fingerprint", "check_header", "check_number", "check_size", "check_throttled", "check_tolerance",
-    "fingerprint_id", "is_size", "round_figure",
+    "board_of", "fingerprint_id", "is_size", "round_figure",
 ]
