@@ -31,8 +31,9 @@ measures on the GPU):
   :mod:`pytest_mig.judge.prior`), pooled from at least ``MIN_PRIOR_DOF`` (4) degrees of freedom.
   Sigma is the larger of the prior, the few runs' own sample standard deviation and their timing
   partners', and the threshold is ``K`` x sigma x sqrt(1 + 1/n): a new run differs from the mean
-  of n runs by sigma x sqrt(1 + 1/n), so one run in the history widens the band by 41%, four by 12%.  Where that threshold is within the
-  tolerance the figure gates from the second night; where it is wider, the band is the conservative
+  of n runs by sigma x sqrt(1 + 1/n), so one run in the history widens the band by 41%, four by
+  12%.  Where that threshold is within the tolerance the figure gates from the second night; where
+  it is wider, the band is the conservative
   one below (it never judges a noisy figure at its tolerance on a handful of runs).  With no prior
   at all (no reference knows the figure or its kind), **too few runs** give no usable estimate of
   sigma: the band is at least ``FEW_RUNS_BAND`` (10%), wider when the few runs already differ

@@ -38,7 +38,7 @@ from typing import Iterable, Protocol
 
 from pytest_mig.device.profiles import CPU
 from pytest_mig.judge.noise import PRIOR, PRIOR_BOARD, PRIOR_ELSEWHERE, Prior
-from pytest_mig.judge.reference import SHIPPED, Reference, ReferenceStore
+from pytest_mig.judge.reference import SHIPPED, Reference, ReferenceStore, pooled_dof
 from pytest_mig.store.baselines import meta_from_record
 from pytest_mig.store.history import BaselineEntry, BaselineError, BaselineMeta, board_of
 from pytest_mig.store.results import ResultRecord
@@ -125,7 +125,7 @@ class Priors:
                     by_model = self._figures.setdefault((entry.test, entry.metric, entry.mode), {})
                     held = by_model.setdefault(model, _Pooled(sigma, 0, ref.board_sigma_for(entry), 0))
                     held.dof += max(len(entry.runs) - 1, 0)  # the sigmas are pooled over the model's files alike
-                    held.board_dof += sum(len(v) - 1 for v in entry.values_by_board.values() if v)
+                    held.board_dof += pooled_dof(entry.values_by_board.values())
         return self._figures
 
 

@@ -19,12 +19,14 @@ profile's runs relative to their own median): a figure too noisy on one profile 
 any.  ``board_sigma`` is the same pooled over each board's runs of each profile, each relative to
 their own median: the night-to-night noise one board shows, without the spread between boards,
 kept where it is pooled from at least ``MIN_PRIOR_DOF`` degrees of freedom; a site's history of one
-board is judged with it (:mod:`pytest_mig.judge.prior`).  Where a figure's runs name the problem size they were measured at (GEMM's square), only those
-at the size it is judged at count (:attr:`~pytest_mig.store.history.BaselineEntry.size`).  ``pytest-mig reference FILES... --out DIR`` builds such a folder from results files (the
-shipped one, or a site's own fleet reference, used with ``--mig-reference DIR``).  The boards'
-identities (UUIDs) are not kept: each run names its board by an anonymous ``board`` in its
-fingerprint (:func:`board_name`), which tells one board's runs from another's and nothing more.  A figure a
-run re-measured enters as the median of its measurements (:func:`_as_reference`).
+board is judged with it (:mod:`pytest_mig.judge.prior`).  Where a figure's runs name the problem
+size they were measured at (GEMM's square), only those at the size it is judged at count
+(:attr:`~pytest_mig.store.history.BaselineEntry.size`).  ``pytest-mig reference FILES... --out DIR``
+builds such a folder from results files (the shipped one, or a site's own fleet reference, used with
+``--mig-reference DIR``).  The boards' identities (UUIDs) are not kept: each run names its board by
+an anonymous ``board`` in its fingerprint (:func:`board_name`), which tells one board's runs from
+another's and nothing more.  A figure a run re-measured enters as the median of its measurements
+(:func:`_as_reference`).
 """
 
 from __future__ import annotations
@@ -346,6 +348,11 @@ def pooled_sigma(groups: Iterable[Sequence[float]]) -> float | None:
     return sigma if sigma is not None and sigma <= MAX_NUMBER else None
 
 
+def pooled_dof(groups: Iterable[Sequence[float]]) -> int:
+    """The degrees of freedom runs in ``groups`` give a pooled sigma: each group's runs less one."""
+    return sum(len(g) - 1 for g in groups if g)
+
+
 def sized(records: Sequence[ResultRecord]) -> list[ResultRecord]:
     """The records, each compared figure of a test's run given the size the run measured at where one
     of its figures names a single one (results files keep it with the headline only: GEMM's
@@ -465,11 +472,12 @@ def _write_sigma(store: BaselineStore) -> list[Path]:
                 groups.setdefault(key, []).append(entry.values_at_size)  # another size is another workload
                 by_board.setdefault(key, []).extend(entry.values_by_board.values())
         sigma = _nested(groups)
-        board_sigma = _nested({k: g for k, g in by_board.items() if sum(len(v) - 1 for v in g if v) >= MIN_PRIOR_DOF})
+        board_sigma = _nested({k: g for k, g in by_board.items() if pooled_dof(g) >= MIN_PRIOR_DOF})
         for path, base in zip(files, bases):
             block: dict[str, Any] = {"runs": Reference(base).runs(), "sigma": _held(sigma, base)}
-            if _held(board_sigma, base):
-                block["board_sigma"] = _held(board_sigma, base)
+            on_one_board = _held(board_sigma, base)
+            if on_one_board:
+                block["board_sigma"] = on_one_board
             base.extra = {"reference": block}
             atomic_write_text(path, base.to_json(), check=_check_text(path))
             written.append(path)
@@ -498,4 +506,5 @@ def _held(sigma: dict[str, dict[str, dict[str, float]]], base: Baseline) -> dict
 
 
 __all__ = ["NONE", "REFERENCE_KEEP", "Built", "Reference", "ReferenceStore", "SHIPPED", "UnknownTestError", "board_name",
-           "build", "count_range", "fingerprint_beside", "judged_against", "pooled_sigma", "sized", "store_for"]
+           "build", "count_range", "fingerprint_beside", "judged_against", "pooled_dof", "pooled_sigma", "sized",
+           "store_for"]

@@ -36,9 +36,8 @@ from typing import Iterable, Mapping, Sequence, TextIO
 
 from pytest_mig.judge.noise import MIN_PRIOR_DOF, PRIOR_ELSEWHERE, Prior
 from pytest_mig.judge.pipeline import Pipeline, RecordHistories
-from pytest_mig.judge.reference import pooled_sigma
+from pytest_mig.judge.reference import pooled_dof, pooled_sigma, sized
 from pytest_mig.measure import partner_keys
-from pytest_mig.judge.reference import sized
 from pytest_mig.store.baselines import measured_size, measured_value, meta_from_record
 from pytest_mig.store.history import BaselineEntry
 from pytest_mig.store.results import ResultRecord, ResultsFileError, read_results
@@ -143,8 +142,7 @@ class LeaveOneOut:
                     values = [v for s, v in runs if size is None or s is None or s == size]
                     by_group.setdefault((profile, board) if within else profile, []).extend(values)
             groups = list(by_group.values())
-            dof = sum(len(g) - 1 for g in groups if len(g) > 1)
-            self._cache[memo] = pooled_sigma(groups) if dof >= MIN_PRIOR_DOF else None
+            self._cache[memo] = pooled_sigma(groups) if pooled_dof(groups) >= MIN_PRIOR_DOF else None
         return self._cache[memo]
 
     def _pooled(self, rec: ResultRecord, within: bool) -> float | None:
