@@ -11,11 +11,11 @@ import pytest
 from pytest_mig.judge.noise import FEW_RUNS_BAND, FLOOR, K, MIN_RUNS, PRIOR, PRIOR_BOARD, PRIOR_ELSEWHERE, Prior, band
 from pytest_mig.judge.pipeline import Pipeline, RecordHistories
 from pytest_mig.judge.prior import Priors
-from pytest_mig.judge.reference import SHIPPED, ReferenceStore
+from pytest_mig.judge.reference import SHIPPED, ReferenceStore, build
 from pytest_mig.measure import Metric
 from pytest_mig.device.target import TargetInfo
 from pytest_mig.store.baselines import entry_from_records
-from pytest_mig.store.results import ResultRecord
+from pytest_mig.store.results import ResultRecord, write_results
 
 GEMM = "benchmarks/test_gemm.py::test_gemm[bf16]"
 FMA = "benchmarks/test_cuda_cores.py::test_cuda_core_fma[fp32]"
@@ -222,3 +222,68 @@ def test_a_model_with_no_reference_borrows_the_one_board_sigma_for_a_one_board_h
     across = Priors(ReferenceStore(SHIPPED)).for_record(first)
     assert one is not None and across is not None and one.sigma < across.sigma
     assert "night to night on one board" in one.source and "across nights and boards" in across.source
+
+
+# --------------------------------------------------------------------------- a reference too thin to say
+
+
+def thin_and_full(tmp_path: Path, runs_a100: int) -> ReferenceStore:
+    """A reference folder where the H200 holds an FMA figure from two runs (1 degree of freedom) and
+    an A100 from ``runs_a100`` runs of two boards."""
+    files = []
+    for gpu, runs, noise in (("NVIDIA H200", 2, 0.0001), ("NVIDIA A100-SXM4-80GB", runs_a100, 0.004)):
+        for n in range(runs):
+            r = rec(19.0 * (1 + noise * (n % 3 - 1)), gpu=gpu, test=FMA, name="fp32_fma_tflops", kind="compute")
+            fp = {"driver": "580.159.04", "gpu_uuid": f"GPU-{gpu[-4:]}-{n % 2}"}
+            path = tmp_path / f"{gpu[-4:]}-{n}.json"
+            write_results(path, [replace(r, fingerprint=fp, timestamp=f"2026-01-{n + 1:02d}T00:00:00+00:00")])
+            files.append(path)
+    build(files, tmp_path / "ref")
+    (tmp_path / "none").mkdir()
+    return ReferenceStore(tmp_path / "ref")
+
+
+def priors(tmp_path: Path) -> Priors:
+    """Priors from that folder alone (no shipped reference asked)."""
+    return Priors(ReferenceStore(tmp_path / "ref"), shipped=ReferenceStore(tmp_path / "none"))
+
+
+def test_a_model_whose_reference_holds_a_figure_from_too_few_runs_borrows_a_model_that_knows_it(
+        tmp_path: Path) -> None:
+    """The H200 reference holds the figure from two runs that happen to agree: no evidence of its noise.
+    The A100's, from ten runs, judges its short history instead, and the verdict says so."""
+    refs = thin_and_full(tmp_path, 10)
+    h200 = rec(19.0, gpu="NVIDIA H200", test=FMA, name="fp32_fma_tflops", kind="compute")
+    p = priors(tmp_path).for_record(h200)
+    a100 = priors(tmp_path).for_record(rec(19.0, gpu="NVIDIA A100-SXM4-80GB", test=FMA,
+                                                     name="fp32_fma_tflops", kind="compute"))
+    assert p is not None and a100 is not None and p.judges_short and p.sigma == a100.sigma
+    assert p.source.startswith(PRIOR_ELSEWHERE) and "of NVIDIA A100-SXM4-80GB;" in p.source
+    assert "this GPU model's reference holds too few runs of it (1 degree of freedom)" in p.source
+    pipeline = Pipeline(RecordHistories([[h200]]), references=refs, priors=priors(tmp_path))
+    slow = pipeline.judge([replace(h200, metric=replace(h200.metric, value=19.0 * 0.91))],
+                          remeasure=lambda: {"fp32_fma_tflops": [17.3, 17.29]})[0]
+    assert slow.outcome == "regressed" and slow.basis == "short"  # a 9% loss: the flat 10% band missed it
+
+
+def test_a_thin_prior_with_no_model_to_borrow_from_leaves_the_conservative_band(tmp_path: Path) -> None:
+    thin_and_full(tmp_path, 3)  # the A100 too: 2 degrees of freedom
+    h200 = rec(19.0, gpu="NVIDIA H200", test=FMA, name="fp32_fma_tflops", kind="compute")
+    p = priors(tmp_path).for_record(h200)
+    assert p is not None and p.source == PRIOR and not p.judges_short
+    verdict = Pipeline(RecordHistories([[h200]]), priors=priors(tmp_path)).judge([h200])[0]
+    assert verdict.threshold == pytest.approx(FEW_RUNS_BAND) and verdict.basis == "few-runs"
+
+
+def test_a_sites_folder_copied_from_the_shipped_one_does_not_count_its_runs_twice(tmp_path: Path) -> None:
+    """A site that copied the shipped folder and gives it as --mig-reference: each model's runs are
+    counted from one folder, so two runs stay too few to judge with."""
+    import shutil
+
+    thin_and_full(tmp_path, 3)  # the H200 from 2 runs, the A100 from 3: neither known well enough
+    shutil.copytree(tmp_path / "ref", tmp_path / "copy")
+    doubled = Priors(ReferenceStore(tmp_path / "copy"), shipped=ReferenceStore(tmp_path / "ref"))
+    h200 = rec(19.0, gpu="NVIDIA H200", test=FMA, name="fp32_fma_tflops", kind="compute")
+    p = doubled.for_record(h200)
+    assert p is not None and p.dof == 1 and not p.judges_short
+    assert doubled.for_record(h200) == priors(tmp_path).for_record(h200)

@@ -97,6 +97,28 @@ def test_the_prior_never_comes_from_the_judged_board(tmp_path: Path) -> None:
     assert LeaveOneOut(nights_one).for_record(rec) is None
 
 
+def test_a_gpu_model_whose_other_boards_hold_too_little_borrows_another_models_prior(tmp_path: Path) -> None:
+    """The judged H200's other board holds 1 degree of freedom: the prior is the A100's, as the plugin
+    borrows it; with no model that holds enough, none."""
+    def h200(r: ResultRecord) -> ResultRecord:
+        t = TargetInfo.from_dict({**r.target.to_dict(), "gpu_name": "NVIDIA H200", "gpu_slug": "nvidia-h200"})
+        return replace(r, target=t)
+
+    runs = [h200(night(19.0, "GPU-0", 1)), h200(night(19.0, "GPU-0", 2)),
+            h200(night(19.0, "GPU-1", 1)), h200(night(19.02, "GPU-1", 2)),
+            *[night(19.0 * (1 + 0.003 * (n % 3 - 1)), "GPU-2", n + 1) for n in range(5)]]
+    for i, r in enumerate(runs):
+        write_results(tmp_path / f"{r.target.uuid}-{i}.json", [r])
+    nights = nights_of(sorted(tmp_path.glob("*.json")), open("/dev/null", "w"))
+    priors = LeaveOneOut(nights)
+    priors.board = "GPU-0"
+    assert priors._on(runs[0], "NVIDIA H200")[0] is None  # its model's other board: 1 dof, too little
+    borrowed = priors.for_record(runs[0])
+    assert borrowed is not None and "of other GPU models" in borrowed.source
+    assert borrowed.sigma == pytest.approx(0.003, rel=0.2)  # the A100's night-to-night noise
+    assert LeaveOneOut([n for n in nights if n.model == "NVIDIA H200"]).for_record(runs[0]) is None
+
+
 def test_priors_within_boards_leave_out_the_spread_between_boards(tmp_path: Path, capsys) -> None:
     """Two other boards 4% apart, each steady: across boards their spread is the prior; within boards
     only each board's own night-to-night noise is (``--priors within-boards``)."""

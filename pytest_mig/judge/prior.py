@@ -19,7 +19,10 @@ from, most specific first:
 3. **The same figure on the GPU models that have a reference** (a GPU model with no reference: an
    A100, an L40S, a B200): the largest of their sigmas.  The figure's noise comes mostly from the
    workload's own timing (launches, the host, the energy window), which a GPU model does not change
-   much; the largest is the cautious side.
+   much; the largest is the cautious side.  So too where the model's own reference holds the figure
+   from fewer than ``MIN_PRIOR_DOF`` degrees of freedom (a figure added or redefined since its runs
+   were taken), which says nothing of its noise: the largest of the models that hold it from
+   enough, if any; else the thin prior stands, and the band ignores it.
 
 A figure no reference holds (a site's own benchmark) has no prior: its first runs are judged with
 the conservative band of :func:`~pytest_mig.judge.noise.band` until they can measure its noise, since
@@ -37,7 +40,7 @@ from dataclasses import dataclass
 from typing import Iterable, Protocol
 
 from pytest_mig.device.profiles import CPU
-from pytest_mig.judge.noise import PRIOR, PRIOR_BOARD, PRIOR_ELSEWHERE, Prior
+from pytest_mig.judge.noise import MIN_PRIOR_DOF, PRIOR, PRIOR_BOARD, PRIOR_ELSEWHERE, Prior
 from pytest_mig.judge.reference import SHIPPED, Reference, ReferenceStore, pooled_dof
 from pytest_mig.store.baselines import meta_from_record
 from pytest_mig.store.history import BaselineEntry, BaselineError, BaselineMeta, board_of
@@ -77,11 +80,23 @@ class Priors:
         if meta.gpu_slug == CPU:
             return None
         own = self._own(meta, key, one_board)
-        if own is not None:
+        if own is not None and own.judges_short:
             return own
         others = {m: p.on(one_board) for m, p in self._table().get(key, {}).items()}
         where = "night to night on one board" if one_board else "across nights and boards"
         model = meta.gpu_model
+        if own is not None:
+            # The model's reference holds the figure from too few runs to say how noisy it is (a figure
+            # added or redefined since its runs were taken): the models that know it well speak instead.
+            known = {m: sd for m, sd in others.items() if m != model and sd[1] >= MIN_PRIOR_DOF}
+            if not known:
+                return own
+            name = max(known, key=lambda m: known[m][0])
+            sigma, dof = known[name]
+            whose = name if len(known) == 1 else f"{_names(known)}, the largest ({name})"
+            thin = f"{own.dof} degree{'' if own.dof == 1 else 's'} of freedom"
+            return Prior(sigma, f"{PRIOR_ELSEWHERE}this figure's {where} of {whose}; this GPU model's reference "
+                                f"holds too few runs of it ({thin})", dof)
         if model in others:
             sigma, dof = others[model]
             return Prior(sigma, f"{PRIOR_ELSEWHERE}this figure's {where} of {model}'s "
@@ -178,10 +193,16 @@ def _shipped_like(references: ReferenceStore | None) -> ReferenceStore | None:
 
 
 def _all(*stores: ReferenceStore | None) -> Iterable[Reference]:
-    """Every readable reference of the stores."""
+    """Every readable reference of the stores, a GPU model's from the first store that holds it: a
+    site's folder made from a copy of the shipped one would otherwise count its runs twice, and a
+    figure held from too few runs would pass for one known well enough."""
+    seen: set[str] = set()
     for store in stores:
-        if store is not None:
-            yield from store.references(skip_broken=True)
+        if store is None:
+            continue
+        refs = store.references(skip_broken=True)
+        yield from (ref for ref in refs if ref.baseline.meta.gpu_model not in seen)
+        seen |= {ref.baseline.meta.gpu_model for ref in refs}
 
 
 def _names(models: dict[str, float]) -> str:

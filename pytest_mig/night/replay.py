@@ -123,6 +123,7 @@ class LeaveOneOut:
         self.within_boards = within_boards
         self._values: dict[tuple[str, Key], dict[tuple[str, str], list[tuple[int | None, float]]]] = {}
         self._kinds: dict[Key, str] = {}
+        self._models = {night.model for night in nights}
         for night in nights:
             for r in night.records:
                 key = (r.test, r.metric.name, r.mode)
@@ -145,21 +146,31 @@ class LeaveOneOut:
             self._cache[memo] = pooled_sigma(groups) if pooled_dof(groups) >= MIN_PRIOR_DOF else None
         return self._cache[memo]
 
-    def _pooled(self, rec: ResultRecord, within: bool) -> float | None:
-        """The figure's sigma, the larger of its own and its timing partners' (None: one is unknown)."""
-        model = meta_from_record(rec).gpu_model
+    def _pooled(self, rec: ResultRecord, model: str, within: bool) -> float | None:
+        """The figure's sigma on ``model``'s other boards, the larger of its own and its timing
+        partners' (None: one is unknown)."""
         key = (rec.test, rec.metric.name, rec.mode)
         size = measured_size(rec.metric.info)
         sigmas = [self._sigma(model, k, size, within) for k in [key, *partner_keys(key, rec.metric.kind, self._kinds)]]
         return None if any(s is None for s in sigmas) else max(s for s in sigmas if s is not None)
 
-    def for_record(self, rec: ResultRecord, history: BaselineEntry | None = None) -> Prior | None:
-        """On one board where the other boards' runs show it, else across boards, as the plugin
+    def _on(self, rec: ResultRecord, model: str) -> tuple[float | None, str]:
+        """On one board where ``model``'s other boards show it, else across boards, as the plugin
         falls back where a reference's runs name no board."""
-        sigma = self._pooled(rec, True) if self.within_boards else None
-        where = "on one board"
+        sigma = self._pooled(rec, model, True) if self.within_boards else None
+        if sigma is not None:
+            return sigma, "on one board"
+        return self._pooled(rec, model, False), "across boards"
+
+    def for_record(self, rec: ResultRecord, history: BaselineEntry | None = None) -> Prior | None:
+        """The other boards' sigma of the judged board's GPU model; where they hold too few runs of
+        the figure, the largest of the other GPU models' that hold enough, as the plugin borrows them."""
+        model = meta_from_record(rec).gpu_model
+        sigma, where = self._on(rec, model)
         if sigma is None:
-            sigma, where = self._pooled(rec, False), "across boards"
+            borrowed = [s for m in sorted(self._models - {model}) for s, _ in [self._on(rec, m)] if s is not None]
+            if borrowed:
+                sigma, where = max(borrowed), "of other GPU models"
         return None if sigma is None else Prior(sigma, f"{PRIOR_ELSEWHERE}the other boards', {where} (leave-one-out)")
 
 
