@@ -258,8 +258,8 @@ def test_a_model_whose_reference_holds_a_figure_from_too_few_runs_borrows_a_mode
     a100 = priors(tmp_path).for_record(rec(19.0, gpu="NVIDIA A100-SXM4-80GB", test=FMA,
                                                      name="fp32_fma_tflops", kind="compute"))
     assert p is not None and a100 is not None and p.judges_short and p.sigma == a100.sigma
-    assert p.source.startswith(PRIOR_ELSEWHERE) and "of NVIDIA A100-SXM4-80GB;" in p.source
-    assert "this GPU model's reference holds too few runs of it (1 degree of freedom)" in p.source
+    assert p.source.startswith(PRIOR_ELSEWHERE) and "the noise across nights and boards of NVIDIA A100-SXM4-80GB;" in p.source
+    assert "this GPU model's reference holds too few runs of the figure (1 degree of freedom)" in p.source
     pipeline = Pipeline(RecordHistories([[h200]]), references=refs, priors=priors(tmp_path))
     slow = pipeline.judge([replace(h200, metric=replace(h200.metric, value=19.0 * 0.91))],
                           remeasure=lambda: {"fp32_fma_tflops": [17.3, 17.29]})[0]
@@ -287,3 +287,43 @@ def test_a_sites_folder_copied_from_the_shipped_one_does_not_count_its_runs_twic
     p = doubled.for_record(h200)
     assert p is not None and p.dof == 1 and not p.judges_short
     assert doubled.for_record(h200) == priors(tmp_path).for_record(h200)
+
+
+def test_a_thin_prior_larger_than_the_borrowed_one_is_kept(tmp_path: Path) -> None:
+    """Two runs 4% apart say the figure is noisy as surely as two that agree say nothing: the
+    borrowed sigma never replaces a larger thin one (a 3.5% dip would otherwise fail at 1%)."""
+    files = []
+    for gpu, values in (("NVIDIA H200", [19.0, 19.76]), ("NVIDIA A100-SXM4-80GB", [19.0, 19.01, 18.99] * 3)):
+        for n, v in enumerate(values):
+            r = rec(v, gpu=gpu, test=FMA, name="fp32_fma_tflops", kind="compute")
+            path = tmp_path / f"{gpu[-4:]}-{n}.json"
+            write_results(path, [replace(r, timestamp=f"2026-01-{n + 1:02d}T00:00:00+00:00")])
+            files.append(path)
+    build(files, tmp_path / "ref")
+    (tmp_path / "none").mkdir()
+    h200 = rec(19.0, gpu="NVIDIA H200", test=FMA, name="fp32_fma_tflops", kind="compute")
+    p = priors(tmp_path).for_record(h200)
+    assert p is not None and p.sigma > 0.02 and p.judges_short
+    assert "this GPU model's reference, from too few runs (1 degree of freedom), larger than" in p.source
+    pipeline = Pipeline(RecordHistories([[h200], [h200]]), priors=priors(tmp_path))
+    dip = pipeline.judge([replace(h200, metric=replace(h200.metric, value=19.0 * 0.965))],
+                         remeasure=lambda: {"fp32_fma_tflops": [18.34, 18.33]})[0]
+    assert dip.outcome == "pass" and (dip.threshold or 0) >= FEW_RUNS_BAND
+
+
+def test_a_site_folder_holding_a_model_thinly_borrows_its_shipped_reference_first(tmp_path: Path) -> None:
+    """A site's folder with two H100 runs of a figure hides the shipped H100 reference: the thin
+    branch asks it before other models (it knows this model's noise)."""
+    site = tmp_path / "site"
+    files = []
+    for n in range(2):
+        path = tmp_path / f"h100-{n}.json"
+        write_results(path, [replace(rec(65.0, test=FMA, name="fp32_fma_tflops", kind="compute"),
+                                     timestamp=f"2026-01-{n + 1:02d}T00:00:00+00:00")])
+        files.append(path)
+    build(files, site)
+    h100 = rec(65.0, test=FMA, name="fp32_fma_tflops", kind="compute")
+    p = Priors(ReferenceStore(site)).for_record(h100)  # the shipped references asked too
+    shipped = Priors(None).for_record(h100)
+    assert p is not None and shipped is not None and p.judges_short
+    assert "NVIDIA H100 80GB HBM3's shipped reference" in p.source and p.sigma >= shipped.sigma

@@ -117,6 +117,12 @@ def test_a_gpu_model_whose_other_boards_hold_too_little_borrows_another_models_p
     assert borrowed is not None and "of other GPU models" in borrowed.source
     assert borrowed.sigma == pytest.approx(0.003, rel=0.2)  # the A100's night-to-night noise
     assert LeaveOneOut([n for n in nights if n.model == "NVIDIA H200"]).for_record(runs[0]) is None
+    noisy = replace(runs[3], metric=replace(runs[3].metric, value=19.8))  # GPU-1's two nights 4% apart
+    write_results(tmp_path / "GPU-1-3.json", [noisy])
+    priors = LeaveOneOut(nights_of(sorted(tmp_path.glob("*.json")), open("/dev/null", "w")))
+    priors.board = "GPU-0"
+    kept = priors.for_record(runs[0])
+    assert kept is not None and kept.sigma > 0.02  # never below the few runs' own spread
 
 
 def test_priors_within_boards_leave_out_the_spread_between_boards(tmp_path: Path, capsys) -> None:

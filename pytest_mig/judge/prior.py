@@ -21,8 +21,9 @@ from, most specific first:
    workload's own timing (launches, the host, the energy window), which a GPU model does not change
    much; the largest is the cautious side.  So too where the model's own reference holds the figure
    from fewer than ``MIN_PRIOR_DOF`` degrees of freedom (a figure added or redefined since its runs
-   were taken), which says nothing of its noise: the largest of the models that hold it from
-   enough, if any; else the thin prior stands, and the band ignores it.
+   were taken), too few to show it quiet: the largest of the sigmas known from enough (the other
+   models', and the model's own in the shipped references where a site's folder hid them), never
+   below the thin one; with none, the thin prior stands, and the band ignores it.
 
 A figure no reference holds (a site's own benchmark) has no prior: its first runs are judged with
 the conservative band of :func:`~pytest_mig.judge.noise.band` until they can measure its noise, since
@@ -63,7 +64,7 @@ class Priors:
     def __init__(self, references: ReferenceStore | None, shipped: ReferenceStore | None = None) -> None:
         self.references = references
         self.shipped = shipped if shipped is not None else _shipped_like(references)
-        self._figures: dict[Figure, dict[str, _Pooled]] | None = None
+        self._figures: dict[tuple[ReferenceStore | None, ...], dict[Figure, dict[str, _Pooled]]] = {}
 
     def for_record(self, rec: ResultRecord, history: BaselineEntry | None = None) -> Prior | None:
         """The prior of the record's figure judged against ``history``, its runs so far (None: no
@@ -86,17 +87,7 @@ class Priors:
         where = "night to night on one board" if one_board else "across nights and boards"
         model = meta.gpu_model
         if own is not None:
-            # The model's reference holds the figure from too few runs to say how noisy it is (a figure
-            # added or redefined since its runs were taken): the models that know it well speak instead.
-            known = {m: sd for m, sd in others.items() if m != model and sd[1] >= MIN_PRIOR_DOF}
-            if not known:
-                return own
-            name = max(known, key=lambda m: known[m][0])
-            sigma, dof = known[name]
-            whose = name if len(known) == 1 else f"{_names(known)}, the largest ({name})"
-            thin = f"{own.dof} degree{'' if own.dof == 1 else 's'} of freedom"
-            return Prior(sigma, f"{PRIOR_ELSEWHERE}this figure's {where} of {whose}; this GPU model's reference "
-                                f"holds too few runs of it ({thin})", dof)
+            return self._thin(own, meta, key, one_board, others, where)
         if model in others:
             sigma, dof = others[model]
             return Prior(sigma, f"{PRIOR_ELSEWHERE}this figure's {where} of {model}'s "
@@ -107,6 +98,31 @@ class Priors:
             return Prior(sigma, f"{PRIOR_ELSEWHERE}this figure's {where} of "
                                 f"{_names(others)}, the largest ({name}); no reference for this GPU model", dof)
         return None
+
+    def _thin(self, own: Prior, meta: BaselineMeta, key: Figure, one_board: bool,
+              others: dict[str, tuple[float, int]], where: str) -> Prior:
+        """The prior of a figure its model's reference holds from too few runs to say how noisy it is
+        (a figure added or redefined since its runs were taken): the largest of the sigmas known well
+        enough, the model's own in the shipped references (where a site's folder hid them) and the
+        other models', but never below the thin one (two runs far apart are evidence of noise too).
+        With none known well enough, the thin prior itself (the band then ignores it)."""
+        model = meta.gpu_model
+        known = {m: sd for m, sd in others.items() if m != model and sd[1] >= MIN_PRIOR_DOF}
+        if self.references is not None and self.shipped is not None:
+            shipped = self._table((self.shipped,)).get(key, {}).get(model)
+            if shipped is not None and shipped.on(one_board)[1] >= MIN_PRIOR_DOF:
+                known[f"{model}'s shipped reference"] = shipped.on(one_board)
+        if not known:
+            return own
+        name = max(known, key=lambda m: known[m][0])
+        sigma, dof = known[name]
+        whose = name if len(known) == 1 else f"{_names(known)}, the largest ({name})"
+        thin = f"{own.dof} degree{'' if own.dof == 1 else 's'} of freedom"
+        if own.sigma > sigma:
+            return Prior(own.sigma, f"{PRIOR_ELSEWHERE}this GPU model's reference, from too few runs ({thin}), "
+                                    f"larger than the noise {where} of {whose}", dof)
+        return Prior(sigma, f"{PRIOR_ELSEWHERE}the noise {where} of {whose}; this GPU model's reference "
+                            f"holds too few runs of the figure ({thin})", dof)
 
     def _own(self, meta: BaselineMeta, key: Figure, one_board: bool) -> Prior | None:
         """The prior from the reference of the figure's own GPU model and profile."""
@@ -125,23 +141,25 @@ class Priors:
                 break  # a site's own reference folder speaks for its GPU models: the shipped one is not asked
         return None
 
-    def _table(self) -> dict[Figure, dict[str, _Pooled]]:
-        """Every figure's sigmas in the references, by GPU model, with the degrees of freedom they
-        were pooled from (each of the model's files adds its runs of the figure less one; on one
-        board, each board's runs less one)."""
-        if self._figures is None:
-            self._figures = {}
-            for ref in _all(self.references, self.shipped):
+    def _table(self, stores: tuple[ReferenceStore | None, ...] | None = None) -> dict[Figure, dict[str, _Pooled]]:
+        """Every figure's sigmas in the references of ``stores`` (the site's and the shipped ones where
+        None), by GPU model, with the degrees of freedom they were pooled from (each of the model's
+        files adds its runs of the figure less one; on one board, each board's runs less one)."""
+        stores = stores if stores is not None else (self.references, self.shipped)
+        if stores not in self._figures:
+            table: dict[Figure, dict[str, _Pooled]] = {}
+            for ref in _all(*stores):
                 model = ref.baseline.meta.gpu_model
                 for entry in ref.baseline.entries.values():
                     sigma = ref.band_for(entry).sigma
                     if sigma is None:
                         continue
-                    by_model = self._figures.setdefault((entry.test, entry.metric, entry.mode), {})
+                    by_model = table.setdefault((entry.test, entry.metric, entry.mode), {})
                     held = by_model.setdefault(model, _Pooled(sigma, 0, ref.board_sigma_for(entry), 0))
                     held.dof += max(len(entry.runs) - 1, 0)  # the sigmas are pooled over the model's files alike
                     held.board_dof += pooled_dof(entry.values_by_board.values())
-        return self._figures
+            self._figures[stores] = table
+        return self._figures[stores]
 
 
 @dataclass

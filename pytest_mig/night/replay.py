@@ -132,9 +132,12 @@ class LeaveOneOut:
                 groups.setdefault((night.series[2], night.series[1]), []).append(
                     (measured_size(r.metric.info), measured_value(r)))
         self.board: str | None = None
-        self._cache: dict[tuple[str | None, str, Key, int | None, bool], float | None] = {}
+        self._cache: dict[tuple[str | None, str, Key, int | None, bool], tuple[float | None, int]] = {}
 
-    def _sigma(self, model: str, key: Key, size: int | None, within: bool) -> float | None:
+    def _sigma(self, model: str, key: Key, size: int | None, within: bool,
+               thin: bool = False) -> float | None:
+        """The figure's pooled sigma on ``model``'s other boards; from fewer than ``MIN_PRIOR_DOF``
+        degrees of freedom only where ``thin`` (else None)."""
         memo = (self.board, model, key, size, within)
         if memo not in self._cache:
             by_group: dict[str | tuple[str, str], list[float]] = {}
@@ -143,15 +146,17 @@ class LeaveOneOut:
                     values = [v for s, v in runs if size is None or s is None or s == size]
                     by_group.setdefault((profile, board) if within else profile, []).extend(values)
             groups = list(by_group.values())
-            self._cache[memo] = pooled_sigma(groups) if pooled_dof(groups) >= MIN_PRIOR_DOF else None
-        return self._cache[memo]
+            self._cache[memo] = (pooled_sigma(groups), pooled_dof(groups))
+        sigma, dof = self._cache[memo]
+        return sigma if thin or dof >= MIN_PRIOR_DOF else None
 
-    def _pooled(self, rec: ResultRecord, model: str, within: bool) -> float | None:
+    def _pooled(self, rec: ResultRecord, model: str, within: bool, thin: bool = False) -> float | None:
         """The figure's sigma on ``model``'s other boards, the larger of its own and its timing
         partners' (None: one is unknown)."""
         key = (rec.test, rec.metric.name, rec.mode)
         size = measured_size(rec.metric.info)
-        sigmas = [self._sigma(model, k, size, within) for k in [key, *partner_keys(key, rec.metric.kind, self._kinds)]]
+        sigmas = [self._sigma(model, k, size, within, thin)
+                  for k in [key, *partner_keys(key, rec.metric.kind, self._kinds)]]
         return None if any(s is None for s in sigmas) else max(s for s in sigmas if s is not None)
 
     def _on(self, rec: ResultRecord, model: str) -> tuple[float | None, str]:
@@ -164,13 +169,15 @@ class LeaveOneOut:
 
     def for_record(self, rec: ResultRecord, history: BaselineEntry | None = None) -> Prior | None:
         """The other boards' sigma of the judged board's GPU model; where they hold too few runs of
-        the figure, the largest of the other GPU models' that hold enough, as the plugin borrows them."""
+        the figure, the largest of the other GPU models' that hold enough, never below that of the
+        few runs, as the plugin borrows them."""
         model = meta_from_record(rec).gpu_model
         sigma, where = self._on(rec, model)
         if sigma is None:
             borrowed = [s for m in sorted(self._models - {model}) for s, _ in [self._on(rec, m)] if s is not None]
             if borrowed:
-                sigma, where = max(borrowed), "of other GPU models"
+                thin = self._pooled(rec, model, False, thin=True)
+                sigma, where = max([*borrowed, *([thin] if thin is not None else [])]), "of other GPU models"
         return None if sigma is None else Prior(sigma, f"{PRIOR_ELSEWHERE}the other boards', {where} (leave-one-out)")
 
 
