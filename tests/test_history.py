@@ -26,6 +26,17 @@ from pytest_mig.judge.pipeline import Pipeline, StoreHistories
 NEW_DRIVER = {**FP_OLD, "driver": "590.10.02"}
 
 
+class _NoPriors:
+    """No figure has a prior: these pages are judged on their own nights, whatever the shipped
+    references say of the figures' noise."""
+
+    def for_record(self, rec: Any, history: Any = None) -> None:
+        return None
+
+
+NO_PRIORS = _NoPriors()
+
+
 def nights(tmp_path: Path, values: list[float], *, driver_from: int | None = None, save: bool = True,
            fingerprints: list[dict[str, Any]] | None = None) -> list[Path]:
     """One results file per night, each judged against (and then saved into) tmp_path/baselines;
@@ -40,7 +51,7 @@ def nights(tmp_path: Path, values: list[float], *, driver_from: int | None = Non
                                                         fingerprint=dict(fp))]
         for r in recs:
             r.timestamp = f"2026-11-{10 + i:02d}T02:00:00+00:00"
-        Pipeline(StoreHistories(store)).judge(recs)
+        Pipeline(StoreHistories(store), priors=NO_PRIORS).judge(recs)
         path = tmp_path / f"night-{i}.json"
         write_results(path, recs)
         if save:
