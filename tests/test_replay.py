@@ -151,6 +151,14 @@ def test_nights_that_shared_the_gpu_or_were_slowed_on_purpose_are_left_out(tmp_p
     assert cli.main(["replay", str(tmp_path / "busy.json")]) == 1
 
 
+def test_a_replaced_workloads_figures_are_left_out_by_their_test_id(tmp_path: Path, capsys) -> None:
+    root = series(tmp_path, slow={(2, 3): 0.9})
+    assert cli.main(["replay", str(root), "--exclude-test", "fma[fp32]"]) == 1  # nothing left to judge
+    assert "no unchanged GPU nights" in capsys.readouterr().out
+    assert cli.main(["replay", str(root), "--exclude-test", "fma[fp64]"]) == 0  # another test: all judged
+    assert "False alarms: 1 night(s) of 16" in capsys.readouterr().out
+
+
 def test_replay_names_a_missing_path_in_one_sentence(tmp_path: Path, capsys) -> None:
     assert cli.main(["replay", str(tmp_path / "nope")]) == 2
     assert "no such file or folder" in capsys.readouterr().err

@@ -24,6 +24,9 @@ class Replay(Command):
                             help="results files, or folders searched for them")
         parser.add_argument("--exclude", action="append", default=[], metavar="GLOB",
                             help="leave out files whose path matches GLOB (repeatable)")
+        parser.add_argument("--exclude-test", action="append", default=[], metavar="TEXT",
+                            help="leave out the figures of tests whose id contains TEXT, e.g. a workload the suite "
+                                 "has since replaced: 'qwen1.5b-full-fixed]' (repeatable)")
         parser.add_argument("--priors", choices=("within-boards", "across-boards"), default="within-boards",
                             help="the priors' noise: each other board's runs about its own median, as the plugin "
                                  "judges a history of one board (default), or each profile's runs over the other "
@@ -34,4 +37,4 @@ class Replay(Command):
         missing = [p for p in args.paths if not Path(p).exists()]
         if missing:
             raise CliError(f"{printable(missing[0])}: no such file or folder")
-        return cmd_replay(args.paths, args.exclude, out, args.priors == "within-boards")
+        return cmd_replay(args.paths, args.exclude, out, args.priors == "within-boards", args.exclude_test)

@@ -23,8 +23,9 @@ it fails it, which the replay cannot.
 
 Runs slowed on purpose (``--mig-slowdown-sms``) and tests that shared the GPU with another
 process (their health note names it) are left out, and so are files matching ``exclude`` (runs of
-another version of a workload kept beside the current one for comparison); a file that cannot be
-read is named and passed over.
+another version of a workload kept beside the current one for comparison) and tests whose id
+contains a text of ``exclude_tests`` (a workload the suite has since replaced); a file that cannot
+be read is named and passed over.
 """
 
 from __future__ import annotations
@@ -80,8 +81,9 @@ class Length:
     alarms: list[str] = field(default_factory=list)
 
 
-def nights_of(paths: Iterable[Path], out: TextIO) -> list[Night]:
-    """Every unchanged night in the results files ``paths``, each board's series oldest first."""
+def nights_of(paths: Iterable[Path], out: TextIO, exclude_tests: Sequence[str] = ()) -> list[Night]:
+    """Every unchanged night in the results files ``paths``, each board's series oldest first, less
+    the figures of tests whose id contains a text of ``exclude_tests``."""
     seen: set[tuple[str, str]] = set()
     nights: list[Night] = []
     for path in paths:
@@ -94,6 +96,8 @@ def nights_of(paths: Iterable[Path], out: TextIO) -> list[Night]:
         for r in records:
             t = r.target
             if t.slowed_to_sms or not t.gpu_name or not r.metric.compare or _shared(r):
+                continue
+            if any(text in r.test for text in exclude_tests):
                 continue
             board = str(t.uuid or (r.fingerprint or {}).get("gpu_uuid") or r.node)
             by_board.setdefault((board, meta_from_record(r).profile, r.mode), []).append(r)
@@ -279,8 +283,9 @@ def results_files(paths: Sequence[Path], exclude: Sequence[str] = ()) -> list[Pa
     return [p for p in out if not any(fnmatch.fnmatch(str(p), pattern) for pattern in exclude)]
 
 
-def cmd_replay(paths: Sequence[Path], exclude: Sequence[str], out: TextIO, within_boards: bool = False) -> int:
-    nights = nights_of(results_files(paths, exclude), out)
+def cmd_replay(paths: Sequence[Path], exclude: Sequence[str], out: TextIO, within_boards: bool = False,
+               exclude_tests: Sequence[str] = ()) -> int:
+    nights = nights_of(results_files(paths, exclude), out, exclude_tests)
     if not nights:
         print("no unchanged GPU nights in the files given", file=out)
         return 1
