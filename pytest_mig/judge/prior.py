@@ -90,12 +90,12 @@ class Priors:
             return self._thin(own, meta, key, one_board, others, where)
         if model in others:
             sigma, dof = others[model]
-            return Prior(sigma, f"{PRIOR_ELSEWHERE}this figure's {where} of {model}'s "
+            return Prior(sigma, f"{PRIOR_ELSEWHERE}the noise {where} of {model}'s "
                                 f"other profiles; no reference for this profile", dof)
         if others:
             name = max(others, key=lambda m: others[m][0])
             sigma, dof = others[name]
-            return Prior(sigma, f"{PRIOR_ELSEWHERE}this figure's {where} of "
+            return Prior(sigma, f"{PRIOR_ELSEWHERE}the noise {where} of "
                                 f"{_names(others)}, the largest ({name}); no reference for this GPU model", dof)
         return None
 
