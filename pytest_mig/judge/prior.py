@@ -109,9 +109,10 @@ class Priors:
         model = meta.gpu_model
         known = {m: sd for m, sd in others.items() if m != model and sd[1] >= MIN_PRIOR_DOF}
         if self.references is not None and self.shipped is not None:
-            shipped = self._table((self.shipped,)).get(key, {}).get(model)
-            if shipped is not None and shipped.on(one_board)[1] >= MIN_PRIOR_DOF:
-                known[f"{model}'s shipped reference"] = shipped.on(one_board)
+            pooled = self._table((self.shipped,)).get(key, {}).get(model)
+            shipped = pooled.on(one_board) if pooled is not None else None
+            if shipped is not None and shipped[1] >= MIN_PRIOR_DOF:
+                known[f"{model}'s shipped reference"] = shipped
         if not known:
             return own
         name = max(known, key=lambda m: known[m][0])
