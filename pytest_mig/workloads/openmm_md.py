@@ -16,7 +16,8 @@ Every run is checked before its figure counts (a fast wrong answer is a failure)
 
 - forces and potential energy of the measuring platform against OpenMM's Reference platform
   (double precision) on the same coordinates, after a short minimisation: relative RMS force
-  error at most :data:`FORCE_LIMIT` and relative energy error at most :data:`ENERGY_LIMIT`;
+  error at most :data:`FORCE_LIMIT` and relative energy error at most :data:`ENERGY_LIMIT`
+  (:data:`CPU_ENERGY_LIMIT` on OpenMM's CPU platform);
 - energy conservation: after the timed run the same context integrates NVE (velocity Verlet at
   1 fs) and the total energy may move from its start by at most :data:`NVE_LIMIT` of the kinetic
   energy.
@@ -114,6 +115,10 @@ BUILD_SETTINGS = {"force_field": list(FORCE_FIELD), "cutoff_nm": CUTOFF_NM, "con
 #: platforms' own).  A neighbour missed or a term dropped moves either by far more.
 FORCE_LIMIT = {"mixed": 5e-4, "single": 5e-4, "double": 1e-4}
 ENERGY_LIMIT = {"mixed": 2e-6, "single": 2e-6, "double": 2e-6}
+#: The same for OpenMM's CPU platform (a run with no GPU), whose PME in single precision is further
+#: from the Reference platform's: 0.8e-6 to 1.1e-6 over 18 quick runs on a 2-core machine, once
+#: 2.1e-6 in CI; ten times the typical, still far below what a dropped term or neighbour gives.
+CPU_ENERGY_LIMIT = 1e-5
 #: NVE: the largest move of the total energy from its start, as a share of the kinetic energy.
 NVE_LIMIT = {"mixed": 0.01, "single": 0.05, "double": 0.01}
 
@@ -307,8 +312,8 @@ def _checked_forces(mm_system: Any, context: Any, precision: str) -> dict[str, f
     state = context.getState(getForces=True, getEnergy=True, getPositions=True)
     forces = compare_to_reference(mm_system, state.getPositions(), state)
     check("relative RMS force error against the Reference platform", forces["force_rel_rms"], FORCE_LIMIT[precision], "forces")
-    check("relative potential-energy error against the Reference platform", forces["energy_rel"], ENERGY_LIMIT[precision],
-          "energy")
+    limit = CPU_ENERGY_LIMIT if context.getPlatform().getName() == "CPU" else ENERGY_LIMIT[precision]
+    check("relative potential-energy error against the Reference platform", forces["energy_rel"], limit, "energy")
     return forces
 
 
