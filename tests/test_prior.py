@@ -227,13 +227,13 @@ def test_a_model_with_no_reference_borrows_the_one_board_sigma_for_a_one_board_h
 # --------------------------------------------------------------------------- a reference too thin to say
 
 
-def thin_and_full(tmp_path: Path, runs_a100: int) -> ReferenceStore:
-    """A reference folder where the H200 holds an FMA figure from two runs (1 degree of freedom) and
-    an A100 from ``runs_a100`` runs of two boards."""
+def reference_folder(tmp_path: Path, runs: dict[str, list[float]]) -> ReferenceStore:
+    """A reference folder (tmp_path/ref, beside an empty tmp_path/none) holding fp32 FMA TFLOPS of each
+    GPU model at these values, its runs on two boards in turn."""
     files = []
-    for gpu, runs, noise in (("NVIDIA H200", 2, 0.0001), ("NVIDIA A100-SXM4-80GB", runs_a100, 0.004)):
-        for n in range(runs):
-            r = rec(19.0 * (1 + noise * (n % 3 - 1)), gpu=gpu, test=FMA, name="fp32_fma_tflops", kind="compute")
+    for gpu, values in runs.items():
+        for n, value in enumerate(values):
+            r = rec(value, gpu=gpu, test=FMA, name="fp32_fma_tflops", kind="compute")
             fp = {"driver": "580.159.04", "gpu_uuid": f"GPU-{gpu[-4:]}-{n % 2}"}
             path = tmp_path / f"{gpu[-4:]}-{n}.json"
             write_results(path, [replace(r, fingerprint=fp, timestamp=f"2026-01-{n + 1:02d}T00:00:00+00:00")])
@@ -241,6 +241,14 @@ def thin_and_full(tmp_path: Path, runs_a100: int) -> ReferenceStore:
     build(files, tmp_path / "ref")
     (tmp_path / "none").mkdir()
     return ReferenceStore(tmp_path / "ref")
+
+
+def thin_and_full(tmp_path: Path, runs_a100: int) -> ReferenceStore:
+    """A reference folder where the H200 holds an FMA figure from two runs (1 degree of freedom) and
+    an A100 from ``runs_a100`` runs of two boards."""
+    return reference_folder(tmp_path, {
+        "NVIDIA H200": [19.0 * (1 + 0.0001 * (n % 3 - 1)) for n in range(2)],
+        "NVIDIA A100-SXM4-80GB": [19.0 * (1 + 0.004 * (n % 3 - 1)) for n in range(runs_a100)]})
 
 
 def priors(tmp_path: Path) -> Priors:
@@ -292,15 +300,7 @@ def test_a_sites_folder_copied_from_the_shipped_one_does_not_count_its_runs_twic
 def test_a_thin_prior_larger_than_the_borrowed_one_is_kept(tmp_path: Path) -> None:
     """Two runs 4% apart say the figure is noisy as surely as two that agree say nothing: the
     borrowed sigma never replaces a larger thin one (a 3.5% dip would otherwise fail at 1%)."""
-    files = []
-    for gpu, values in (("NVIDIA H200", [19.0, 19.76]), ("NVIDIA A100-SXM4-80GB", [19.0, 19.01, 18.99] * 3)):
-        for n, v in enumerate(values):
-            r = rec(v, gpu=gpu, test=FMA, name="fp32_fma_tflops", kind="compute")
-            path = tmp_path / f"{gpu[-4:]}-{n}.json"
-            write_results(path, [replace(r, timestamp=f"2026-01-{n + 1:02d}T00:00:00+00:00")])
-            files.append(path)
-    build(files, tmp_path / "ref")
-    (tmp_path / "none").mkdir()
+    reference_folder(tmp_path, {"NVIDIA H200": [19.0, 19.76], "NVIDIA A100-SXM4-80GB": [19.0, 19.01, 18.99] * 3})
     h200 = rec(19.0, gpu="NVIDIA H200", test=FMA, name="fp32_fma_tflops", kind="compute")
     p = priors(tmp_path).for_record(h200)
     assert p is not None and p.sigma > 0.02 and p.judges_short
