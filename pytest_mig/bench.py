@@ -13,7 +13,7 @@ import gc
 import math
 import statistics
 import sys
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from pytest_mig.measure.cost import WULVER, SUCoefficients, cost_metrics
 from pytest_mig.measure import Metric, Pace, Telemetry, Timer, Timing, time_fn
@@ -99,9 +99,14 @@ class MigBench:
         caches: Caches | None = None,
         pace: Pace | None = None,
         sizes: Callable[[str], int | None] | None = None,
+        neighbours: Callable[[], Mapping[str, float]] | None = None,
     ) -> None:
         self.benchmark = benchmark
         self.read_link = read_link  # the board's PCIe link now (gen, width, max_gen, max_width), or None
+        #: The host's other GPUs' PCIe traffic now, GB/s by GPU (pytest_mig.device.host), or None.
+        self.neighbours = neighbours
+        #: Whether this run is one slice of a layout, timed in step with the others on the same GPU.
+        self.in_layout = pace is not None
         self.target = target
         self.quick = quick
         self.su = su

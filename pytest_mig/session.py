@@ -17,9 +17,8 @@ from typing import Any, ContextManager
 import pytest
 
 from pytest_mig.bench import MigBench
-from pytest_mig.device import mps, nvml
+from pytest_mig.device import emulation, host, mps, nvml
 from pytest_mig.device import target as _target
-from pytest_mig.device import emulation
 from pytest_mig.device.layout import SlotTag, sms_check
 from pytest_mig.device.plan import Plan, plan_run
 from pytest_mig.device.target import SelectionError, Target, pin, verify
@@ -28,19 +27,9 @@ from pytest_mig.judge.pipeline import Pipeline, StoreHistories
 from pytest_mig.judge.reference import SHIPPED, ReferenceStore, judged_against
 from pytest_mig.markers import history_key, item_target, marked_imports, skip_reason
 from pytest_mig.measure import Metric, Telemetry
-from pytest_mig.settings import (
-    Settings,
-    check_baseline_save,
-    check_histories,
-    check_output_paths,
-    check_path_options,
-    check_plot_and_report,
-    check_slowdown,
-    marker_tolerance,
-    options,
-    read_settings,
-    reference_store,
-)
+from pytest_mig.settings import (Settings, check_baseline_save, check_histories, check_output_paths, check_path_options,
+                                 check_plot_and_report, check_slowdown, marker_tolerance, options, read_settings,
+                                 reference_store)
 from pytest_mig.store.baselines import BaselineStore
 from pytest_mig.store.history import BaselineError
 from pytest_mig.store.checkpoint import Checkpoint, SigtermStop, stop_on_sigterm
@@ -373,10 +362,11 @@ class MigSession:
             run.records.append(record(metric))
             self.records.append(run.records[-1])
 
+        board = self.board
         return MigBench(benchmark, target, telemetry, sink, quick=mode == "quick", su=self.settings.su,
-                        allocation=self.settings.allocation,
-                        read_link=self.board.pcie if self.board is not None else None, caches=self.caches,
-                        pace=self.barrier, sizes=lambda name: self.pipeline.measured_size(record(Metric(name, 1.0, ""))))
+                        allocation=self.settings.allocation, read_link=board.pcie if board else None, caches=self.caches,
+                        neighbours=board.neighbours_pcie_gbs if board else None, pace=self.barrier,
+                        sizes=lambda name: self.pipeline.measured_size(record(Metric(name, 1.0, ""))))
 
     def judge(self, item: pytest.Item, bench: MigBench | None) -> list[str]:
         """Judge this test's records through the pipeline, re-measuring a figure beyond its threshold
@@ -592,8 +582,9 @@ def _remeasure(item: pytest.Item, bench: MigBench | None, times: int) -> dict[st
             break
         finally:
             got, bench.remeasured = bench.remeasured or [], None
-        for metric in got:
-            values.setdefault(metric.name, []).append(metric.value)
+        for metric in got:  # one measured while the host's other GPUs copied is not this GPU's figure
+            if not host.shared_host(metric.info):
+                values.setdefault(metric.name, []).append(metric.value)
     return values
 
 

@@ -185,6 +185,8 @@ NVML_VOLATILE_ECC = 0
 NVML_AGGREGATE_ECC = 1
 NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = 0
 NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 1
+NVML_PCIE_UTIL_TX_BYTES = 0
+NVML_PCIE_UTIL_RX_BYTES = 1
 nvmlEventTypeXidCriticalError = 0x0000000000000008
 
 nvmlClocksEventReasonGpuIdle = 0x0000000000000001
@@ -1032,6 +1034,12 @@ class FakeNvml:
     @_api(_BOARD_LEVEL)
     def nvmlDeviceGetMaxPcieLinkWidth(self, handle: Any) -> int:
         return self._gpu(handle).pcie_link[3]
+
+    @_api(_BOARD_LEVEL)
+    def nvmlDeviceGetPcieThroughput(self, device: Any, counter: int) -> int:
+        if counter not in (NVML_PCIE_UTIL_TX_BYTES, NVML_PCIE_UTIL_RX_BYTES):
+            _raise(NVML_ERROR_INVALID_ARGUMENT)
+        return self._gpu(device).pcie_throughput_kbs[counter]
 
     @_api()
     def nvmlEventSetCreate(self) -> Any:

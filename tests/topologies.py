@@ -143,6 +143,7 @@ class Gpu:
     remapped_rows: tuple[int, int, int, int] | None = (0, 0, 0, 0)
     retired_pages: tuple[int, int, int] = (0, 0, 0)
     pcie_link: tuple[int, int, int, int] = (4, 16, 4, 16)
+    pcie_throughput_kbs: tuple[int, int] = (12, 9)  # (TX, RX) KB/s now: NVML's counters of an idle link
     xids: tuple[int, ...] = ()
     errors: tuple[tuple[str, int], ...] = ()  # apply to this GPU's handle and its MIG handles
 

@@ -442,6 +442,7 @@ class BoardReader:
         self._session = _Session().__enter__()
         nv = self._session.nv
         self._nv = nv
+        self.gpu_index = gpu_index
         self._h = _try(nv.nvmlDeviceGetHandleByIndex, gpu_index) if nv is not None else None
 
     @property
@@ -467,6 +468,28 @@ class BoardReader:
     def pcie(self) -> dict[str, int] | None:
         """The PCIe link now and at most: gen, width, max_gen, max_width (None where NVML cannot tell)."""
         return self.link(self._nv, self._h) if self.available else None
+
+    def neighbours_pcie_gbs(self) -> dict[str, float]:
+        """Each other GPU's PCIe traffic now, both directions together, in GB/s, by name ("GPU 1"):
+        NVML's throughput counters (KB/s over a 20 ms sample).  GPUs whose counters cannot be read
+        are left out; {} where NVML is not there (:mod:`pytest_mig.device.host`)."""
+        if not self.available:
+            return {}
+        nv = self._nv
+        count = _try(nv.nvmlDeviceGetCount)
+        fn = getattr(nv, "nvmlDeviceGetPcieThroughput", None)
+        if not count or fn is None:
+            return {}
+        out: dict[str, float] = {}
+        for i in range(int(count)):
+            if i == self.gpu_index:
+                continue
+            h = _try(nv.nvmlDeviceGetHandleByIndex, i)
+            tx = _try(fn, h, nv.NVML_PCIE_UTIL_TX_BYTES) if h is not None else None
+            rx = _try(fn, h, nv.NVML_PCIE_UTIL_RX_BYTES) if h is not None else None
+            if tx is not None and rx is not None:
+                out[f"GPU {i}"] = (int(tx) + int(rx)) * 1024 / 1e9
+        return out
 
     @staticmethod
     def link(nv: Any, h: Any) -> dict[str, int] | None:

@@ -26,6 +26,7 @@ from pytest_mig.measure.clocks import throttle_reasons
 from pytest_mig.store.baselines import BaselineStore, entry_from_records, meta_from_record
 from pytest_mig.store.history import Baseline, BaselineEntry, BaselineError, BaselineMeta
 from pytest_mig.device.health import annotate
+from pytest_mig.device.host import shared_host
 from pytest_mig.judge.prior import PriorSource, Priors
 from pytest_mig.judge.ceiling import Ceilings
 from pytest_mig.judge.reference import Reference, ReferenceStore
@@ -209,6 +210,9 @@ class Pipeline:
         """The verdict on the first measurement."""
         if not rec.metric.compare:
             return compare(rec, None, None)
+        shared = shared_host(rec.metric.info)
+        if shared:  # not this GPU's own figure: judged against nothing, saved nowhere
+            return make_verdict(rec, "incomparable", f"{value_text(rec)} not compared: {shared}")
         base = self.history(rec)
         ref = self.reference(rec, base)
         if ref is not None:

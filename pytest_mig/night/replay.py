@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence, TextIO
 
+from pytest_mig.device.host import shared_host
 from pytest_mig.judge.noise import MIN_PRIOR_DOF, PRIOR_ELSEWHERE, Prior
 from pytest_mig.judge.pipeline import Pipeline, RecordHistories
 from pytest_mig.judge.reference import pooled_dof, pooled_sigma, sized
@@ -112,10 +113,11 @@ def nights_of(paths: Iterable[Path], out: TextIO, exclude_tests: Sequence[str] =
 
 
 def _shared(rec: ResultRecord) -> bool:
-    """Whether another process used the GPU during the record's test (its health note names one):
-    a real slowdown, not an unchanged night."""
+    """Whether another process used the GPU during the record's test (its health note names one),
+    or the host's other GPUs copied while it copied: a real slowdown, not an unchanged night."""
     health = rec.health if isinstance(rec.health, dict) else {}
-    return any(isinstance(part, dict) and part.get("others") for part in health.values())
+    return any(isinstance(part, dict) and part.get("others") for part in health.values()) \
+        or shared_host(rec.metric.info) is not None
 
 
 class LeaveOneOut:

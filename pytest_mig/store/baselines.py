@@ -46,6 +46,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from pytest_mig.device.host import shared_host
 from pytest_mig.common.files import (
     LOCK_TIMEOUT_S,
     FileProblem,
@@ -129,6 +130,8 @@ def saveable(record: ResultRecord) -> str | None:
     m = record.metric
     if not m.compare:
         return "informational"
+    if shared_host(m.info):
+        return "measured while the host's other GPUs copied (not this GPU's own figure)"
     if not math.isfinite(m.value):
         return f"value {m.value}"
     if m.value <= 0:

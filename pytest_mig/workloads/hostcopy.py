@@ -11,15 +11,24 @@ width NVML reports as the link's maximum (:func:`pytest_mig.device.health.link_g
 are in flight (links drop generation when idle).  A link trained down to x8 shows as about 50% of
 that, and the link read under load is in each figure's info.  Every copy is checked: the bytes
 that arrive are the bytes that were sent.
+
+The host's memory and PCIe switches are shared by its GPUs (:mod:`pytest_mig.device.host`): the
+copies wait for the host's turn, so that pytest-mig runs on the other GPUs of the host copy before
+or after, never meanwhile, and the other GPUs' PCIe traffic is read while they run.  A figure
+measured while the others moved data carries the sentence that says so (``info["shared_host"]``),
+and is not judged.  A layout's slices (``turn=False``) copy together on purpose: sharing the one
+GPU's link is what a layout measures.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+from typing import Any, Callable, Mapping
 
 import torch
 
 from pytest_mig.device.health import link_gbs
+from pytest_mig.device.host import SHARED_HOST, Neighbours, host_turn
 from pytest_mig.measure import Metric, Timer
 from pytest_mig.device.target import Target
 from pytest_mig.workloads import DoesNotFit, WorkloadError
@@ -58,10 +67,38 @@ def _link_under_load(copy: Callable[[], Any], read_link: Callable[[], dict[str, 
 
 
 def run_host_copies(target: Target, timer: Timer, *, quick: bool = False,
-                    read_link: Callable[[], dict[str, int] | None] | None = None) -> list[Metric]:
-    """H2D, D2H and bidirectional bandwidth in GB/s, each against the link's theoretical rate."""
+                    read_link: Callable[[], dict[str, int] | None] | None = None,
+                    neighbours: Callable[[], Mapping[str, float]] | None = None, turn: bool = True) -> list[Metric]:
+    """H2D, D2H and bidirectional bandwidth in GB/s, each against the link's theoretical rate.
+
+    ``neighbours`` reads the other GPUs' PCIe traffic now (GB/s by GPU); ``turn`` waits for the
+    host's turn at host copies first (the module docstring)."""
     if target.is_cpu or not torch.cuda.is_available():
         raise DoesNotFit("host-device bandwidth needs a GPU: there is no link to measure on the CPU")
+    with host_turn() if turn else contextlib.nullcontext() as held:
+        watch = Neighbours(neighbours or (lambda: {}))
+        with watch:
+            metrics = _copies(target, timer, quick, read_link)
+    return mark_shared(metrics, watch, held)
+
+
+def mark_shared(metrics: list[Metric], watch: Neighbours, held: Any = None) -> list[Metric]:
+    """The figures with what the host's other GPUs did meanwhile in their info; the GB/s figures
+    carry ``shared_host`` where the others moved more than the host module's limit."""
+    shared = watch.shared()
+    for m in metrics:
+        if m.unit != "GB/s":
+            continue
+        m.info.update(watch.info())
+        if held is not None:
+            m.info.update(held.info())
+        if shared:
+            m.info[SHARED_HOST] = shared
+    return metrics
+
+
+def _copies(target: Target, timer: Timer, quick: bool,
+            read_link: Callable[[], dict[str, int] | None] | None) -> list[Metric]:
     n = transfer_bytes(target.memory_budget(), quick)
     dev_src = byte_pattern(n, target.device)
     dev_dst = torch.empty(n, dtype=torch.uint8, device=target.device)

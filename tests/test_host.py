@@ -1,0 +1,219 @@
+"""What the GPUs of one host share while copying: the host's turn, the others' traffic, and what a
+figure measured while they copied becomes (judged incomparable, never saved, never replayed)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import fake_pynvml
+import pytest
+import topologies
+
+from pytest_mig.device.host import NEIGHBOUR_GBS, SHARED_HOST, Neighbours, host_turn, shared_host
+from pytest_mig.device.nvml import BoardReader
+from pytest_mig.device.target import TargetInfo
+from pytest_mig.judge.pipeline import Pipeline, RecordHistories
+from pytest_mig.measure import Metric
+from pytest_mig.night.replay import nights_of
+from pytest_mig.session import _remeasure
+from pytest_mig.store.baselines import BaselineStore, saveable
+from pytest_mig.store.results import ResultRecord, write_results
+from pytest_mig.workloads.hostcopy import mark_shared
+
+HOST = "benchmarks/test_host_bandwidth.py::test_host_bandwidth"
+LINUX = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the turn is an abstract Unix socket (Linux)")
+
+#: A process that holds the turn ``name`` until it is killed, and says so on its stdout.
+HOLDER = """
+import sys, time
+from pytest_mig.device.host import host_turn
+with host_turn("\\0" + sys.argv[1], wait_s=0) as turn:
+    print("held" if turn.held else "refused", flush=True)
+    time.sleep(60)
+"""
+
+
+def _name() -> str:
+    return f"\0pytest-mig-test/{uuid.uuid4().hex}"  # a turn of this test's own: never a real run's
+
+
+def _holder(name: str) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, name.lstrip("\0")], stdout=subprocess.PIPE, text=True,
+                            cwd=Path(__file__).resolve().parent.parent)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+@LINUX
+def test_a_process_waits_for_the_turn_another_holds_and_takes_it_when_that_one_is_killed() -> None:
+    name = _name()
+    holder = _holder(name)
+    try:
+        with host_turn(name, wait_s=0.3, poll_s=0.02) as turn:
+            assert not turn.held and turn.waited_s >= 0.3
+            assert "another pytest-mig held the host's copies for over 0.3 s" in turn.note
+        os.kill(holder.pid, signal.SIGKILL)  # however it ends, the kernel frees the name
+        holder.wait()
+        with host_turn(name, wait_s=5, poll_s=0.02) as turn:
+            assert turn.held and turn.waited_s < 5 and not turn.note
+            assert turn.info() == {"host_turn": "held", "host_turn_waited_s": round(turn.waited_s, 2)}
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@LINUX
+def test_one_turn_at_a_time_and_free_again_after_the_block() -> None:
+    name = _name()
+    with host_turn(name, wait_s=0) as first:
+        with host_turn(name, wait_s=0) as second:
+            assert first.held and not second.held
+    with host_turn(name, wait_s=0) as again:
+        assert again.held
+
+
+def test_a_waiting_process_takes_the_turn_as_soon_as_it_is_free(monkeypatch: pytest.MonkeyPatch) -> None:
+    name = _name()
+    now = [0.0]
+
+    def sleep(s: float) -> None:
+        now[0] += s
+        if now[0] >= 1.0:  # the holder finishes after 1 s
+            holding.close()
+
+    import socket
+    holding = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        holding.bind(name)
+    except OSError:
+        holding.close()
+        pytest.skip("no abstract Unix sockets here")
+    with host_turn(name, wait_s=10, poll_s=0.25, clock=lambda: now[0], sleep=sleep) as turn:
+        assert turn.held and turn.waited_s == pytest.approx(1.0)
+
+
+def test_no_abstract_namespace_runs_without_the_turn_and_says_so() -> None:
+    with host_turn("/nonexistent-folder/pytest-mig-turn", wait_s=0) as turn:  # a path that cannot be bound
+        assert not turn.held and turn.note.startswith("no turn taken:")
+
+
+def test_the_others_traffic_is_read_until_the_measurement_ends() -> None:
+    readings = iter([{"GPU 1": 0.01, "GPU 2": 0.02}, {"GPU 1": 30.0, "GPU 2": 11.5, "GPU 10": 0.1}, {"GPU 1": 0.0}])
+
+    def read() -> dict[str, float]:
+        return next(readings, {"GPU 1": 0.0})
+
+    watch = Neighbours(read, every_s=0.001)
+    with watch:
+        time.sleep(0.05)
+    assert watch.readings >= 3
+    assert watch.peak == pytest.approx(41.6)  # together in one reading, not each one's most added up
+    assert watch.by_gpu["GPU 1"] == 30.0 and watch.by_gpu["GPU 2"] == 11.5
+    said = watch.shared()
+    assert said is not None and said.startswith("GPU 1, GPU 2 of this host moved up to 41.6 GB/s over PCIe")
+    assert "GPU 10" not in said  # 0.1 GB/s is nobody's copying
+
+
+def test_idle_neighbours_and_failed_readings_leave_the_figure_alone() -> None:
+    calls = iter([RuntimeError("NVML went away"), {"GPU 1": float("nan")}, {"GPU 1": 0.4, "GPU 3": 0.3}])
+
+    def read() -> dict[str, float]:
+        got = next(calls, {})
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    watch = Neighbours(read)
+    for _ in range(3):
+        watch.sample()
+    assert watch.readings == 2 and watch.peak == pytest.approx(0.7)
+    assert watch.shared() is None and NEIGHBOUR_GBS > 0.7
+
+
+def test_the_gbs_figures_carry_the_sentence_and_the_fractions_do_not() -> None:
+    figures = [Metric("h2d_gbs", 42.1, "GB/s", "higher", [42.1], "memory", info={}),
+               Metric("h2d_fraction_of_link", 0.67, "fraction", "higher", [], "info", info={}, compare=False)]
+    watch = Neighbours(lambda: {"GPU 2": 35.0})
+    watch.sample()
+    turn = SimpleNamespace(info=lambda: {"host_turn": "not held", "host_turn_waited_s": 180.0})
+    mark_shared(figures, watch, turn)
+    assert shared_host(figures[0].info) and "GPU 2 of this host" in figures[0].info[SHARED_HOST]
+    assert figures[0].info["neighbours_pcie_gbs"] == 35.0 and figures[0].info["host_turn"] == "not held"
+    assert figures[1].info == {}
+    alone = [Metric("d2h_gbs", 55.2, "GB/s", "higher", [55.2], "memory", info={})]
+    idle = Neighbours(lambda: {"GPU 2": 0.05})
+    idle.sample()
+    mark_shared(alone, idle)
+    assert shared_host(alone[0].info) is None and alone[0].info["neighbours_pcie_gbs"] == 0.05
+
+
+def test_the_board_reads_every_other_gpus_pcie_counters(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpu = topologies.get_topology("h200-mig-off").gpus[0]
+    busy = replace(gpu, uuid="GPU-busy", pcie_throughput_kbs=(20_000_000, 9_000_000))  # 29.7 GB/s both ways
+    four = replace(topologies.get_topology("h200-mig-off"),
+                   gpus=(gpu, replace(gpu, uuid="GPU-idle"), busy, replace(gpu, uuid="GPU-three")))
+    fake_pynvml.install(monkeypatch, four)
+    got = BoardReader(0).neighbours_pcie_gbs()
+    assert set(got) == {"GPU 1", "GPU 2", "GPU 3"}  # not its own
+    assert got["GPU 2"] == pytest.approx(29e6 * 1024 / 1e9) and got["GPU 1"] < 0.1
+    assert set(BoardReader(2).neighbours_pcie_gbs()) == {"GPU 0", "GPU 1", "GPU 3"}
+
+
+def test_without_the_counters_there_is_nothing_to_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    topo = topologies.with_error(topologies.get_topology("h200-mig-off"), "nvmlDeviceGetPcieThroughput",
+                                 fake_pynvml.NVML_ERROR_NOT_SUPPORTED)
+    fake_pynvml.install(monkeypatch, replace(topo, gpus=topo.gpus * 2))
+    assert BoardReader(0).neighbours_pcie_gbs() == {}
+
+
+def _record(value: float, shared: bool, day: int = 1) -> ResultRecord:
+    info = {SHARED_HOST: "GPU 1 of this host moved up to 41.6 GB/s over PCIe while it was measured"} if shared else {}
+    target = {"kind": "full", "profile": "full", "baseline_profile": "full", "gpu_name": "NVIDIA H200",
+              "gpu_slug": "nvidia-h200", "emulated": False, "uuid": "GPU-0"}
+    return ResultRecord(HOST, Metric("h2d_gbs", value, "GB/s", "higher", [value], "memory", info=info),
+                        TargetInfo.from_dict(target), {"driver": "580.159.04"}, f"2026-01-{day:02d}T00:00:00+00:00", "n1")
+
+
+def test_a_figure_measured_while_the_host_was_shared_is_judged_incomparable_with_the_sentence() -> None:
+    history = RecordHistories([[_record(55.0, False, d)] for d in range(1, 11)])  # ten runs: its own sigma rules
+    alone, shared = Pipeline(history).judge([_record(31.0, False, 12)])[0], Pipeline(history).judge([_record(31.0, True, 12)])[0]
+    assert alone.outcome == "regressed" and alone.failed  # the same value, measured alone: a real loss
+    assert shared.outcome == "incomparable" and not shared.failed
+    assert shared.message == "h2d_gbs 31.00 GB/s not compared: GPU 1 of this host moved up to 41.6 GB/s over PCIe while it was measured"
+
+
+def test_it_is_never_saved_into_a_history(tmp_path: Path) -> None:
+    assert saveable(_record(31.0, True)) == "measured while the host's other GPUs copied (not this GPU's own figure)"
+    assert saveable(_record(55.0, False)) is None
+    store = BaselineStore(tmp_path / "bl")
+    store.save([_record(31.0, True), _record(55.0, False, 2)])
+    base = store.load("nvidia-h200", "full")
+    assert base is not None and base.get(HOST, "h2d_gbs", "normal").values == [55.0]  # type: ignore[union-attr]
+
+
+def test_the_replay_leaves_it_out_as_it_leaves_out_a_shared_gpu(tmp_path: Path) -> None:
+    write_results(tmp_path / "shared.json", [_record(31.0, True)])
+    write_results(tmp_path / "alone.json", [_record(55.0, False)])
+    with open(os.devnull, "w") as out:
+        assert nights_of([tmp_path / "shared.json"], out) == []
+        assert len(nights_of([tmp_path / "alone.json"], out)) == 1
+
+
+def test_a_re_measurement_taken_while_the_host_was_shared_does_not_confirm() -> None:
+    bench = SimpleNamespace(remeasured=None)
+    runs = iter([True, False])
+
+    def runtest() -> None:
+        shared = next(runs)
+        info = {SHARED_HOST: "GPU 3 of this host moved ..."} if shared else {}
+        bench.remeasured.append(Metric("h2d_gbs", 30.0 if shared else 54.0, "GB/s", "higher", [], "memory", info=info))
+
+    assert _remeasure(SimpleNamespace(runtest=runtest), bench, 2) == {"h2d_gbs": [54.0]}  # type: ignore[arg-type]
