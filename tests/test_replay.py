@@ -201,3 +201,15 @@ def test_calibrate_show_prints_the_saved_histories_thresholds_running_nothing(tm
     assert cli.main(["calibrate", "--show", "--mig-baseline-dir", str(tmp_path / "nope")]) == 2
     assert cli.main(["calibrate", "--show", "--", "benchmarks"]) == 2
     assert "--show runs nothing" in capsys.readouterr().err
+
+
+def test_a_night_copied_in_part_into_another_folder_is_counted_once(tmp_path: Path) -> None:
+    first = night(19.0, "GPU-7", 3)
+    later = replace(first, test=FMA.replace("fp32", "fp64"), timestamp="2026-01-03T00:05:00+00:00")
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "less-one-test").mkdir()
+    write_results(tmp_path / "raw" / "night3.json", [first, later])
+    write_results(tmp_path / "less-one-test" / "night3.json", [first])  # a copy with a test left out
+    with open("/dev/null", "w") as out:
+        found = nights_of(sorted(tmp_path.rglob("*.json")), out)
+    assert len(found) == 1 and len(found[0].records) == 2  # the first copy read, whole

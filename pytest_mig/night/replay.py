@@ -85,8 +85,9 @@ class Length:
 def nights_of(paths: Iterable[Path], out: TextIO, exclude_tests: Sequence[str] = ()) -> list[Night]:
     """Every unchanged night in the results files ``paths``, each board's series oldest first, less
     the figures of tests whose id contains a text of ``exclude_tests``."""
-    seen: set[tuple[str, str]] = set()
-    nights: list[Night] = []
+    # The same night copied into two archives, or in part (its first record kept), is one night:
+    # the copy holding the most of it.
+    nights: dict[tuple[str, str, str, str], Night] = {}
     for path in paths:
         try:
             records = sized(read_results(path))
@@ -103,13 +104,12 @@ def nights_of(paths: Iterable[Path], out: TextIO, exclude_tests: Sequence[str] =
             board = str(t.uuid or (r.fingerprint or {}).get("gpu_uuid") or r.node)
             by_board.setdefault((board, meta_from_record(r).profile, r.mode), []).append(r)
         for (board, profile, mode), recs in by_board.items():
-            stamp = (board, min(r.timestamp for r in recs) + str(len(recs)))
-            if stamp in seen:  # the same night copied into two archives
-                continue
-            seen.add(stamp)
-            model = meta_from_record(recs[0]).gpu_model
-            nights.append(Night((str(path.parent), board, profile, mode), model, min(r.timestamp for r in recs), recs))
-    return sorted(nights, key=lambda n: (n.series, n.at))
+            at = min(r.timestamp for r in recs)
+            held = nights.get((board, profile, mode, at))
+            if held is None or len(recs) > len(held.records):
+                model = meta_from_record(recs[0]).gpu_model
+                nights[(board, profile, mode, at)] = Night((str(path.parent), board, profile, mode), model, at, recs)
+    return sorted(nights.values(), key=lambda n: (n.series, n.at))
 
 
 def _shared(rec: ResultRecord) -> bool:
