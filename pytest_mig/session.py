@@ -23,7 +23,7 @@ from pytest_mig.device.layout import SlotTag, sms_check
 from pytest_mig.device.plan import Plan, plan_run
 from pytest_mig.device.target import SelectionError, Target, pin, verify
 from pytest_mig.judge.ceiling import Ceilings
-from pytest_mig.judge.pipeline import Pipeline, StoreHistories
+from pytest_mig.judge.pipeline import Pipeline, Remeasured, StoreHistories
 from pytest_mig.judge.reference import SHIPPED, ReferenceStore, judged_against
 from pytest_mig.markers import history_key, item_target, marked_imports, skip_reason
 from pytest_mig.measure import Metric, Telemetry
@@ -379,7 +379,7 @@ class MigSession:
             tolerance = self.settings.tolerance
         times = self.settings.confirm
 
-        def remeasure() -> dict[str, list[float]]:
+        def remeasure() -> Remeasured:
             with self.interruptible():  # the re-measuring is the test's own work: SIGTERM stops it at once
                 return _remeasure(item, bench, times)
 
@@ -565,13 +565,13 @@ def _stop_on_sigterm() -> SigtermStop:
     return stop_on_sigterm()
 
 
-def _remeasure(item: pytest.Item, bench: MigBench | None, times: int) -> dict[str, list[float]]:
+def _remeasure(item: pytest.Item, bench: MigBench | None, times: int) -> Remeasured:
     """Run the test's body ``times`` more times, same sizes, and return each metric's new values.
 
     The re-measurements go neither to the results nor to the baseline: they only confirm or clear
     the first measurement.  A re-run that raises ends the re-measuring (what was measured counts).
     """
-    values: dict[str, list[float]] = {}
+    values = Remeasured()
     if bench is None:
         return values
     for _ in range(times):
@@ -582,9 +582,9 @@ def _remeasure(item: pytest.Item, bench: MigBench | None, times: int) -> dict[st
             break
         finally:
             got, bench.remeasured = bench.remeasured or [], None
-        for metric in got:  # one measured while the host's other GPUs copied is not this GPU's figure
-            if not host.shared_host(metric.info):
-                values.setdefault(metric.name, []).append(metric.value)
+        for metric in got:
+            into = values.shared if host.shared_host(metric.info) else values
+            into.setdefault(metric.name, []).append(metric.value)
     return values
 
 

@@ -122,6 +122,15 @@ def test_a_nan_figure_is_not_exported():
     assert 'metric="x"' not in text and "PYTEST_MIG_LAST_RUN_TIMESTAMP_SECONDS" in text
 
 
+def test_host_copies_made_while_the_host_was_shared_are_not_exported():
+    shared = ResultRecord("test_host_bandwidth", Metric("h2d_gbs", 31.2, "GB/s", "higher", [31.2], "memory",
+                          info={"shared_host": "GPU 1 of this host moved up to 41.6 GB/s over PCIe"}), TARGET, FP)
+    alone = ResultRecord("test_host_bandwidth", Metric("d2h_gbs", 55.2, "GB/s", "higher", [55.2], "memory"), TARGET, FP)
+    text = exports.prometheus_text([shared, alone], host="h", now=1.0)
+    assert 'metric="d2h_gbs"' in text and 'metric="h2d_gbs"' not in text  # a dashboard would read it as a loss
+    assert [e["name"].split()[1] for e in exports.github_benchmark([shared, alone])["bigger"]] == ["d2h_gbs"]
+
+
 @pytest.mark.parametrize("text, message", [
     ("prometheus", "give KIND=PATH"),
     ("grafana=x.json", "'grafana' is not an export; use one of github, prometheus"),

@@ -17,15 +17,16 @@ import fake_pynvml
 import pytest
 import topologies
 
-from pytest_mig.device.host import NEIGHBOUR_GBS, SHARED_HOST, Neighbours, host_turn, shared_host
+from pytest_mig.device.host import NEIGHBOUR_GBS, SHARED_HOST, Neighbours, host_turn, measured_alone, shared_host
 from pytest_mig.device.nvml import BoardReader
 from pytest_mig.device.target import TargetInfo
-from pytest_mig.judge.pipeline import Pipeline, RecordHistories
+from pytest_mig.judge.pipeline import Pipeline, RecordHistories, Remeasured
 from pytest_mig.measure import Metric
 from pytest_mig.night.replay import nights_of
 from pytest_mig.session import _remeasure
 from pytest_mig.store.baselines import BaselineStore, saveable
 from pytest_mig.store.results import ResultRecord, write_results
+from pytest_mig.store.verdicts import Verdict
 from pytest_mig.workloads.hostcopy import mark_shared
 
 HOST = "benchmarks/test_host_bandwidth.py::test_host_bandwidth"
@@ -59,7 +60,9 @@ def test_a_process_waits_for_the_turn_another_holds_and_takes_it_when_that_one_i
     try:
         with host_turn(name, wait_s=0.3, poll_s=0.02) as turn:
             assert not turn.held and turn.waited_s >= 0.3
-            assert "another pytest-mig held the host's copies for over 0.3 s" in turn.note
+            assert "another process held the host's copies for over 0.3 s" in turn.note
+        with host_turn(name, wait_s=60, poll_s=0.02) as turn:  # the whole wait ran out once: not again
+            assert not turn.held and turn.waited_s < 1 and "as it did for this run's whole wait" in turn.note
         os.kill(holder.pid, signal.SIGKILL)  # however it ends, the kernel frees the name
         holder.wait()
         with host_turn(name, wait_s=5, poll_s=0.02) as turn:
@@ -134,8 +137,32 @@ def test_idle_neighbours_and_failed_readings_leave_the_figure_alone() -> None:
     watch = Neighbours(read)
     for _ in range(3):
         watch.sample()
-    assert watch.readings == 2 and watch.peak == pytest.approx(0.7)
+    assert watch.readings == 1 and watch.peak == pytest.approx(0.7)  # the failed and the NaN reading are none
     assert watch.shared() is None and NEIGHBOUR_GBS > 0.7
+
+
+def test_where_no_other_gpu_is_visible_the_figure_says_sharing_was_not_checked() -> None:
+    watch = Neighbours(lambda: {})  # a container's NVML lists its own GPU only
+    for _ in range(3):
+        watch.sample()
+    assert watch.readings == 0 and watch.shared() is None
+    assert watch.info() == {"neighbours": "no other GPU of this host visible to NVML: sharing not checked"}
+
+
+def test_a_reading_nvml_never_answers_does_not_hold_the_measurement() -> None:
+    import threading
+    stuck = threading.Event()
+
+    def read() -> dict[str, float]:
+        if stuck.is_set():
+            threading.Event().wait(60)  # NVML stopped answering
+        stuck.set()
+        return {"GPU 1": 0.0}
+
+    start = time.monotonic()
+    with Neighbours(read, every_s=0.01, join_s=0.2) as watch:
+        time.sleep(0.05)
+    assert time.monotonic() - start < 2 and watch.readings == 1
 
 
 def test_the_gbs_figures_carry_the_sentence_and_the_fractions_do_not() -> None:
@@ -153,6 +180,31 @@ def test_the_gbs_figures_carry_the_sentence_and_the_fractions_do_not() -> None:
     idle.sample()
     mark_shared(alone, idle)
     assert shared_host(alone[0].info) is None and alone[0].info["neighbours_pcie_gbs"] == 0.05
+
+
+def test_a_shared_measurement_is_taken_again_after_a_pause_until_alone() -> None:
+    now = {"GPU 1": 40.0}  # GPU 1 copies until the first attempt ends, then idles
+    pauses: list[float] = []
+    calls: list[int] = []
+
+    import threading
+    seen = threading.Event()
+
+    def read() -> dict[str, float]:
+        got = dict(now)
+        seen.set()
+        return got
+
+    def measure() -> int:
+        calls.append(1)
+        assert seen.wait(5)  # the reading thread has read GPU 1 copying
+        now["GPU 1"] = 0.0
+        return len(calls)
+
+    result, watch, attempts = measured_alone(measure, read, retries=2, pause_s=7.0, sleep=pauses.append)
+    assert (result, attempts, pauses) == (2, 2, [7.0]) and watch.shared() is None
+    busy, watch, attempts = measured_alone(lambda: 1, lambda: {"GPU 1": 40.0}, retries=2, pause_s=7.0, sleep=lambda s: None)
+    assert attempts == 3 and watch.shared() is not None  # never alone: the last, still marked
 
 
 def test_the_board_reads_every_other_gpus_pcie_counters(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -180,6 +232,13 @@ def _record(value: float, shared: bool, day: int = 1) -> ResultRecord:
               "gpu_slug": "nvidia-h200", "emulated": False, "uuid": "GPU-0"}
     return ResultRecord(HOST, Metric("h2d_gbs", value, "GB/s", "higher", [value], "memory", info=info),
                         TargetInfo.from_dict(target), {"driver": "580.159.04"}, f"2026-01-{day:02d}T00:00:00+00:00", "n1")
+
+
+def test_a_sentence_from_a_file_is_printable_bounded_and_blank_is_none() -> None:
+    assert shared_host({SHARED_HOST: "GPU 1 \x1b[2J\x07moved"}) == "GPU 1 \\x1b[2J\\x07moved"
+    assert shared_host({SHARED_HOST: "   "}) is None and shared_host({SHARED_HOST: 7}) is None
+    assert shared_host({SHARED_HOST: "x" * 5_000_000}) == "x" * 400 + "..."
+    assert shared_host("not a mapping") is None
 
 
 def test_a_figure_measured_while_the_host_was_shared_is_judged_incomparable_with_the_sentence() -> None:
@@ -216,4 +275,32 @@ def test_a_re_measurement_taken_while_the_host_was_shared_does_not_confirm() -> 
         info = {SHARED_HOST: "GPU 3 of this host moved ..."} if shared else {}
         bench.remeasured.append(Metric("h2d_gbs", 30.0 if shared else 54.0, "GB/s", "higher", [], "memory", info=info))
 
-    assert _remeasure(SimpleNamespace(runtest=runtest), bench, 2) == {"h2d_gbs": [54.0]}  # type: ignore[arg-type]
+    got = _remeasure(SimpleNamespace(runtest=runtest), bench, 2)  # type: ignore[arg-type]
+    assert got == {"h2d_gbs": [54.0]} and got.shared == {"h2d_gbs": [30.0]}
+
+
+def _judged(first: float, again: list[float], shared: list[float]) -> Verdict:
+    history = RecordHistories([[_record(55.0, False, d)] for d in range(1, 11)])
+    taken = Remeasured()
+    if again:
+        taken["h2d_gbs"] = again
+    if shared:
+        taken.shared["h2d_gbs"] = shared
+    return Pipeline(history).judge([_record(first, False, 12)], remeasure=lambda: taken)[0]
+
+
+def test_a_shared_re_measurement_can_clear_a_dip_but_never_confirm_it() -> None:
+    cleared = _judged(49.0, [], [55.1, 55.0])  # sharing only slows copies: back inside the band, the dip was transient
+    assert cleared.outcome == "transient" and not cleared.failed
+    unsure = _judged(49.0, [], [30.0, 31.0])  # beyond the band while others copied: says nothing
+    assert unsure.outcome == "regressed" and unsure.failed and not unsure.confirmations
+    assert unsure.message.endswith("not confirmed: its re-measurements were made while the host's other GPUs copied")
+    alone = _judged(49.0, [48.8], [30.0])  # one made alone confirms, as before
+    assert alone.outcome == "regressed" and alone.confirmations == [48.8] and "not confirmed" not in alone.message
+
+
+def test_compare_builds_no_history_of_shared_figures(tmp_path: Path) -> None:
+    history = RecordHistories([[_record(55.0, False, 1)], [_record(55.2, False, 2)]]
+                              + [[_record(31.0 + d / 10, True, d)] for d in range(3, 6)])
+    base = history.load("nvidia-h200", "full")
+    assert base is not None and base.get(HOST, "h2d_gbs", "normal").values == [55.0, 55.2]  # type: ignore[union-attr]

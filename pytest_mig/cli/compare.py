@@ -78,8 +78,11 @@ def cmd_compare(paths: Sequence[Path], tolerance: float | None, improvement_fail
     print(f"{len(verdicts)} metric(s) against {against}: "
           + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())), file=out)
     if verdicts and not any(v.outcome in COMPARED for v in verdicts):
-        print(f"nothing could be compared: no figure of {paths[-1]} has a history in the earlier files"
-              + (" or a reference" if references else "") + " on the same GPU model, profile and mode", file=out)
+        where = " or a reference" if references else ""
+        why = (f"each figure of {paths[-1]} is incomparable (the reasons above) or has no history in the earlier files"
+               f"{where}" if "incomparable" in counts else f"no figure of {paths[-1]} has a history in the earlier "
+               f"files{where} on the same GPU model, profile and mode")
+        print(f"nothing could be compared: {why}", file=out)
         return 1
     return 1 if failed else 0
 

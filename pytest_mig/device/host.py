@@ -12,10 +12,16 @@ taken while the others still copied.  A nightly on every GPU of a node would fai
   the process ends, however it ends (no file to leave stale, follow through a link, or lose).  A
   process waits up to ``TURN_WAIT_S`` for it; then it measures anyway, and the reading below tells.
 * **The other GPUs' PCIe traffic is read while the copies run** (:class:`Neighbours`, NVML's PCIe
-  throughput counters), for what a turn cannot see: another user's job, or a run in a container
-  of its own network namespace.  Where the others moved more than ``NEIGHBOUR_GBS`` together, the
-  figures say so (``info["shared_host"]``): they are judged ``incomparable`` with that sentence and
-  never saved into a history or a reference (:func:`shared_host`).
+  throughput counters), for what a turn cannot see: another user's job.  Where the others moved
+  more than ``NEIGHBOUR_GBS`` together, the figures say so (``info["shared_host"]``): they are
+  judged ``incomparable`` with that sentence and never saved into a history or a reference
+  (:func:`shared_host`).
+
+Neither reaches across containers: one pod per GPU has its own network namespace (no shared turn)
+and an NVML that lists its own GPU only (no neighbours to read); the figures then say that no other
+GPU was visible (``info["neighbours"]``).  Run one job per node with ``--mig-device all`` there, as
+docs/fleet.md does: its workers share the turn.  A process waits the whole ``TURN_WAIT_S`` once;
+after that, if the turn is still held, it takes the turn only where it is free.
 """
 
 from __future__ import annotations
@@ -27,13 +33,17 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, TypeVar
+
+from pytest_mig.common.text import printable
+
+T = TypeVar("T")
 
 #: The turn's name in the abstract socket namespace (Linux), one per host and network namespace.
 TURN_NAME = "\0pytest-mig/host-copies"
-#: How long a process waits for its turn before it measures anyway (eight GPUs' normal host copies
-#: take well under a minute together).
-TURN_WAIT_S = 180.0
+#: How long a process waits for its turn before it measures anyway: eight GPUs' normal host copies
+#: take under a minute together, 56 MIG workers' (eight GPUs of 7 slices) about four.
+TURN_WAIT_S = 300.0
 #: Seconds between two attempts at the turn.
 TURN_POLL_S = 0.05
 #: The other GPUs' PCIe traffic (GB/s, both directions, together) above which a host copy was not
@@ -45,6 +55,9 @@ NEIGHBOUR_GBS = 2.0
 SAMPLE_S = 0.1
 #: The key a host-copy figure carries in its info when the host was shared during its measurement.
 SHARED_HOST = "shared_host"
+#: Measurements taken again, after a pause, while the other GPUs were seen copying.
+SHARED_RETRIES = 2
+SHARED_PAUSE_S = 5.0
 
 
 @dataclass
@@ -63,6 +76,10 @@ class Turn:
         return out
 
 
+#: Turn names whose whole wait ran out in this process: a second wait would only add as much again.
+_WAITED_OUT: set[str] = set()
+
+
 @contextlib.contextmanager
 def host_turn(name: str = TURN_NAME, wait_s: float = TURN_WAIT_S, poll_s: float = TURN_POLL_S,
               clock: Callable[[], float] = time.monotonic,
@@ -70,7 +87,11 @@ def host_turn(name: str = TURN_NAME, wait_s: float = TURN_WAIT_S, poll_s: float 
     """Hold the host's turn at host copies while the block runs (see the module docstring).
 
     Never raises for the turn itself: where the platform has no abstract sockets, or the wait runs
-    out, the block runs without it and ``Turn.note`` says why."""
+    out, the block runs without it and ``Turn.note`` says why.  Once a wait has run out in this
+    process, later ones take the turn only if it is free (a stuck holder costs one wait a night,
+    not one per re-measurement)."""
+    if name in _WAITED_OUT:
+        wait_s = 0.0
     start = clock()
     sock: socket.socket | None = None
     note = ""
@@ -91,7 +112,9 @@ def host_turn(name: str = TURN_NAME, wait_s: float = TURN_WAIT_S, poll_s: float 
                     note = f"no turn taken: {exc.strerror or exc}"  # no abstract namespace (not Linux)
                     break
             if clock() - start >= wait_s:
-                note = f"no turn taken: another pytest-mig held the host's copies for over {wait_s:g} s"
+                note = (f"no turn taken: another process held the host's copies for over {wait_s:g} s" if wait_s
+                        else "no turn taken: another process held the host's copies, as it did for this run's whole wait")
+                _WAITED_OUT.add(name)
                 break
             sleep(poll_s)
         yield Turn(sock is not None, clock() - start, note)
@@ -110,6 +133,7 @@ class Neighbours:
 
     read: Callable[[], Mapping[str, float]]
     every_s: float = SAMPLE_S
+    join_s: float = 5.0  # the most the measurement waits for a reading at its end
     peak: float = 0.0
     by_gpu: dict[str, float] = field(default_factory=dict)
     readings: int = 0
@@ -117,10 +141,13 @@ class Neighbours:
     _thread: threading.Thread | None = None
 
     def sample(self) -> None:
-        """Take one reading (the thread's step; callable directly)."""
+        """Take one reading (the thread's step; callable directly).  A reading that fails, or in which
+        no other GPU answered, is no reading."""
         try:
             now = {str(k): float(v) for k, v in self.read().items() if v is not None and math.isfinite(v)}
         except Exception:  # a reading that fails is no reading; the measurement goes on
+            return
+        if not now:
             return
         self.readings += 1
         self.peak = max(self.peak, sum(now.values()))
@@ -131,6 +158,7 @@ class Neighbours:
         while not self._stop.is_set():
             self.sample()
             self._stop.wait(self.every_s)
+        self.sample()  # one reading at the end, so a short measurement has at least one
 
     def __enter__(self) -> Neighbours:
         self._thread = threading.Thread(target=self._run, name="pytest-mig-neighbours", daemon=True)
@@ -140,8 +168,7 @@ class Neighbours:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=5)  # a reading NVML never answers does not hold the test
-        self.sample()  # one reading at the end, so a short measurement has at least one
+            self._thread.join(timeout=self.join_s)  # a reading NVML never answers does not hold the test
 
     def shared(self, limit: float = NEIGHBOUR_GBS) -> str | None:
         """The sentence a figure carries when the others moved more than ``limit`` (None: alone)."""
@@ -154,7 +181,26 @@ class Neighbours:
                 f"GPU's link alone; measure it with the host's other GPUs idle")
 
     def info(self) -> dict[str, Any]:
+        if not self.readings:
+            return {"neighbours": "no other GPU of this host visible to NVML: sharing not checked"}
         return {"neighbours_pcie_gbs": round(self.peak, 2), "neighbour_readings": self.readings}
+
+
+def measured_alone(measure: Callable[[], T], read: Callable[[], Mapping[str, float]] | None,
+                   retries: int = SHARED_RETRIES, pause_s: float = SHARED_PAUSE_S,
+                   sleep: Callable[[float], None] = time.sleep) -> tuple[T, Neighbours, int]:
+    """``measure()`` while the other GPUs' traffic is read; taken again after a pause, up to
+    ``retries`` times, while they were seen copying.  Returns the last result, its reading and the
+    attempts made: a result whose reading is still shared is not this GPU's alone."""
+    attempt = 0
+    while True:
+        attempt += 1
+        watch = Neighbours(read or (lambda: {}))
+        with watch:
+            result = measure()
+        if attempt > retries or watch.shared() is None:
+            return result, watch, attempt
+        sleep(pause_s)
 
 
 def _gpu_order(name: str) -> tuple[int, str]:
@@ -162,12 +208,18 @@ def _gpu_order(name: str) -> tuple[int, str]:
     return (int(digits) if digits else 1 << 30, name)
 
 
+#: The most of a file's ``shared_host`` sentence a verdict repeats.
+SENTENCE_LIMIT = 400
+
+
 def shared_host(info: Any) -> str | None:
-    """The sentence of a figure measured while the host's other GPUs copied (None: measured alone)."""
+    """The sentence of a figure measured while the host's other GPUs copied, printable and at most
+    ``SENTENCE_LIMIT`` characters (None: measured alone)."""
     if not isinstance(info, Mapping):
         return None
     text = info.get(SHARED_HOST)
-    return text if isinstance(text, str) and text else None
+    return printable(text.strip(), SENTENCE_LIMIT) if isinstance(text, str) and text.strip() else None
 
 
-__all__ = ["NEIGHBOUR_GBS", "SHARED_HOST", "TURN_NAME", "TURN_WAIT_S", "Neighbours", "Turn", "host_turn", "shared_host"]
+__all__ = ["NEIGHBOUR_GBS", "SHARED_HOST", "SHARED_PAUSE_S", "SHARED_RETRIES", "TURN_NAME", "TURN_WAIT_S", "Neighbours",
+           "Turn", "host_turn", "measured_alone", "shared_host"]

@@ -41,12 +41,22 @@ from pytest_mig.judge.verdict import (
     format_number,
     make_verdict,
     value_text,
+    worse_by,
 )
 
 #: A site's explicit tolerance: one fraction for every metric, or one per metric name.
 Tolerance = float | Mapping[str, float] | None
 #: Re-measurements of a test's figures, by metric name (called only when a figure is beyond its threshold).
 Remeasure = Callable[[], Mapping[str, Sequence[float]]]
+
+
+class Remeasured(dict):  # type: ignore[type-arg]
+    """Each metric's re-measured values; ``shared``: those made while the host's other GPUs copied,
+    which can only clear or confirm on the side the sharing could not have caused (:meth:`Pipeline.judge`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shared: dict[str, list[float]] = {}
 
 
 class Histories(Protocol):
@@ -99,6 +109,8 @@ class RecordHistories:
         metas: dict[tuple[str, str], BaselineMeta] = {}
         for run in runs:
             for r in run:
+                if shared_host(r.metric.info):  # never saved, so never history (store.baselines.saveable)
+                    continue
                 key = (r.test, r.metric.name, r.mode)
                 self._by_key.setdefault(key, []).append(r)
                 meta = meta_from_record(r)
@@ -153,8 +165,9 @@ class Pipeline:
         verdicts = [self.first(rec, tolerance) for rec in records]
         if remeasure is not None and any(v.failed for v in verdicts):
             again = remeasure()
-            verdicts = [self.confirm(rec, v, again.get(rec.metric.name, [])) if v.failed else v
-                        for rec, v in zip(records, verdicts)]
+            shared: Mapping[str, Sequence[float]] = getattr(again, "shared", {})
+            verdicts = [self._confirmed(rec, v, again.get(rec.metric.name, []), shared.get(rec.metric.name, []))
+                        if v.failed else v for rec, v in zip(records, verdicts)]
         explain_clock(records, verdicts)
         health = next((r.health for r in records if r.health), None)
         annotate(verdicts, health)
@@ -233,6 +246,20 @@ class Pipeline:
         return compare(rec, base, tolerance=tol, improvement_fails=self.improvement_fails,
                        default_tolerance=self.default_tolerance, prior=self.priors.for_record(rec, history))
 
+    def _confirmed(self, rec: ResultRecord, verdict: Verdict, values: Sequence[float],
+                   shared: Sequence[float]) -> Verdict:
+        """The verdict re-judged on its re-measurements.  Those made while the host's other GPUs copied
+        (``shared``) can only have read worse than the GPU alone: one that still clears the threshold
+        (or is still beyond it on the better side) counts, one that does not says nothing."""
+        telling = [x for x in shared if verdict.baseline is not None and verdict.threshold is not None
+                   and (worse_by(x, verdict.baseline, verdict.direction) <= verdict.threshold
+                        if verdict.outcome == "regressed" else -worse_by(x, verdict.baseline, verdict.direction)
+                        > verdict.threshold)]
+        v = self.confirm(rec, verdict, [*values, *telling])
+        if shared and not values and not telling:
+            v.message += "; not confirmed: its re-measurements were made while the host's other GPUs copied"
+        return v
+
     def confirm(self, rec: ResultRecord, verdict: Verdict, values: Sequence[float]) -> Verdict:
         """The verdict re-judged on the median of the first measurement and ``values``."""
         if verdict.source == "ceiling" and self.ceilings is not None:
@@ -253,4 +280,4 @@ def _tolerance_for(tolerance: Tolerance, metric: str) -> float | None:
     return tolerance.get(metric)
 
 
-__all__ = ["Histories", "Pipeline", "RecordHistories", "Remeasure", "StoreHistories", "Tolerance"]
+__all__ = ["Histories", "Pipeline", "RecordHistories", "Remeasure", "Remeasured", "StoreHistories", "Tolerance"]

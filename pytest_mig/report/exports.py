@@ -24,8 +24,9 @@ pytest-mig's own labels follow: ``profile`` (``full`` on a whole GPU, the emulat
 - ``PYTEST_MIG_REGRESSED``: 1 where the verdict was a regression, else 0;
 - ``PYTEST_MIG_LAST_RUN_TIMESTAMP_SECONDS``: when the run finished.
 
-Only figures that are compared (``Metric.compare``) are exported; informational ones stay in the
-results file.
+Only figures that are compared (``Metric.compare``) are exported; informational ones, and host
+copies made while the host's other GPUs copied (:mod:`pytest_mig.device.host`: a dashboard would read
+the neighbours' traffic as this GPU's loss), stay in the results file.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from pytest_mig.device.host import shared_host
 from pytest_mig.device.fingerprint import FINGERPRINT_FIELDS, fingerprint_value
 from pytest_mig.device.profiles import ProfileError, parse_profile
 from pytest_mig.common.files import atomic_write_text, output_file, path_problem
@@ -92,7 +94,7 @@ def _exported(records: Iterable[ResultRecord]) -> list[ResultRecord]:
     """The compared figures with a finite value: JSON.parse refuses a bare Infinity or NaN, and a
     dashboard has no use for one (the results file keeps every figure)."""
     return [r for r in records if r.metric.compare and isinstance(r.metric.value, (int, float))
-            and math.isfinite(r.metric.value)]
+            and math.isfinite(r.metric.value) and shared_host(r.metric.info) is None]
 
 
 def github_benchmark(records: Iterable[ResultRecord]) -> dict[str, list[dict[str, Any]]]:
