@@ -304,3 +304,11 @@ def test_compare_builds_no_history_of_shared_figures(tmp_path: Path) -> None:
                               + [[_record(31.0 + d / 10, True, d)] for d in range(3, 6)])
     base = history.load("nvidia-h200", "full")
     assert base is not None and base.get(HOST, "h2d_gbs", "normal").values == [55.0, 55.2]  # type: ignore[union-attr]
+
+
+def test_a_layouts_slice_does_not_take_the_turn_and_a_lone_run_does(cpu) -> None:
+    from pytest_mig.bench import MigBench
+    assert MigBench(None, cpu).in_layout is False  # a run of its own: its host copies wait for the turn
+    assert MigBench(None, cpu, pace=SimpleNamespace()).in_layout is True  # slices copy together on purpose
+    text = (Path(__file__).resolve().parent.parent / "benchmarks" / "test_host_bandwidth.py").read_text()
+    assert "neighbours=mig_bench.neighbours" in text and "turn=not mig_bench.in_layout" in text
