@@ -16,8 +16,9 @@ The host's memory and PCIe switches are shared by its GPUs (:mod:`pytest_mig.dev
 copies wait for the host's turn, so that pytest-mig runs on the other GPUs of the host copy before
 or after, never meanwhile, and the other GPUs' PCIe traffic is read while they run.  A figure
 measured while the others moved data is taken again after a pause (twice at most); still shared,
-it carries the sentence that says so (``info["shared_host"]``) and is not judged.  A layout's slices (``turn=False``) copy together on purpose: sharing the one
-GPU's link is what a layout measures.
+it carries the sentence that says so (``info["shared_host"]``) and is not judged.  A layout's
+slices (``turn=False``) copy together on purpose: sharing the one GPU's link is what a layout
+measures.
 """
 
 from __future__ import annotations
