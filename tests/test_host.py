@@ -146,7 +146,8 @@ def test_where_no_other_gpu_is_visible_the_figure_says_sharing_was_not_checked()
     for _ in range(3):
         watch.sample()
     assert watch.readings == 0 and watch.shared() is None
-    assert watch.info() == {"neighbours": "no other GPU of this host visible to NVML: sharing not checked"}
+    assert watch.info() == {"neighbours": "no other GPU's PCIe traffic could be read (none visible to NVML, or no "
+                                          "answer): sharing not checked"}
 
 
 def test_a_reading_nvml_never_answers_does_not_hold_the_measurement() -> None:
@@ -205,6 +206,18 @@ def test_a_shared_measurement_is_taken_again_after_a_pause_until_alone() -> None
     assert (result, attempts, pauses) == (2, 2, [7.0]) and watch.shared() is None
     busy, watch, attempts = measured_alone(lambda: 1, lambda: {"GPU 1": 40.0}, retries=2, pause_s=7.0, sleep=lambda s: None)
     assert attempts == 3 and watch.shared() is not None  # never alone: the last, still marked
+    once, watch, attempts = measured_alone(lambda: 1, lambda: {"GPU 1": 40.0}, retries=0, sleep=pytest.fail)
+    assert attempts == 1 and watch.shared() is not None  # a layout's slice: marked, never measured out of step
+
+
+def test_what_a_figure_says_is_what_was_read_by_the_end_of_its_measurement() -> None:
+    now = {"GPU 1": 0.0}
+    watch = Neighbours(lambda: dict(now), every_s=0.001)
+    with watch:
+        time.sleep(0.01)
+    now["GPU 1"] = 40.0  # a reading that lands after the measurement ended
+    watch.sample()
+    assert watch.shared() is None and watch.info()["neighbours_pcie_gbs"] == 0.0
 
 
 def test_the_board_reads_every_other_gpus_pcie_counters(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -237,7 +250,8 @@ def _record(value: float, shared: bool, day: int = 1) -> ResultRecord:
 def test_a_sentence_from_a_file_is_printable_bounded_and_blank_is_none() -> None:
     assert shared_host({SHARED_HOST: "GPU 1 \x1b[2J\x07moved"}) == "GPU 1 \\x1b[2J\\x07moved"
     assert shared_host({SHARED_HOST: "   "}) is None and shared_host({SHARED_HOST: 7}) is None
-    assert shared_host({SHARED_HOST: "x" * 5_000_000}) == "x" * 400 + "..."
+    assert shared_host({SHARED_HOST: "x" * 5_000_000}) == "x" * 397 + "..."
+    assert len(shared_host({SHARED_HOST: "\x1b" * 5000}) or "") == 400  # the limit holds what is printed
     assert shared_host("not a mapping") is None
 
 
@@ -289,14 +303,30 @@ def _judged(first: float, again: list[float], shared: list[float]) -> Verdict:
     return Pipeline(history).judge([_record(first, False, 12)], remeasure=lambda: taken)[0]
 
 
-def test_a_shared_re_measurement_can_clear_a_dip_but_never_confirm_it() -> None:
-    cleared = _judged(49.0, [], [55.1, 55.0])  # sharing only slows copies: back inside the band, the dip was transient
-    assert cleared.outcome == "transient" and not cleared.failed
-    unsure = _judged(49.0, [], [30.0, 31.0])  # beyond the band while others copied: says nothing
-    assert unsure.outcome == "regressed" and unsure.failed and not unsure.confirmations
-    assert unsure.message.endswith("not confirmed: its re-measurements were made while the host's other GPUs copied")
-    alone = _judged(49.0, [48.8], [30.0])  # one made alone confirms, as before
-    assert alone.outcome == "regressed" and alone.confirmations == [48.8] and "not confirmed" not in alone.message
+def test_re_measurements_made_while_the_host_was_shared_judge_nothing() -> None:
+    rec = _record(49.0, False, 12)
+    history = RecordHistories([[_record(55.0, False, d)] for d in range(1, 11)])
+    taken = Remeasured()
+    taken.shared["h2d_gbs"] = [55.1, 54.9]  # back in the band, but the others copied: no evidence either way
+    v = Pipeline(history).judge([rec], remeasure=lambda: taken)[0]
+    assert v.outcome == "incomparable" and not v.failed and not v.confirmations
+    assert v.message == ("h2d_gbs 49.00 GB/s not compared: it read -10.9% alone, and its re-measurements were made "
+                         "while the host's other GPUs copied")
+    assert saveable(rec) is not None  # marked: never saved, exported or replayed
+    again = Pipeline(history).judge_runs([rec])[0]  # read back from the results file: the same verdict
+    assert again.outcome == "incomparable"
+    unsure = _judged(49.0, [], [30.0, 31.0])
+    assert unsure.outcome == "incomparable" and not unsure.failed
+    alone = _judged(49.0, [48.8], [55.0])  # one made alone decides, as before; the shared one is left out
+    assert alone.outcome == "regressed" and alone.confirmations == [48.8]
+    cleared = _judged(49.0, [55.1], [30.0])
+    assert cleared.outcome == "transient" and cleared.confirmations == [55.1]
+
+
+def test_the_detection_experiment_keeps_no_shared_figure() -> None:
+    from pytest_mig.night.detection import _gating_records
+    kept = _gating_records([_record(31.0, True), replace(_record(55.0, False), test=HOST + "[alone]")])
+    assert [k[0] for k in kept] == [HOST + "[alone]"]
 
 
 def test_compare_builds_no_history_of_shared_figures(tmp_path: Path) -> None:

@@ -18,8 +18,8 @@ taken while the others still copied.  A nightly on every GPU of a node would fai
   (:func:`shared_host`).
 
 Neither reaches across containers: one pod per GPU has its own network namespace (no shared turn)
-and an NVML that lists its own GPU only (no neighbours to read); the figures then say that no other
-GPU was visible (``info["neighbours"]``).  Run one job per node with ``--mig-device all`` there, as
+and an NVML that lists its own GPU only (no neighbours to read); the figures then say that sharing
+was not checked (``info["neighbours"]``).  Run one job per node with ``--mig-device all`` there, as
 docs/fleet.md does: its workers share the turn.  A process waits the whole ``TURN_WAIT_S`` once;
 after that, if the turn is still held, it takes the turn only where it is free.
 """
@@ -139,6 +139,7 @@ class Neighbours:
     readings: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
+    _final: tuple[float, dict[str, float], int] | None = None
 
     def sample(self) -> None:
         """Take one reading (the thread's step; callable directly).  A reading that fails, or in which
@@ -169,21 +170,29 @@ class Neighbours:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=self.join_s)  # a reading NVML never answers does not hold the test
+        # What was read by the end is what the figure says: a reading that lands later changes nothing.
+        self._final = (self.peak, dict(self.by_gpu), self.readings)
+
+    def _state(self) -> tuple[float, dict[str, float], int]:
+        return self._final if self._final is not None else (self.peak, dict(self.by_gpu), self.readings)
 
     def shared(self, limit: float = NEIGHBOUR_GBS) -> str | None:
         """The sentence a figure carries when the others moved more than ``limit`` (None: alone)."""
-        if self.peak <= limit:
+        peak, by_gpu, _ = self._state()
+        if peak <= limit:
             return None
-        busy = sorted((k for k, v in self.by_gpu.items() if v > 0.1 * limit), key=_gpu_order)
+        busy = sorted((k for k, v in by_gpu.items() if v > 0.1 * limit), key=_gpu_order)
         who = ", ".join(busy) if busy else "the other GPUs"
-        return (f"{who} of this host moved up to {self.peak:.1f} GB/s over PCIe while it was measured (over "
+        return (f"{who} of this host moved up to {peak:.1f} GB/s over PCIe while it was measured (over "
                 f"{limit:g} GB/s): host copies share the host's memory and PCIe switches, so this is not this "
                 f"GPU's link alone; measure it with the host's other GPUs idle")
 
     def info(self) -> dict[str, Any]:
-        if not self.readings:
-            return {"neighbours": "no other GPU of this host visible to NVML: sharing not checked"}
-        return {"neighbours_pcie_gbs": round(self.peak, 2), "neighbour_readings": self.readings}
+        peak, _, readings = self._state()
+        if not readings:
+            return {"neighbours": "no other GPU's PCIe traffic could be read (none visible to NVML, or no "
+                                  "answer): sharing not checked"}
+        return {"neighbours_pcie_gbs": round(peak, 2), "neighbour_readings": readings}
 
 
 def measured_alone(measure: Callable[[], T], read: Callable[[], Mapping[str, float]] | None,
@@ -218,7 +227,10 @@ def shared_host(info: Any) -> str | None:
     if not isinstance(info, Mapping):
         return None
     text = info.get(SHARED_HOST)
-    return printable(text.strip(), SENTENCE_LIMIT) if isinstance(text, str) and text.strip() else None
+    if not isinstance(text, str) or not text.strip():
+        return None
+    shown = printable(text.strip())  # escaped first, so that the limit holds what is printed
+    return shown if len(shown) <= SENTENCE_LIMIT else shown[:SENTENCE_LIMIT - 3] + "..."
 
 
 __all__ = ["NEIGHBOUR_GBS", "SHARED_HOST", "SHARED_PAUSE_S", "SHARED_RETRIES", "TURN_NAME", "TURN_WAIT_S", "Neighbours",

@@ -26,7 +26,7 @@ from pytest_mig.measure.clocks import throttle_reasons
 from pytest_mig.store.baselines import BaselineStore, entry_from_records, meta_from_record
 from pytest_mig.store.history import Baseline, BaselineEntry, BaselineError, BaselineMeta
 from pytest_mig.device.health import annotate
-from pytest_mig.device.host import shared_host
+from pytest_mig.device.host import SHARED_HOST, shared_host
 from pytest_mig.judge.prior import PriorSource, Priors
 from pytest_mig.judge.ceiling import Ceilings
 from pytest_mig.judge.reference import Reference, ReferenceStore
@@ -41,7 +41,6 @@ from pytest_mig.judge.verdict import (
     format_number,
     make_verdict,
     value_text,
-    worse_by,
 )
 
 #: A site's explicit tolerance: one fraction for every metric, or one per metric name.
@@ -51,8 +50,8 @@ Remeasure = Callable[[], Mapping[str, Sequence[float]]]
 
 
 class Remeasured(dict):  # type: ignore[type-arg]
-    """Each metric's re-measured values; ``shared``: those made while the host's other GPUs copied,
-    which can only clear or confirm on the side the sharing could not have caused (:meth:`Pipeline.judge`)."""
+    """Each metric's re-measured values made alone; ``shared``: those made while the host's other GPUs
+    copied, which judge nothing (:meth:`Pipeline.judge`)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -248,17 +247,16 @@ class Pipeline:
 
     def _confirmed(self, rec: ResultRecord, verdict: Verdict, values: Sequence[float],
                    shared: Sequence[float]) -> Verdict:
-        """The verdict re-judged on its re-measurements.  Those made while the host's other GPUs copied
-        (``shared``) can only have read worse than the GPU alone: one that still clears the threshold
-        (or is still beyond it on the better side) counts, one that does not says nothing."""
-        telling = [x for x in shared if verdict.baseline is not None and verdict.threshold is not None
-                   and (worse_by(x, verdict.baseline, verdict.direction) <= verdict.threshold
-                        if verdict.outcome == "regressed" else -worse_by(x, verdict.baseline, verdict.direction)
-                        > verdict.threshold)]
-        v = self.confirm(rec, verdict, [*values, *telling])
-        if shared and not values and not telling:
-            v.message += "; not confirmed: its re-measurements were made while the host's other GPUs copied"
-        return v
+        """The verdict re-judged on its re-measurements made alone.  Where every one was made while the
+        host's other GPUs copied (``shared``), they can neither confirm nor clear it: the figure is not
+        judged tonight, and is marked so that it is never saved, exported or replayed either."""
+        if shared and not values:
+            change = f"{verdict.change_pct:+.1f}%" if verdict.change_pct is not None else "beyond its threshold"
+            why = f"it read {change} alone, and its re-measurements were made while the host's other GPUs copied"
+            rec.metric.info[SHARED_HOST] = why
+            return make_verdict(rec, "incomparable", f"{value_text(rec)} not compared: {why}",
+                                throttled=verdict.throttled)
+        return self.confirm(rec, verdict, values)
 
     def confirm(self, rec: ResultRecord, verdict: Verdict, values: Sequence[float]) -> Verdict:
         """The verdict re-judged on the median of the first measurement and ``values``."""
