@@ -181,6 +181,10 @@ def test_the_gbs_figures_carry_the_sentence_and_the_fractions_do_not() -> None:
     idle.sample()
     mark_shared(alone, idle)
     assert shared_host(alone[0].info) is None and alone[0].info["neighbours_pcie_gbs"] == 0.05
+    assert "host_copy_attempts" not in alone[0].info and "host_copy_attempts" not in figures[0].info
+    again = [Metric("h2d_gbs", 55.0, "GB/s", "higher", [55.0], "memory", info={})]
+    mark_shared(again, idle, attempts=2)
+    assert again[0].info["host_copy_attempts"] == 2
 
 
 def test_a_shared_measurement_is_taken_again_after_a_pause_until_alone() -> None:

@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence, TextIO
 
-from pytest_mig.device.host import shared_host
-from pytest_mig.store.baselines import measured_value
+from pytest_mig.store.baselines import measured_value, saveable
 from pytest_mig.night.calibrate import check_pytest_args, pytest_command, run_suite
 from pytest_mig.judge.pipeline import Pipeline, RecordHistories
 from pytest_mig.measure import Metric, partner_keys
@@ -85,9 +84,9 @@ def _unjudged(rec: ResultRecord) -> ResultRecord:
 
 
 def _gating_records(records: Sequence[ResultRecord]) -> dict[Key, ResultRecord]:
-    """A run's figures as a history would keep them (none measured while the host was shared)."""
-    return {(r.test, r.metric.name, r.mode): r for r in records if r.metric.compare and r.metric.value > 0
-            and shared_host(r.metric.info) is None}
+    """A run's figures as a history would keep them (:func:`pytest_mig.store.baselines.saveable`: none
+    informational, non-positive, or measured while the host was shared)."""
+    return {(r.test, r.metric.name, r.mode): r for r in records if saveable(r) is None}
 
 
 def _judge_replayed(pipeline: Pipeline, rec: ResultRecord, confirmations: Sequence[ResultRecord]) -> tuple[bool, bool]:

@@ -80,15 +80,13 @@ def run_host_copies(target: Target, timer: Timer, *, quick: bool = False,
         # a layout's slice never times out of step with the others: it is marked, not measured again
         metrics, watch, attempts = measured_alone(lambda: _copies(target, timer, quick, read_link), neighbours,
                                                   retries=SHARED_RETRIES if turn else 0)
-    for m in metrics:
-        if m.unit == "GB/s" and attempts > 1:
-            m.info["host_copy_attempts"] = attempts
-    return mark_shared(metrics, watch, held)
+    return mark_shared(metrics, watch, held, attempts)
 
 
-def mark_shared(metrics: list[Metric], watch: Neighbours, held: Any = None) -> list[Metric]:
-    """The figures with what the host's other GPUs did meanwhile in their info; the GB/s figures
-    carry ``shared_host`` where the others moved more than the host module's limit."""
+def mark_shared(metrics: list[Metric], watch: Neighbours, held: Any = None, attempts: int = 1) -> list[Metric]:
+    """The figures with what the host's other GPUs did meanwhile in their info (and the attempts,
+    where the copies were taken again); the GB/s figures carry ``shared_host`` where the others moved
+    more than the host module's limit."""
     shared = watch.shared()
     for m in metrics:
         if m.unit != "GB/s":
@@ -96,6 +94,8 @@ def mark_shared(metrics: list[Metric], watch: Neighbours, held: Any = None) -> l
         m.info.update(watch.info())
         if held is not None:
             m.info.update(held.info())
+        if attempts > 1:
+            m.info["host_copy_attempts"] = attempts
         if shared:
             m.info[SHARED_HOST] = shared
     return metrics
