@@ -15,5 +15,5 @@ from pytest_mig.workloads.hostcopy import run_host_copies
 def test_host_bandwidth(mig_bench: MigBench) -> None:
     metrics = mig_bench.record_all(run_host_copies(mig_bench.target, mig_bench.timer, quick=mig_bench.quick,
                                                    read_link=mig_bench.read_link, neighbours=mig_bench.neighbours,
-                                                   turn=not mig_bench.in_layout))
+                                                   turn=not mig_bench.in_layout, lock=mig_bench.host_lock))
     assert all(m.value > 0 for m in metrics if m.unit == "GB/s")

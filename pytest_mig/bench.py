@@ -13,6 +13,7 @@ import gc
 import math
 import statistics
 import sys
+from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from pytest_mig.measure.cost import WULVER, SUCoefficients, cost_metrics
@@ -100,11 +101,14 @@ class MigBench:
         pace: Pace | None = None,
         sizes: Callable[[str], int | None] | None = None,
         neighbours: Callable[[], Mapping[str, float]] | None = None,
+        host_lock: Path | None = None,
     ) -> None:
         self.benchmark = benchmark
         self.read_link = read_link  # the board's PCIe link now (gen, width, max_gen, max_width), or None
         #: The host's other GPUs' PCIe traffic now, GB/s by GPU (pytest_mig.device.host), or None.
         self.neighbours = neighbours
+        #: The file the host's runs take turns at host copies on, across containers (--mig-host-lock), or None.
+        self.host_lock = host_lock
         #: Whether this run is one slice of a layout, timed in step with the others on the same GPU.
         self.in_layout = pace is not None
         self.target = target

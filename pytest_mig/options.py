@@ -58,6 +58,9 @@ HELP_SU = ("service-unit coefficients of the cost figures, 'cpu=1,ram_gb=4,gpu=1
            "default): SU/h = max(cpu x CPUs, RAM / ram_gb) + gpu x GPU_mem / gpu_mem_gb.")
 HELP_ALLOCATION = ("CPUs and RAM billed with the GPU, 'cpus=1,ram_gb=4' (default: Slurm's SLURM_CPUS_PER_TASK and "
                    "SLURM_MEM_PER_NODE when set, else 1 CPU and 4 GB as in Wulver's tables).")
+HELP_HOST_LOCK = ("a file every run of this host sees (a hostPath volume): runs in separate containers, such as one "
+                  "pod per GPU, take turns at their host copies on it as runs of one container do by themselves; "
+                  "opened for reading only, never written.")
 HELP_SCALING_BASIS = "ideal scaling between profiles: slices (7/3, 3/2, 2/1; default), sms, or memory."
 
 MARKERS = (
@@ -108,6 +111,7 @@ def add_options(parser: pytest.Parser) -> None:
                 help=HELP_SHRINK)
     g.addoption("--mig-confirm", dest="mig_confirm", type=count_arg, default=None, help=HELP_CONFIRM)
     g.addoption("--mig-slowdown-sms", dest="mig_slowdown_sms", type=positive_int_arg, default=None, help=HELP_SLOWDOWN)
+    g.addoption("--mig-host-lock", dest="mig_host_lock", default=None, metavar="FILE", help=HELP_HOST_LOCK)
     add_judging_options(g.addoption)
     g.addoption("--mig-report", dest="mig_report", default=None, help=HELP_REPORT)
     g.addoption("--mig-results", dest="mig_results", default=None, help=HELP_RESULTS)
@@ -134,3 +138,4 @@ def add_options(parser: pytest.Parser) -> None:
     parser.addini("mig_baseline_keep", HELP_KEEP, default="")
     parser.addini("mig_confirm", HELP_CONFIRM, default="")
     parser.addini("mig_su_coefficients", HELP_SU, default="")
+    parser.addini("mig_host_lock", HELP_HOST_LOCK, default="")

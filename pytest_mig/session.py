@@ -366,6 +366,7 @@ class MigSession:
         return MigBench(benchmark, target, telemetry, sink, quick=mode == "quick", su=self.settings.su,
                         allocation=self.settings.allocation, read_link=board.pcie if board else None, caches=self.caches,
                         neighbours=board.neighbours_pcie_gbs if board else None, pace=self.barrier,
+                        host_lock=self.settings.host_lock,
                         sizes=lambda name: self.pipeline.measured_size(record(Metric(name, 1.0, ""))))
 
     def judge(self, item: pytest.Item, bench: MigBench | None) -> list[str]:

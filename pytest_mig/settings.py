@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from pytest_mig.device.host import HostLockError, check_host_lock
 from pytest_mig.device.plan import Options
 from pytest_mig.store.results import default_results_path
 from pytest_mig.common.text import SHOWN, printable, quoted, shown
@@ -415,6 +416,7 @@ class Settings:
     all_tests: bool  # run tests that gate nothing here too
     window: float | None  # seconds of --mig-window
     slowdown_sms: int | None  # detection experiments: a whole GPU on this many SMs
+    host_lock: Path | None  # --mig-host-lock: the file the host's runs take turns on at host copies
     results: str | None  # the results file; None: .mig-results/results-<time>.json; "none": none
     report: str | None
     exports: tuple[tuple[str, Path], ...]
@@ -446,7 +448,27 @@ def read_settings(config: pytest.Config, opts: Options) -> Settings:
         all_tests=bool(config.getoption("mig_all_tests")), window=config.getoption("mig_window"),
         slowdown_sms=config.getoption("mig_slowdown_sms"), results=config.getoption("mig_results"),
         report=config.getoption("mig_report"), exports=tuple(config.getoption("mig_export") or ()),
-        scaling_results=tuple(config.getoption("mig_scaling_results") or ()), su=su, allocation=allocation)
+        scaling_results=tuple(config.getoption("mig_scaling_results") or ()), su=su, allocation=allocation,
+        host_lock=host_lock(config))
+
+
+def host_lock(config: pytest.Config) -> Path | None:
+    """``--mig-host-lock`` (ini ``mig_host_lock``): a file that every run of the host sees, checked
+    now (it opens, its file system takes locks); relative to the directory pytest runs in."""
+    given = config.getoption("mig_host_lock")
+    if given is not None and not given.strip():
+        raise pytest.UsageError("--mig-host-lock is empty: name a file every run of the host sees, or leave the option out.")
+    raw = str(given or config.getini("mig_host_lock") or "").strip()
+    if not raw:
+        return None
+    try:
+        check_path("--mig-host-lock", raw)  # a NUL byte, a name too long: before any call on it
+        path = Path(raw).expanduser()
+        path = path if path.is_absolute() else Path(config.invocation_params.dir) / path
+        check_host_lock(path)
+    except (FileProblem, HostLockError) as exc:
+        raise pytest.UsageError(f"{exc}.") from None
+    return path
 
 
 def check_slowdown(settings: Settings, plan: Any) -> None:

@@ -17,7 +17,9 @@ import fake_pynvml
 import pytest
 import topologies
 
-from pytest_mig.device.host import NEIGHBOUR_GBS, SHARED_HOST, Neighbours, host_turn, measured_alone, shared_host
+from pytest_mig.device.host import (NEIGHBOUR_GBS, SHARED_HOST, HostLockError, Neighbours, check_host_lock, host_turn,
+                                   measured_alone, shared_host)
+from pytest_mig.common.text import shown
 from pytest_mig.device.nvml import BoardReader
 from pytest_mig.device.target import TargetInfo
 from pytest_mig.judge.pipeline import Pipeline, RecordHistories, Remeasured
@@ -37,6 +39,17 @@ HOLDER = """
 import sys, time
 from pytest_mig.device.host import host_turn
 with host_turn("\\0" + sys.argv[1], wait_s=0) as turn:
+    print("held" if turn.held else "refused", flush=True)
+    time.sleep(60)
+"""
+
+
+#: A process that holds the turn ``name`` and the lock file ``path`` until it is killed.
+LOCK_HOLDER = """
+import sys, time
+from pathlib import Path
+from pytest_mig.device.host import host_turn
+with host_turn("\\0" + sys.argv[1], wait_s=0, lock=Path(sys.argv[2])) as turn:
     print("held" if turn.held else "refused", flush=True)
     time.sleep(60)
 """
@@ -101,6 +114,103 @@ def test_a_waiting_process_takes_the_turn_as_soon_as_it_is_free(monkeypatch: pyt
         pytest.skip("no abstract Unix sockets here")
     with host_turn(name, wait_s=10, poll_s=0.25, clock=lambda: now[0], sleep=sleep) as turn:
         assert turn.held and turn.waited_s == pytest.approx(1.0)
+
+
+# ------------------------------------------------------------------------------------------------
+# --mig-host-lock: the turn across containers (each its own network namespace), on a file.
+
+
+@LINUX
+def test_runs_that_share_only_the_lock_file_take_turns(tmp_path: Path) -> None:
+    lock = tmp_path / "host.lock"
+    # two network namespaces: each its own socket name, the one file between them
+    with host_turn(_name(), wait_s=0, lock=lock) as first:
+        with host_turn(_name(), wait_s=0, lock=lock) as second:
+            assert first.held and not second.held
+            assert first.info()["host_turn_lock"] == str(lock)
+    with host_turn(_name(), wait_s=0, lock=lock) as again:
+        assert again.held and not again.note
+
+
+@LINUX
+def test_a_run_waiting_for_the_lock_file_does_not_hold_the_socket_meanwhile(tmp_path: Path) -> None:
+    """Both or neither: while a run waits for the file, the socket is free for a run of its own
+    namespace, so no two runs each hold one lock and wait for the other."""
+    lock, name = tmp_path / "host.lock", _name()
+    free_while_waiting: list[bool] = []
+
+    def sleep(_: float) -> None:  # between two attempts: is the socket free?
+        with host_turn(name, wait_s=0) as other:
+            free_while_waiting.append(other.held)
+
+    with host_turn(_name(), wait_s=0, lock=lock):  # another namespace's run holds the file
+        with host_turn(name, wait_s=0.05, poll_s=0.01, lock=lock, sleep=sleep) as blocked:
+            assert not blocked.held
+    assert free_while_waiting and all(free_while_waiting)
+
+
+@LINUX
+def test_a_killed_holder_of_the_lock_file_frees_it(tmp_path: Path) -> None:
+    lock = tmp_path / "host.lock"
+    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, _name().lstrip("\0"), str(lock)],
+                              stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with host_turn(_name(), wait_s=0.2, poll_s=0.02, lock=lock) as turn:
+            assert not turn.held and "another process held the host's copies" in turn.note
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait()
+        with host_turn(_name(), wait_s=5, poll_s=0.02, lock=lock) as turn:
+            assert turn.held
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_the_lock_file_is_never_written(tmp_path: Path) -> None:
+    kept = tmp_path / "results.json"
+    kept.write_text('{"a site keeps this": 1}')
+    os.utime(kept, (1_000_000_000, 1_000_000_000))
+    check_host_lock(kept)
+    with host_turn(_name(), wait_s=0, lock=kept) as turn:
+        assert turn.held
+    assert kept.read_text() == '{"a site keeps this": 1}' and kept.stat().st_mtime == 1_000_000_000
+    made = tmp_path / "new.lock"
+    check_host_lock(made)
+    assert made.is_file() and made.stat().st_size == 0
+
+
+@pytest.mark.parametrize("kind", ["folder", "link", "fifo", "no parent", "results file"])
+def test_what_cannot_be_the_lock_file_is_one_sentence(tmp_path: Path, kind: str) -> None:
+    path = tmp_path / kind.replace(" ", "-")
+    if kind == "folder":
+        path.mkdir()
+        said = "is a folder: name a file in it, such as pytest-mig.lock"
+    elif kind == "link":
+        (tmp_path / "target").write_text("kept")
+        path.symlink_to(tmp_path / "target")
+        said = "is a link: name the file itself"
+    elif kind == "results file":
+        path.write_text('{"schema": "pytest-mig/results/1", "records": []}')
+        said = "is a results file, which pytest-mig replaces as it saves: name a file of its own, such as pytest-mig.lock"
+    elif kind == "fifo":
+        os.mkfifo(path)  # opening it must not wait for a writer
+        said = "is not a plain file"
+    else:
+        path = tmp_path / "missing" / "host.lock"
+        said = "cannot be opened: No such file or directory"
+    with pytest.raises(HostLockError) as err:
+        check_host_lock(path)
+    assert str(err.value) == f"--mig-host-lock {shown(str(path))} {said}"
+    if kind == "link":
+        assert (tmp_path / "target").read_text() == "kept"
+
+
+@LINUX
+def test_a_lock_file_lost_after_start_up_leaves_the_socket_turn_and_says_so(tmp_path: Path) -> None:
+    gone = tmp_path / "removed" / "host.lock"
+    with host_turn(_name(), wait_s=0, lock=gone) as turn:
+        assert turn.held and turn.note.startswith(f"no turn taken with {gone}:")
 
 
 def test_no_abstract_namespace_runs_without_the_turn_and_says_so() -> None:

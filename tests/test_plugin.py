@@ -16,6 +16,7 @@ import pytest
 
 import fake_pynvml
 import topologies as topo
+from pytest_mig.common.text import shown
 
 H100 = "NVIDIA H100 80GB HBM3"
 H100_PROFILES = "1g.10gb, 1g.10gb+me, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb"
@@ -729,3 +730,34 @@ def test_malformed_service_unit_options_are_usage_errors(pytester: pytest.Pytest
     machine("no-gpu")
     pytester.makepyfile("def test_x():\n    pass\n")
     assert value in usage_error(run(pytester, option, value))
+
+
+# ------------------------------------------------------------------------------------------------
+# --mig-host-lock: the host's turn at host copies across containers.
+
+
+def test_a_host_lock_that_cannot_be_one_is_a_usage_error_at_start_up(pytester: pytest.Pytester,
+                                                                     machine: Callable[..., None]) -> None:
+    machine("no-gpu")
+    pytester.makepyfile("def test_x():\n    pass\n")
+    folder = pytester.path / "locks"
+    folder.mkdir()
+    assert usage_error(run(pytester, "--mig-host-lock", "")) == (
+        "--mig-host-lock is empty: name a file every run of the host sees, or leave the option out.")
+    assert usage_error(run(pytester, "--mig-host-lock", "host\x00.lock")).startswith(
+        "--mig-host-lock host\\x00.lock: it holds a NUL byte")
+    assert usage_error(run(pytester, "--mig-host-lock", str(folder))) == (
+        f"--mig-host-lock {shown(str(folder))} is a folder: name a file in it, such as pytest-mig.lock.")
+    pytester.makeini(f"[pytest]\nmig_host_lock = {folder}/missing/host.lock\n")
+    assert usage_error(run(pytester)) == (
+        f"--mig-host-lock {shown(str(folder / 'missing/host.lock'))} cannot be opened: No such file or directory.")
+
+
+def test_the_host_lock_reaches_the_benchmarks_relative_to_where_pytest_runs(pytester: pytest.Pytester,
+                                                                            machine: Callable[..., None]) -> None:
+    machine("no-gpu")
+    pytester.makepyfile("def test_lock(mig_bench):\n    print('lock', mig_bench.host_lock)\n")
+    result = run(pytester, "-s", "--mig-results", "none", "--mig-host-lock", "host.lock")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines([f"*lock {pytester.path / 'host.lock'}"])
+    assert (pytester.path / "host.lock").read_bytes() == b""

@@ -205,10 +205,12 @@ def test_the_kubernetes_cronjob_asks_for_the_slice_it_tests_and_keeps_its_histor
     profile = c["command"][c["command"].index("--mig-profile") + 1]
     assert c["resources"]["limits"] == {f"nvidia.com/mig-{profile}": 1}
     state = {e["name"]: e["value"] for e in c["env"]}["MIG_STATE"]
-    (mount,) = c["volumeMounts"]
-    assert mount["mountPath"] == state
-    (volume,) = pod["volumes"]
-    assert volume["name"] == mount["name"] and volume["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes[mounts[state]]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+    # the host's turn at host copies: a file on a folder of the node, shared by its pods
+    lock = Path(c["command"][c["command"].index("--mig-host-lock") + 1])
+    assert volumes[mounts[str(lock.parent)]]["hostPath"]["type"] == "DirectoryOrCreate"
 
 
 STOPPED_SUITE = '''

@@ -17,25 +17,32 @@ taken while the others still copied.  A nightly on every GPU of a node would fai
   judged ``incomparable`` with that sentence and never saved into a history or a reference
   (:func:`shared_host`).
 
-Neither reaches across containers: one pod per GPU has its own network namespace (no shared turn)
-and an NVML that lists its own GPU only (no neighbours to read); the figures then say that sharing
-was not checked (``info["neighbours"]``).  Run one job per node with ``--mig-device all`` there, as
-docs/fleet.md does: its workers share the turn.  A process waits the whole ``TURN_WAIT_S`` once;
-after that, if the turn is still held, it takes the turn only where it is free.
+Neither reaches across containers on its own: one pod per GPU has its own network namespace (no
+shared turn) and an NVML that lists its own GPU only (no neighbours to read; the figures then say
+that sharing was not checked, ``info["neighbours"]``).  ``--mig-host-lock FILE`` names a file every
+run of the host sees (a hostPath volume): the turn is then also ``flock`` on it (:func:`open_host_lock`),
+which the kernel frees however the process ends; the file is opened for reading only, never
+written.  A process waits the whole ``TURN_WAIT_S`` once; after that, if the turn is still held, it
+takes the turn only where it is free.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import math
+import os
 import socket
+import stat
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, TypeVar
 
-from pytest_mig.common.text import printable
+from pytest_mig.common.files import kept_file
+from pytest_mig.common.text import printable, shown
 
 T = TypeVar("T")
 
@@ -68,59 +75,180 @@ class Turn:
     held: bool
     waited_s: float = 0.0
     note: str = ""
+    lock: Path | None = None  # --mig-host-lock's file, where the turn was also taken there
 
     def info(self) -> dict[str, Any]:
         out: dict[str, Any] = {"host_turn": "held" if self.held else "not held", "host_turn_waited_s": round(self.waited_s, 2)}
+        if self.lock is not None:
+            out["host_turn_lock"] = printable(str(self.lock))
         if self.note:
             out["host_turn_note"] = self.note
         return out
 
 
-#: Turn names whose whole wait ran out in this process: a second wait would only add as much again.
-_WAITED_OUT: set[str] = set()
+class HostLockError(ValueError):
+    """``--mig-host-lock`` names something that cannot be the turn's file; the message is one sentence."""
+
+
+def open_host_lock(path: Path) -> int:
+    """A descriptor of ``path`` for the host's turn (``--mig-host-lock``): a plain file, made empty
+    where it is missing, opened for reading only (never written: a file a site keeps stays as it
+    is), never through a link.  HostLockError says in one sentence why ``path`` cannot be it."""
+    where = shown(str(path))
+    if path.is_dir():
+        raise HostLockError(f"--mig-host-lock {where} is a folder: name a file in it, such as pytest-mig.lock")
+    kept = kept_file(path)
+    if kept:  # never written here, but replaced whole when saved: a lock on the old file would not hold
+        raise HostLockError(f"--mig-host-lock {where} is {kept}, which pytest-mig replaces as it saves: name a "
+                            f"file of its own, such as pytest-mig.lock")
+    try:  # O_NONBLOCK: a FIFO named here must not hold the run
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise HostLockError(f"--mig-host-lock {where} is a link: name the file itself") from None
+        raise HostLockError(f"--mig-host-lock {where} cannot be opened: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise HostLockError(f"--mig-host-lock {where} is not a plain file")
+    return fd
+
+
+def check_host_lock(path: Path) -> None:
+    """At start-up: ``path`` can be the host's turn (it opens, and its file system takes locks);
+    HostLockError otherwise."""
+    fd = open_host_lock(path)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    except BlockingIOError:
+        pass  # another run holds the turn now: the file takes locks
+    except OSError as exc:
+        raise HostLockError(f"--mig-host-lock {shown(str(path))}: its file system takes no locks "
+                            f"({exc.strerror or exc}); name a file on a local file system") from None
+    finally:
+        os.close(fd)
+
+
+class _Claim:
+    """One lock a turn takes.  ``take`` returns whether it is now held (False: another holds it, or
+    it can never be taken here, which ``unavailable`` then says; it is passed over after that)."""
+
+    unavailable = ""
+
+    def take(self) -> bool:
+        raise NotImplementedError
+
+    def release(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.release()
+
+
+class _SocketClaim(_Claim):
+    """An abstract Unix socket name: one per host and network namespace."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.sock: socket.socket | None = None
+
+    def take(self) -> bool:
+        try:
+            candidate = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        except (AttributeError, OSError) as exc:  # no Unix sockets here
+            self.unavailable = f"no turn taken: {exc}"
+            return False
+        try:
+            candidate.bind(self.name)
+        except OSError as exc:
+            candidate.close()
+            if exc.errno != errno.EADDRINUSE:
+                self.unavailable = f"no turn taken: {exc.strerror or exc}"  # no abstract namespace (not Linux)
+            return False
+        self.sock = candidate
+        return True
+
+    def release(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+
+class _FileClaim(_Claim):
+    """``flock`` on ``--mig-host-lock``'s file (:func:`open_host_lock`): the turn across network
+    namespaces.  The kernel frees it when the process ends."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd: int | None = None
+
+    def take(self) -> bool:
+        try:
+            if self.fd is None:
+                self.fd = open_host_lock(self.path)
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+        except (OSError, HostLockError) as exc:
+            self.unavailable = f"no turn taken with {printable(str(self.path))}: {getattr(exc, 'strerror', None) or exc}"
+            return False
+
+    def release(self) -> None:
+        if self.fd is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # frees the lock too
+            self.fd = None
+
+
+#: Turns whose whole wait ran out in this process: a second wait would only add as much again.
+_WAITED_OUT: set[tuple[str, Path | None]] = set()
 
 
 @contextlib.contextmanager
 def host_turn(name: str = TURN_NAME, wait_s: float = TURN_WAIT_S, poll_s: float = TURN_POLL_S,
               clock: Callable[[], float] = time.monotonic,
-              sleep: Callable[[float], None] = time.sleep) -> Iterator[Turn]:
-    """Hold the host's turn at host copies while the block runs (see the module docstring).
+              sleep: Callable[[float], None] = time.sleep, lock: Path | None = None) -> Iterator[Turn]:
+    """Hold the host's turn at host copies while the block runs (see the module docstring): the
+    abstract socket ``name`` and, with ``lock``, ``flock`` on that file; both at once or neither, so
+    that two runs never each hold one and wait for the other.
 
-    Never raises for the turn itself: where the platform has no abstract sockets, or the wait runs
-    out, the block runs without it and ``Turn.note`` says why.  Once a wait has run out in this
-    process, later ones take the turn only if it is free (a stuck holder costs one wait a night,
-    not one per re-measurement)."""
-    if name in _WAITED_OUT:
+    Never raises for the turn itself: where a lock cannot be taken here, or the wait runs out, the
+    block runs without it and ``Turn.note`` says why.  Once a wait has run out in this process, later
+    ones take the turn only if it is free (a stuck holder costs one wait a night, not one per
+    re-measurement)."""
+    key = (name, lock)
+    if key in _WAITED_OUT:
         wait_s = 0.0
+    claims: list[_Claim] = [_SocketClaim(name)] + ([_FileClaim(lock)] if lock is not None else [])
     start = clock()
-    sock: socket.socket | None = None
-    note = ""
+    busy, note = False, ""
     try:
         while True:
-            try:
-                candidate = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-            except (AttributeError, OSError) as exc:  # no Unix sockets here
-                note = f"no turn taken: {exc}"
-                break
-            try:
-                candidate.bind(name)
-                sock = candidate
-                break
-            except OSError as exc:
-                candidate.close()
-                if exc.errno != errno.EADDRINUSE:
-                    note = f"no turn taken: {exc.strerror or exc}"  # no abstract namespace (not Linux)
+            busy = False
+            for claim in claims:
+                if not claim.unavailable and not claim.take() and not claim.unavailable:
+                    busy = True
                     break
+            if not busy:
+                break
+            for claim in claims:
+                claim.release()
             if clock() - start >= wait_s:
                 note = (f"no turn taken: another process held the host's copies for over {wait_s:g} s" if wait_s
                         else "no turn taken: another process held the host's copies, as it did for this run's whole wait")
-                _WAITED_OUT.add(name)
+                _WAITED_OUT.add(key)
                 break
             sleep(poll_s)
-        yield Turn(sock is not None, clock() - start, note)
+        missing = [c.unavailable for c in claims if c.unavailable]
+        held = not busy and len(missing) < len(claims)
+        yield Turn(held, clock() - start, "; ".join([*missing, note] if note else missing), lock)
     finally:
-        if sock is not None:
-            sock.close()
+        for claim in claims:
+            claim.close()
 
 
 @dataclass
@@ -233,5 +361,5 @@ def shared_host(info: Any) -> str | None:
     return shown if len(shown) <= SENTENCE_LIMIT else shown[:SENTENCE_LIMIT - 3] + "..."
 
 
-__all__ = ["NEIGHBOUR_GBS", "SHARED_HOST", "SHARED_PAUSE_S", "SHARED_RETRIES", "TURN_NAME", "TURN_WAIT_S", "Neighbours",
-           "Turn", "host_turn", "measured_alone", "shared_host"]
+__all__ = ["NEIGHBOUR_GBS", "SHARED_HOST", "SHARED_PAUSE_S", "SHARED_RETRIES", "TURN_NAME", "TURN_WAIT_S", "HostLockError",
+           "Neighbours", "Turn", "check_host_lock", "host_turn", "measured_alone", "open_host_lock", "shared_host"]

@@ -24,6 +24,7 @@ measures; they neither wait nor measure again (out of step with the others), onl
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import torch
@@ -69,14 +70,16 @@ def _link_under_load(copy: Callable[[], Any], read_link: Callable[[], dict[str, 
 
 def run_host_copies(target: Target, timer: Timer, *, quick: bool = False,
                     read_link: Callable[[], dict[str, int] | None] | None = None,
-                    neighbours: Callable[[], Mapping[str, float]] | None = None, turn: bool = True) -> list[Metric]:
+                    neighbours: Callable[[], Mapping[str, float]] | None = None, turn: bool = True,
+                    lock: Path | None = None) -> list[Metric]:
     """H2D, D2H and bidirectional bandwidth in GB/s, each against the link's theoretical rate.
 
     ``neighbours`` reads the other GPUs' PCIe traffic now (GB/s by GPU); ``turn`` waits for the
-    host's turn at host copies first (the module docstring)."""
+    host's turn at host copies first (the module docstring), taken also on the file ``lock``
+    (``--mig-host-lock``) where one is given."""
     if target.is_cpu or not torch.cuda.is_available():
         raise DoesNotFit("host-device bandwidth needs a GPU: there is no link to measure on the CPU")
-    with host_turn() if turn else contextlib.nullcontext() as held:
+    with host_turn(lock=lock) if turn else contextlib.nullcontext() as held:
         # a layout's slice never times out of step with the others: it is marked, not measured again
         metrics, watch, attempts = measured_alone(lambda: _copies(target, timer, quick, read_link), neighbours,
                                                   retries=SHARED_RETRIES if turn else 0)
