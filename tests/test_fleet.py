@@ -65,6 +65,30 @@ def _regressed_board(doc: dict[str, Any]) -> int:
     return marked
 
 
+def test_report_names_a_board_whose_host_copies_were_made_while_the_host_was_shared(
+        tmp_path: Path, night: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    """Each such night is `incomparable` on its own; over a fleet's nights, the summary says how often."""
+    sentence = "GPU 1 of this host moved up to 41.0 GB/s over PCIe while it was measured"
+    files = []
+    for day, shared in ((26, False), (27, True), (28, True)):
+        doc = copy.deepcopy(night)
+        for r in doc["records"]:
+            r["timestamp"] = r["timestamp"].replace("2026-11-26", f"2026-11-{day}")
+            if r["test"].endswith("test_host_bandwidth") and r["metric"]["unit"] == "GB/s":
+                r["metric"]["info"].update({"neighbours_pcie_gbs": 41.0 if shared else 0.2, "neighbour_readings": 16})
+                if shared:
+                    r["metric"]["info"]["shared_host"] = sentence
+        files.append(tmp_path / f"night-{day}.json")
+        files[-1].write_text(json.dumps(doc))
+    assert main(["report", *map(str, files), "--out", str(tmp_path / "nights.md")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    at = lines.index("HOST COPIES NOT JUDGED: 1 device(s)")
+    assert lines[at + 1].startswith("  GPU 0 ") and lines[at + 1].endswith(
+        f": made while the host was shared in 2 of 3 run(s), so not judged; the last: {sentence}")
+    assert main(["report", str(files[0]), "--out", str(tmp_path / "alone.md")]) == 0
+    assert "HOST COPIES NOT JUDGED" not in capsys.readouterr().out  # a night measured alone: nothing to say
+
+
 def test_report_of_a_fleet_prints_the_summary_first_and_keeps_the_rows_in_the_file(
         tmp_path: Path, night: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
     files = fleet_nights.write_fleet(night, tmp_path / "fleet", 6, slow_gpu=SLOW)

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import math
 import os
 import socket
@@ -62,6 +61,9 @@ NEIGHBOUR_GBS = 2.0
 SAMPLE_S = 0.1
 #: The key a host-copy figure carries in its info when the host was shared during its measurement.
 SHARED_HOST = "shared_host"
+#: What a host-copy figure's info says of the host (:func:`Neighbours.info`, ``SHARED_HOST``): a report
+#: keeps these where it drops the rest of the info.
+HOST_INFO_KEYS = ("neighbours_pcie_gbs", "neighbours", SHARED_HOST)
 #: Measurements taken again, after a pause, while the other GPUs were seen copying.
 SHARED_RETRIES = 2
 SHARED_PAUSE_S = 5.0
@@ -113,9 +115,19 @@ def open_host_lock(path: Path) -> int:
     return fd
 
 
+def _fcntl() -> Any:
+    """The ``fcntl`` module (POSIX only; imported where it is used, as docs/architecture.md says)."""
+    try:
+        import fcntl
+    except ImportError:
+        raise HostLockError("--mig-host-lock needs POSIX file locks (fcntl), which this system has not") from None
+    return fcntl
+
+
 def check_host_lock(path: Path) -> None:
     """At start-up: ``path`` can be the host's turn (it opens, and its file system takes locks);
     HostLockError otherwise."""
+    fcntl = _fcntl()
     fd = open_host_lock(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
@@ -184,6 +196,7 @@ class _FileClaim(_Claim):
 
     def take(self) -> bool:
         try:
+            fcntl = _fcntl()
             if self.fd is None:
                 self.fd = open_host_lock(self.path)
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -196,7 +209,7 @@ class _FileClaim(_Claim):
 
     def release(self) -> None:
         if self.fd is not None:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            _fcntl().flock(self.fd, _fcntl().LOCK_UN)
 
     def close(self) -> None:
         if self.fd is not None:
@@ -361,5 +374,5 @@ def shared_host(info: Any) -> str | None:
     return shown if len(shown) <= SENTENCE_LIMIT else shown[:SENTENCE_LIMIT - 3] + "..."
 
 
-__all__ = ["NEIGHBOUR_GBS", "SHARED_HOST", "SHARED_PAUSE_S", "SHARED_RETRIES", "TURN_NAME", "TURN_WAIT_S", "HostLockError",
+__all__ = ["HOST_INFO_KEYS", "NEIGHBOUR_GBS", "SHARED_HOST", "SHARED_PAUSE_S", "SHARED_RETRIES", "TURN_NAME", "TURN_WAIT_S", "HostLockError",
            "Neighbours", "Turn", "check_host_lock", "host_turn", "measured_alone", "open_host_lock", "shared_host"]

@@ -6,6 +6,9 @@ per device and figure, go to the report file; this is the summary printed above 
   per board (how many of its figures, the worst), worst first.
 - **Slow nodes**: the nodes :func:`pytest_mig.report.tables.find_outliers` names, one line per node.
 - **Regressions**: the records whose verdict is ``regressed``, one line per device, most first.
+- **Host copies not judged**: devices whose host copies were made while the host's other GPUs copied
+  (:func:`pytest_mig.device.host.shared_host`), in how many of their runs here: a node whose
+  neighbours copy every night would otherwise never have them judged, one ``incomparable`` at a time.
 - **Fingerprints**: each field whose value differs between devices, with how many devices hold each
   value (the fewest named); and the changes since the baseline the verdicts name, with how many
   devices and figures each.
@@ -13,10 +16,13 @@ per device and figure, go to the report file; this is the summary printed above 
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
+from datetime import datetime
 from typing import TYPE_CHECKING, Iterable, Sequence
 
 from pytest_mig.device.fingerprint import FINGERPRINT_FIELDS, fingerprint_value
+from pytest_mig.device.host import HOST_INFO_KEYS, shared_host
 from pytest_mig.judge.verdict import format_number
 from pytest_mig.report.fleet import DeviceOutlier, device_key, device_label
 from pytest_mig.store.results import ResultRecord
@@ -83,6 +89,47 @@ def regression_lines(records: Iterable[ResultRecord]) -> list[str]:
     return [f"REGRESSIONS: {total} figure(s) on {len(by)} device(s)", *_capped(lines, "device(s)")]
 
 
+#: Seconds between two host-copy records of one device beyond which they belong to two runs.
+RUN_GAP_S = 60.0
+
+
+def _seconds(stamp: str) -> float:
+    try:
+        return datetime.fromisoformat(stamp).timestamp()
+    except ValueError:
+        return math.nan
+
+
+def shared_host_lines(records: Iterable[ResultRecord]) -> list[str]:
+    """One line per device whose host copies were made while the host was shared: in how many of its
+    runs here (a run: its host-copy records, under a minute apart), with the last such run's
+    sentence.  Nothing where no device's were."""
+    seen: dict[tuple[str, str], list[tuple[float, str, ResultRecord, str | None]]] = defaultdict(list)
+    for r in records:
+        info = r.metric.info if isinstance(r.metric.info, dict) else {}
+        if any(k in info for k in HOST_INFO_KEYS):
+            seen[device_key(r)].append((_seconds(r.timestamp), r.timestamp, r, shared_host(info)))
+    found = []
+    for key, marks in seen.items():
+        marks.sort(key=lambda m: (m[1], m[0]))
+        runs, shared, last, previous = 0, 0, None, None
+        run_shared = False
+        for at, _, rec, sentence in marks:
+            if previous is None or not (abs(at - previous) <= RUN_GAP_S):  # a new run (NaN: one of its own)
+                shared += run_shared
+                runs, run_shared = runs + 1, False
+            previous = at
+            if sentence:
+                run_shared, last = True, (rec, sentence)
+        shared += run_shared
+        if last is not None:
+            found.append((shared, runs, key, last))
+    lines = [f"  {device_label(rec)} on {rec.node}: made while the host was shared in {shared} of {runs} run(s), so "
+             f"not judged; the last: {sentence}"
+             for shared, runs, key, (rec, sentence) in sorted(found, key=lambda f: (-f[0], f[2]))]
+    return [f"HOST COPIES NOT JUDGED: {len(lines)} device(s)", *_capped(lines, "device(s)")] if lines else []
+
+
 def _devices(records: Iterable[ResultRecord]) -> dict[tuple[str, str], ResultRecord]:
     first: dict[tuple[str, str], ResultRecord] = {}
     for r in records:
@@ -129,7 +176,8 @@ def summary_lines(records: Sequence[ResultRecord], files: int, nodes: Sequence["
     tally = ", ".join(f"{n} {k}" for k, n in counts.items()) or "none"
     return [f"{len(records)} metric(s) from {files} file(s): {devices} device(s) on {node_names} node(s); "
             f"verdicts: {tally}",
-            *board_lines(boards), *node_lines(nodes), *regression_lines(records), *fingerprint_lines(records)]
+            *board_lines(boards), *node_lines(nodes), *regression_lines(records), *shared_host_lines(records),
+            *fingerprint_lines(records)]
 
 
-__all__ = ["board_lines", "fingerprint_lines", "node_lines", "regression_lines", "summary_lines"]
+__all__ = ["board_lines", "fingerprint_lines", "node_lines", "regression_lines", "shared_host_lines", "summary_lines"]

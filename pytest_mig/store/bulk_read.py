@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from pytest_mig.common.collector import collector_paused
+from pytest_mig.device.host import HOST_INFO_KEYS
 from pytest_mig.store.results import ResultRecord, ResultsFileError, read_results
 
 #: Most worker processes: past a few, the records coming back, not the reading, take the time.
@@ -41,13 +42,15 @@ Read = tuple[list[ResultRecord], str | None]
 
 
 def report_view(records: list[ResultRecord]) -> list[ResultRecord]:
-    """``records`` (one file's) with only what a report shows: no samples, info or health readings,
-    and one Target and one fingerprint object for each run of records that hold equal ones."""
+    """``records`` (one file's) with only what a report shows: no samples, health readings or info
+    but what a host copy says of the host (:data:`~pytest_mig.device.host.HOST_INFO_KEYS`), and one
+    Target and one fingerprint object for each run of records that hold equal ones."""
     target, fingerprint = None, None
     for r in records:
         r.health = None
         r.metric.samples = []
-        r.metric.info = {}
+        info = r.metric.info
+        r.metric.info = {k: info[k] for k in HOST_INFO_KEYS if k in info} if isinstance(info, dict) and info else {}
         if r.target == target:
             r.target = target
         target = r.target
