@@ -25,7 +25,8 @@ from pytest_mig.device.plan import Plan
 from pytest_mig.device.target import DoesNotFit, SelectionError, Target
 from pytest_mig.options import MARKERS, add_options
 from pytest_mig.session import MigSession
-from pytest_mig.settings import baseline_dir, check_path_options, marker_tolerance, options, resolve_output_paths
+from pytest_mig.settings import (baseline_dir, check_path_options, host_lock, marker_tolerance, options,
+                                 resolve_output_paths)
 from pytest_mig.store.results import ResultRecord, ResultsFileError, read_results
 from pytest_mig.workloads import preload
 from pytest_mig.device.health import failing
@@ -60,6 +61,7 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
     check_path_options(config)
     opts = options(config)
     resolve_output_paths(config)
+    host_lock(config)  # every worker would refuse it: said once, here
     try:
         return node.main(config.invocation_params.args, nvml.discover(), opts.profile, opts.emulate,
                          config.getoption("mig_results"), config.getoption("mig_report"), sys.stdout,
@@ -73,6 +75,7 @@ def _layout_main(config: pytest.Config) -> int:
     check_path_options(config)
     opts = options(config)
     resolve_output_paths(config)
+    host_lock(config)  # every worker would refuse it: said once, here
     save = ("always" if config.getoption("mig_save_baseline") else
             "if-passed" if config.getoption("mig_save_if_passed") else None)
     try:

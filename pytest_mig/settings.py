@@ -452,9 +452,17 @@ def read_settings(config: pytest.Config, opts: Options) -> Settings:
         host_lock=host_lock(config))
 
 
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return False
+
+
 def host_lock(config: pytest.Config) -> Path | None:
-    """``--mig-host-lock`` (ini ``mig_host_lock``): a file that every run of the host sees, checked
-    now (it opens, its file system takes locks); relative to the directory pytest runs in."""
+    """``--mig-host-lock`` (ini ``mig_host_lock``): a file that every run of the host sees, relative to
+    the rootdir as the other paths are, checked now: it can be locked
+    (:func:`pytest_mig.device.host.check_host_lock`) and is none of the files this run writes."""
     given = config.getoption("mig_host_lock")
     if given is not None and not given.strip():
         raise pytest.UsageError("--mig-host-lock is empty: name a file every run of the host sees, or leave the option out.")
@@ -463,8 +471,16 @@ def host_lock(config: pytest.Config) -> Path | None:
         return None
     try:
         check_path("--mig-host-lock", raw)  # a NUL byte, a name too long: before any call on it
-        path = Path(raw).expanduser()
-        path = path if path.is_absolute() else Path(config.invocation_params.dir) / path
+        try:
+            path = Path(raw).expanduser()
+        except RuntimeError:  # ~user with no such user, or no home
+            raise FileProblem(f"--mig-host-lock {shown(raw)}: its ~ names no home folder here") from None
+        path = path if path.is_absolute() else Path(config.rootpath) / path
+        check_path("--mig-host-lock", str(path))
+        for option, out in output_paths(config):
+            if os.path.realpath(out) == os.path.realpath(path) or _same_file(out, path):
+                raise FileProblem(f"--mig-host-lock {shown(str(path))} is also {option}, which this run writes: "
+                                  f"name a file of its own, such as pytest-mig.lock")
         check_host_lock(path)
     except (FileProblem, HostLockError) as exc:
         raise pytest.UsageError(f"{exc}.") from None

@@ -3,6 +3,7 @@ figure measured while they copied becomes (judged incomparable, never saved, nev
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -206,11 +207,70 @@ def test_what_cannot_be_the_lock_file_is_one_sentence(tmp_path: Path, kind: str)
         assert (tmp_path / "target").read_text() == "kept"
 
 
+def test_a_file_system_without_an_exclusive_lock_on_a_read_only_file_is_refused_at_start_up(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NFS gives flock's exclusive lock only on a file opened for writing: the run would never hold it."""
+    import fcntl
+
+    real = fcntl.flock
+
+    def nfs(fd: int, op: int) -> None:
+        if op & fcntl.LOCK_EX:
+            raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+        real(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", nfs)
+    lock = tmp_path / "host.lock"
+    with pytest.raises(HostLockError) as err:
+        check_host_lock(lock)
+    assert str(err.value) == (f"--mig-host-lock {shown(str(lock))}: its file system gives no lock on it (Bad file "
+                              f"descriptor); name a file on a local file system")
+
+
+def test_the_lock_file_is_made_for_every_run_of_the_host_whatever_the_umask(tmp_path: Path) -> None:
+    old = os.umask(0o077)
+    try:
+        check_host_lock(tmp_path / "host.lock")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "host.lock").stat().st_mode & 0o777 == 0o644
+
+
+@pytest.mark.parametrize("path, said", [("/proc/self/status", "is in /proc or /sys, whose files take no lock that "
+                                                               "holds between runs: name a file on a local file system"),
+                                        ("/dev/null", "is not a plain file")])
+def test_files_that_are_no_lock_are_refused_before_they_are_opened(path: str, said: str) -> None:
+    with pytest.raises(HostLockError) as err:
+        check_host_lock(Path(path))
+    assert str(err.value) == f"--mig-host-lock {path} {said}"
+
+
 @LINUX
-def test_a_lock_file_lost_after_start_up_leaves_the_socket_turn_and_says_so(tmp_path: Path) -> None:
+def test_a_lock_file_lost_after_start_up_is_no_turn_and_says_so(tmp_path: Path) -> None:
     gone = tmp_path / "removed" / "host.lock"
     with host_turn(_name(), wait_s=0, lock=gone) as turn:
-        assert turn.held and turn.note.startswith(f"no turn taken with {gone}:")
+        assert not turn.held
+        assert turn.note == f"no turn taken: --mig-host-lock {shown(str(gone))} cannot be opened: No such file or directory"
+
+
+@LINUX
+def test_a_lock_file_replaced_while_a_run_waits_is_opened_again(tmp_path: Path) -> None:
+    """A run that opened the file before it was replaced would lock a file no one else uses once its
+    holder ends: it checks that the path still names what it locked, and opens it again."""
+    from pytest_mig.device.host import _FileClaim
+
+    lock = tmp_path / "host.lock"
+    waiting = _FileClaim(lock)
+    try:
+        with host_turn(_name(), wait_s=0, lock=lock) as holder:
+            assert holder.held and not waiting.take()  # opened the first file, which the holder locks
+            lock.unlink()
+            lock.write_text("")  # the path now names another file
+        assert waiting.take()  # the first file is free: not enough, it locked the file the path names
+        with host_turn(_name(), wait_s=0, lock=lock) as newcomer:
+            assert not newcomer.held
+    finally:
+        waiting.close()
 
 
 def test_no_abstract_namespace_runs_without_the_turn_and_says_so() -> None:

@@ -753,11 +753,40 @@ def test_a_host_lock_that_cannot_be_one_is_a_usage_error_at_start_up(pytester: p
         f"--mig-host-lock {shown(str(folder / 'missing/host.lock'))} cannot be opened: No such file or directory.")
 
 
-def test_the_host_lock_reaches_the_benchmarks_relative_to_where_pytest_runs(pytester: pytest.Pytester,
-                                                                            machine: Callable[..., None]) -> None:
+def test_the_host_lock_reaches_the_benchmarks_relative_to_the_rootdir(pytester: pytest.Pytester,
+                                                                      machine: Callable[..., None],
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     machine("no-gpu")
-    pytester.makepyfile("def test_lock(mig_bench):\n    print('lock', mig_bench.host_lock)\n")
-    result = run(pytester, "-s", "--mig-results", "none", "--mig-host-lock", "host.lock")
+    pytester.makeini("[pytest]\nmig_host_lock = locks/host.lock\n")
+    (pytester.path / "locks").mkdir()
+    test = pytester.makepyfile("def test_lock(mig_bench):\n    print('lock', mig_bench.host_lock)\n")
+    (pytester.path / "elsewhere").mkdir()
+    monkeypatch.chdir(pytester.path / "elsewhere")  # as the baseline folder: the rootdir's, wherever pytest starts
+    result = run(pytester, "-s", "--mig-results", "none", str(test))
     assert result.ret == 0
-    result.stdout.fnmatch_lines([f"*lock {pytester.path / 'host.lock'}"])
-    assert (pytester.path / "host.lock").read_bytes() == b""
+    result.stdout.fnmatch_lines([f"*lock {pytester.path / 'locks' / 'host.lock'}"])
+    assert (pytester.path / "locks" / "host.lock").read_bytes() == b""
+
+
+def test_a_host_lock_that_the_run_would_write_or_no_home_names_is_a_usage_error(
+        pytester: pytest.Pytester, machine: Callable[..., None]) -> None:
+    machine("no-gpu")
+    pytester.makepyfile("def test_x():\n    pass\n")
+    out = pytester.path / "night.json"
+    assert usage_error(run(pytester, "--mig-results", str(out), "--mig-host-lock", str(out))) == (
+        f"--mig-host-lock {shown(str(out))} is also --mig-results, which this run writes: name a file of its own, "
+        "such as pytest-mig.lock.")
+    assert not out.exists()
+    assert usage_error(run(pytester, "--mig-host-lock", "~no-such-user-here/host.lock")) == (
+        "--mig-host-lock ~no-such-user-here/host.lock: its ~ names no home folder here.")
+    deep = "/".join(["d" * 200] * 20)  # under PATH_MAX as typed, over it under the rootdir
+    assert "--mig-host-lock " in usage_error(run(pytester, "--mig-host-lock", deep))
+
+
+def test_node_mode_says_a_bad_host_lock_once_before_any_worker_starts(pytester: pytest.Pytester,
+                                                                     machine: Callable[..., None]) -> None:
+    machine("h100-mig")
+    pytester.makepyfile("def test_x():\n    pass\n")
+    missing = pytester.path / "missing" / "host.lock"
+    assert usage_error(run(pytester, "--mig-profile", "1g.10gb", "--mig-device", "all", "--mig-host-lock",
+                           str(missing))) == f"--mig-host-lock {shown(str(missing))} cannot be opened: No such file or directory."

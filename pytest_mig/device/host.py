@@ -82,7 +82,7 @@ class Turn:
     def info(self) -> dict[str, Any]:
         out: dict[str, Any] = {"host_turn": "held" if self.held else "not held", "host_turn_waited_s": round(self.waited_s, 2)}
         if self.lock is not None:
-            out["host_turn_lock"] = printable(str(self.lock))
+            out["host_turn_lock"] = shown(str(self.lock))
         if self.note:
             out["host_turn_note"] = self.note
         return out
@@ -92,19 +92,43 @@ class HostLockError(ValueError):
     """``--mig-host-lock`` names something that cannot be the turn's file; the message is one sentence."""
 
 
+#: Folders whose files are a different one in every process or are no files at all: no lock there holds.
+PSEUDO_FOLDERS = ("/proc/", "/sys/")
+
+
 def open_host_lock(path: Path) -> int:
     """A descriptor of ``path`` for the host's turn (``--mig-host-lock``): a plain file, made empty
-    where it is missing, opened for reading only (never written: a file a site keeps stays as it
-    is), never through a link.  HostLockError says in one sentence why ``path`` cannot be it."""
+    (mode 644) where it is missing, opened for reading only (never written: a file a site keeps
+    stays as it is), never through a link, nothing else opened first.  HostLockError says in one
+    sentence why ``path`` cannot be it."""
     where = shown(str(path))
-    if path.is_dir():
-        raise HostLockError(f"--mig-host-lock {where} is a folder: name a file in it, such as pytest-mig.lock")
+    try:
+        seen: os.stat_result | None = os.lstat(path)
+    except FileNotFoundError:
+        seen = None
+    except (OSError, ValueError) as exc:
+        raise HostLockError(f"--mig-host-lock {where} cannot be read: {getattr(exc, 'strerror', None) or exc}") from None
+    if seen is not None:  # what it is, before anything opens it (a device may act on being opened)
+        if stat.S_ISLNK(seen.st_mode):
+            raise HostLockError(f"--mig-host-lock {where} is a link: name the file itself")
+        if stat.S_ISDIR(seen.st_mode):
+            raise HostLockError(f"--mig-host-lock {where} is a folder: name a file in it, such as pytest-mig.lock")
+        if not stat.S_ISREG(seen.st_mode):
+            raise HostLockError(f"--mig-host-lock {where} is not a plain file")
+    if (os.path.realpath(path) + "/").startswith(PSEUDO_FOLDERS):
+        raise HostLockError(f"--mig-host-lock {where} is in /proc or /sys, whose files take no lock that holds "
+                            f"between runs: name a file on a local file system")
     kept = kept_file(path)
     if kept:  # never written here, but replaced whole when saved: a lock on the old file would not hold
         raise HostLockError(f"--mig-host-lock {where} is {kept}, which pytest-mig replaces as it saves: name a "
                             f"file of its own, such as pytest-mig.lock")
-    try:  # O_NONBLOCK: a FIFO named here must not hold the run
-        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # O_NONBLOCK: a FIFO must not hold the run
+    try:
+        try:
+            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+            os.fchmod(fd, 0o644)  # every run of the host opens it, whatever this one's umask
+        except FileExistsError:
+            fd = os.open(path, flags)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise HostLockError(f"--mig-host-lock {where} is a link: name the file itself") from None
@@ -125,17 +149,17 @@ def _fcntl() -> Any:
 
 
 def check_host_lock(path: Path) -> None:
-    """At start-up: ``path`` can be the host's turn (it opens, and its file system takes locks);
-    HostLockError otherwise."""
+    """At start-up: ``path`` can be the host's turn: it opens, and its file system gives an exclusive
+    lock on a file opened for reading (NFS gives none); HostLockError otherwise."""
     fcntl = _fcntl()
     fd = open_host_lock(path)
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         fcntl.flock(fd, fcntl.LOCK_UN)
     except BlockingIOError:
         pass  # another run holds the turn now: the file takes locks
     except OSError as exc:
-        raise HostLockError(f"--mig-host-lock {shown(str(path))}: its file system takes no locks "
+        raise HostLockError(f"--mig-host-lock {shown(str(path))}: its file system gives no lock on it "
                             f"({exc.strerror or exc}); name a file on a local file system") from None
     finally:
         os.close(fd)
@@ -197,15 +221,29 @@ class _FileClaim(_Claim):
     def take(self) -> bool:
         try:
             fcntl = _fcntl()
-            if self.fd is None:
-                self.fd = open_host_lock(self.path)
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
+            for _ in range(3):
+                if self.fd is None:
+                    self.fd = open_host_lock(self.path)
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if self._still_the_file():
+                    return True
+                self.close()  # replaced or removed since it was opened: a lock on it excludes no one
+            return False
         except BlockingIOError:
             return False
-        except (OSError, HostLockError) as exc:
-            self.unavailable = f"no turn taken with {printable(str(self.path))}: {getattr(exc, 'strerror', None) or exc}"
+        except HostLockError as exc:
+            self.unavailable = f"no turn taken: {exc}"
             return False
+        except OSError as exc:
+            self.unavailable = f"no turn taken: --mig-host-lock {shown(str(self.path))}: {exc.strerror or exc}"
+            return False
+
+    def _still_the_file(self) -> bool:
+        try:
+            now, held = os.stat(self.path), os.fstat(self.fd) if self.fd is not None else None
+        except OSError:
+            return False
+        return held is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)
 
     def release(self) -> None:
         if self.fd is not None:
@@ -257,7 +295,9 @@ def host_turn(name: str = TURN_NAME, wait_s: float = TURN_WAIT_S, poll_s: float 
                 break
             sleep(poll_s)
         missing = [c.unavailable for c in claims if c.unavailable]
-        held = not busy and len(missing) < len(claims)
+        # held: nothing busy, something taken, and the file where one was asked for
+        held = not busy and len(missing) < len(claims) and not any(isinstance(c, _FileClaim) and c.unavailable
+                                                                    for c in claims)
         yield Turn(held, clock() - start, "; ".join([*missing, note] if note else missing), lock)
     finally:
         for claim in claims:
