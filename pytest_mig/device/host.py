@@ -126,7 +126,8 @@ def open_host_lock(path: Path) -> int:
     try:
         try:
             fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644)
-            os.fchmod(fd, 0o644)  # every run of the host opens it, whatever this one's umask
+            with contextlib.suppress(OSError):  # every run of the host opens it, whatever this one's umask
+                os.fchmod(fd, 0o644)
         except FileExistsError:
             fd = os.open(path, flags)
     except OSError as exc:
