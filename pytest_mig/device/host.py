@@ -53,8 +53,9 @@ TURN_WAIT_S = 300.0
 #: Seconds between two attempts at the turn.
 TURN_POLL_S = 0.05
 #: The other GPUs' PCIe traffic (GB/s, both directions, together) above which a host copy was not
-#: measured alone: 4% of the 50-55 GB/s a Gen5 x16 GPU copies at, under the figures' thresholds
-#: (10-11% on a short history); another GPU's copies move 30-55 GB/s.
+#: measured alone.  Between what was measured (docs/results/h200-turns-2026-11-28.tgz): three H200s
+#: running the rest of the suite read 0.12-1.08 GB/s together and left a fourth's copies at 54.7-55.4
+#: GB/s, as alone; another GPU's copies move 30-55 GB/s.
 NEIGHBOUR_GBS = 2.0
 #: Seconds between two readings of the other GPUs' traffic (each reading takes NVML's 20 ms
 #: sample per counter).
