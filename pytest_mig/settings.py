@@ -22,7 +22,8 @@ from pytest_mig.store.results import default_results_path
 from pytest_mig.common.text import SHOWN, printable, quoted, shown
 from pytest_mig.measure.cost import WULVER, SUCoefficients
 from pytest_mig.judge.reference import SHIPPED, store_for
-from pytest_mig.common.files import FileProblem, check_output, check_path, distinct_outputs, output_file, writes_through
+from pytest_mig.common.files import (FileProblem, check_output, check_path, distinct_outputs, output_file, same_file,
+                                     writes_through)
 from pytest_mig.store.history import BaselineError
 from pytest_mig.report.exports import GITHUB_NAMES, parse_export
 from pytest_mig.judge.verdict import parse_tolerance
@@ -452,13 +453,6 @@ def read_settings(config: pytest.Config, opts: Options) -> Settings:
         host_lock=host_lock(config))
 
 
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except (OSError, ValueError):
-        return False
-
-
 def host_lock(config: pytest.Config) -> Path | None:
     """``--mig-host-lock`` (ini ``mig_host_lock``): a file that every run of the host sees, relative to
     the rootdir as the other paths are, checked now: it can be locked
@@ -478,7 +472,7 @@ def host_lock(config: pytest.Config) -> Path | None:
         path = path if path.is_absolute() else Path(config.rootpath) / path
         check_path("--mig-host-lock", str(path))
         for option, out in output_paths(config):
-            if os.path.realpath(out) == os.path.realpath(path) or _same_file(out, path):
+            if same_file(out, path):
                 raise FileProblem(f"--mig-host-lock {shown(str(path))} is also {option}, which this run writes: "
                                   f"name a file of its own, such as pytest-mig.lock")
         check_host_lock(path)

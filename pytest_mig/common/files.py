@@ -428,6 +428,12 @@ def _identity(path: Path) -> tuple[Any, ...]:
         return ("path", os.path.realpath(path))
 
 
+def same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file: the same file where both exist (through a link, a hard link),
+    else the same path once links are followed."""
+    return _identity(Path(a)) == _identity(Path(b))
+
+
 def distinct_outputs(outputs: Sequence[tuple[str, Path]]) -> None:
     """Refuse two outputs of one run that name the same file (the same path spelled twice, through a
     link, or a hard link): the second would replace the first.  Outputs written through
@@ -582,5 +588,5 @@ def _lock_file(root: Path, timeout: float) -> Iterator[None]:
 __all__ = ["FileProblem", "KIND_READ_LIMIT", "LOCK_FILE_NAME", "LOCK_TIMEOUT_S", "MAX_DEPTH", "MAX_INT_DIGITS", "MAX_SIZE",
            "MAX_NUMBER", "NAME_MAX", "PATH_MAX", "STREAMS", "STREAM_FOLDERS", "atomic_write_text", "check_links",
            "check_output", "check_path", "depth", "distinct_outputs", "folder_holding", "folder_lock", "kept_file",
-           "output_file", "parse_json", "path_problem", "read_json", "read_text", "validate", "write_target",
+           "output_file", "parse_json", "path_problem", "read_json", "read_text", "same_file", "validate", "write_target",
            "writes_through"]

@@ -249,7 +249,8 @@ class _FileClaim(_Claim):
 
     def release(self) -> None:
         if self.fd is not None:
-            _fcntl().flock(self.fd, _fcntl().LOCK_UN)
+            fcntl = _fcntl()
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
 
     def close(self) -> None:
         if self.fd is not None:

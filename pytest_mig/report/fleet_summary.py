@@ -100,6 +100,17 @@ def _seconds(stamp: str) -> float:
         return math.nan
 
 
+def _runs(marks: list[tuple[float, str, ResultRecord, str | None]]) -> list[list[tuple[float, str, ResultRecord, str | None]]]:
+    """A device's host-copy records, oldest first, split where two are more than ``RUN_GAP_S`` apart
+    (a time that does not read is a run of its own)."""
+    runs: list[list[tuple[float, str, ResultRecord, str | None]]] = []
+    for mark in sorted(marks, key=lambda m: (m[1], m[0])):
+        if not runs or not abs(mark[0] - runs[-1][-1][0]) <= RUN_GAP_S:
+            runs.append([])
+        runs[-1].append(mark)
+    return runs
+
+
 def shared_host_lines(records: Iterable[ResultRecord]) -> list[str]:
     """One line per device whose host copies were made while the host was shared: in how many of its
     runs here (a run: its host-copy records, under a minute apart), with the last such run's
@@ -111,19 +122,11 @@ def shared_host_lines(records: Iterable[ResultRecord]) -> list[str]:
             seen[device_key(r)].append((_seconds(r.timestamp), r.timestamp, r, shared_host(info)))
     found = []
     for key, marks in seen.items():
-        marks.sort(key=lambda m: (m[1], m[0]))
-        runs, shared, last, previous = 0, 0, None, None
-        run_shared = False
-        for at, _, rec, sentence in marks:
-            if previous is None or not (abs(at - previous) <= RUN_GAP_S):  # a new run (NaN: one of its own)
-                shared += run_shared
-                runs, run_shared = runs + 1, False
-            previous = at
-            if sentence:
-                run_shared, last = True, (rec, sentence)
-        shared += run_shared
-        if last is not None:
-            found.append((shared, runs, key, last))
+        runs = _runs(marks)
+        said = [[(rec, sentence) for _, _, rec, sentence in run if sentence] for run in runs]
+        shared_runs = [run for run in said if run]
+        if shared_runs:
+            found.append((len(shared_runs), len(runs), key, shared_runs[-1][-1]))
     lines = [f"  {device_label(rec)} on {rec.node}: made while the host was shared in {shared} of {runs} run(s), so "
              f"not judged; the last: {sentence}"
              for shared, runs, key, (rec, sentence) in sorted(found, key=lambda f: (-f[0], f[2]))]
