@@ -521,3 +521,19 @@ def test_a_killed_save_s_temporary_file_is_removed_by_the_next_save(store: Basel
     other.write_text("")
     store.save([rec(150.0)])
     assert not dead.exists() and other.exists()
+
+
+def test_an_energy_figures_temperature_is_kept_with_its_run_and_an_impossible_one_is_not(store: BaselineStore) -> None:
+    def energy(value: float, temperature: Any, at: str) -> ResultRecord:
+        r = rec(value, name="fp16_energy_j_per_tflop", unit="J/TFLOP", direction="lower", kind="energy", timestamp=at)
+        r.metric.info["temperature_c"] = temperature
+        return r
+
+    store.save([energy(1.50, 57.0, "2025-01-01T00:00:00+00:00"), energy(1.52, 1e308, "2025-01-02T00:00:00+00:00"),
+                energy(1.51, float("nan"), "2025-01-03T00:00:00+00:00")])
+    runs = store.load("nvidia-h200", "3g.71gb").get(GEMM, "fp16_energy_j_per_tflop", "normal").runs
+    assert [r.temperature_c for r in runs] == [57.0, None, None]  # the file read back whole, as the schema checks it
+    gemm = rec()
+    gemm.metric.info["temperature_c"] = 60.0  # a rate figure's is not an energy reading: not kept
+    store.save([gemm])
+    assert store.load("nvidia-h200", "3g.71gb").get(GEMM, "fp16_tflops", "normal").runs[-1].temperature_c is None

@@ -85,6 +85,22 @@ def test_energy_metrics_per_unit_of_work() -> None:
     assert 0.5 < per.value < 3.0
 
 
+def test_energy_figures_keep_the_temperature_read_as_their_window_ended() -> None:
+    reads: list[int] = []
+
+    def clocks() -> dict[str, int]:  # 41 C before the timing, warmer ever after
+        reads.append(1)
+        return {"sm_clock_mhz": 1980, "temperature_c": 41 if len(reads) == 1 else 57}
+
+    tel = Telemetry(read_power_w=lambda: 200.0, interval=0.005, window_s=0.03, read_clocks=clocks)
+    timing = Timer("cpu", tel)(lambda: time.sleep(0.005), warmup=0, repeats=2)
+    per = {m.name: m for m in energy_metrics(timing, 1.0, "TFLOP")}["energy_j_per_tflop"]
+    assert per.info["temperature_c"] == 57.0
+    unread = Timer("cpu", Telemetry(read_power_w=lambda: 200.0, interval=0.005, window_s=0.03))(
+        lambda: time.sleep(0.005), warmup=0, repeats=2)
+    assert "temperature_c" not in {m.name: m for m in energy_metrics(unread, 1.0, "TFLOP")}["energy_j_per_tflop"].info
+
+
 def test_no_energy_metrics_without_power() -> None:
     timing = Timer("cpu")(lambda: None, warmup=0, repeats=2)
     assert energy_metrics(timing, 1.0, "token") == []

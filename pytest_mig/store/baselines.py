@@ -61,6 +61,7 @@ from pytest_mig.device.profiles import CPU, FULL
 from pytest_mig.device.target import EMULATED_SUFFIX, TargetInfo
 from pytest_mig.measure import Metric, within_run_noise
 from pytest_mig.measure.clocks import Clocks, measured_clock, throttle_reasons
+from pytest_mig.measure.timing import temperature_of
 from pytest_mig.store.history import (
     DEFAULT_KEEP,
     Baseline,
@@ -98,7 +99,7 @@ def run_from_record(record: ResultRecord) -> Run:
     m = record.metric
     return Run(value=measured_value(record), recorded_at=record.timestamp, fingerprint=dict(record.fingerprint or {}),
                noise=within_run_noise(m.samples), throttled=throttle_reasons(m.info), clock_mhz=measured_clock(m.info),
-               size=measured_size(m.info))
+               size=measured_size(m.info), temperature_c=temperature_of(m.info) if m.kind == "energy" else None)
 
 
 def measured_size(info: Any) -> int | None:

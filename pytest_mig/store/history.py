@@ -69,6 +69,7 @@ class Run:
     throttled: list[str] = field(default_factory=list)
     clock_mhz: float | None = None  # the SM clock it ran at (:func:`pytest_mig.measure.clocks.measured_clock`), for scaling checks
     size: int | None = None  # the problem size it was measured at, where its workload chooses one (GEMM's square)
+    temperature_c: float | None = None  # an energy figure's GPU temperature; informs, never sets, thresholds
 
     def to_dict(self, fp_id: str | None) -> dict[str, Any]:
         d: dict[str, Any] = {"at": self.recorded_at, "value": round_figure(self.value)}
@@ -82,6 +83,8 @@ class Run:
             d["clock_mhz"] = round(self.clock_mhz, 1)
         if self.size:
             d["size"] = int(self.size)
+        if self.temperature_c is not None and math.isfinite(self.temperature_c):
+            d["temperature_c"] = round(self.temperature_c, 1)
         return d
 
 

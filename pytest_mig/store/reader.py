@@ -157,6 +157,8 @@ def _read_v2(path: Path, doc: dict[str, Any]) -> dict[EntryKey, BaselineEntry]:
                         clock_mhz=None if r.get("clock_mhz") is None else check_number(path, f"{where} run clock_mhz",
                                                                                  r["clock_mhz"], positive=True),
                         size=check_size(path, f"{where} run size", r.get("size")),
+                        temperature_c=None if r.get("temperature_c") is None else check_number(
+                            path, f"{where} run temperature_c", r["temperature_c"]),
                     ))
                 entries[(test, name, mode)] = BaselineEntry(test, name, unit, direction, kind, tol, runs, mode)
     return entries

@@ -18,6 +18,7 @@ from typing import Any
 
 from pytest_mig.common.files import MAX_NUMBER, MAX_SIZE
 from pytest_mig.measure import METRIC_KINDS
+from pytest_mig.measure.timing import TEMPERATURE_RANGE
 
 _NUMBER = {"type": "number"}
 #: A number a history or reference keeps: within MAX_NUMBER either side of 0.
@@ -115,6 +116,7 @@ RUN: dict[str, Any] = {
         "noise": _OPT_BOUNDED, "throttled": {"type": ["array", "null"], "items": {"type": "string"}},
         "clock_mhz": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": MAX_NUMBER},
         "size": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_SIZE},
+        "temperature_c": {"type": ["number", "null"], "minimum": TEMPERATURE_RANGE[0], "maximum": TEMPERATURE_RANGE[1]},
     },
 }
 
