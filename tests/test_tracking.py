@@ -264,6 +264,19 @@ def test_tracking_metric_arithmetic():
     assert by_name["us_per_particle_turn"].value == pytest.approx(2.5e6 / 5e6)
     assert by_name["us_per_particle_turn"].samples == pytest.approx([0.4, 0.5, 0.6])
     assert by_name["seconds_per_10_turns"].value == pytest.approx(25.0)  # CERN's table: 10 turns
+    assert "clocks" not in by_name["particle_turns_per_s"].info  # none read
+
+
+def test_tracking_rates_keep_the_clock_and_temperature_they_ran_at():
+    lattice = lat.pack([lat.drift(1.0)], SMALL, 0)
+    snaps = {"before": {"sm_clock_mhz": 1980, "temperature_c": 44},
+             "after": {"sm_clock_mhz": 1830, "temperature_c": 61, "throttled": True, "throttle_reasons": ["sw_power_cap"]}}
+    by_name = {m.name: m for m in trk._metrics(Timing(samples=[2.0], clocks=snaps), 5_000_000, 1, lattice, "triton")}
+    for name in ("particle_turns_per_s", "us_per_particle_turn"):
+        info = by_name[name].info
+        assert info["clocks"]["after"]["temperature_c"] == 61 and info["throttled"] is True
+        assert info["particles"] == 5_000_000
+    assert "clocks" not in by_name["particles"].info  # the informational figures are not timings
 
 
 def test_cern_sizes_are_gpu_cases(cpu):

@@ -76,4 +76,22 @@ class Clocks:
         return out
 
 
-__all__ = ["THROTTLE_REASONS", "Clocks", "measured_clock", "throttle_reasons"]
+#: The energy info's GPU temperature (degrees C), read as its window ended (docs/detection.md, "Energy").
+TEMPERATURE = "temperature_c"
+
+
+#: The temperatures a GPU can read (degrees C); a reading outside them is not kept.
+TEMPERATURE_RANGE = (-100.0, 300.0)
+
+
+def temperature_of(info: Any) -> float | None:
+    """The temperature (degC) at ``info["temperature_c"]`` (None: none, or not one a GPU can read)."""
+    value = info.get(TEMPERATURE) if isinstance(info, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    low, high = TEMPERATURE_RANGE
+    return float(value) if low <= value <= high else None
+
+
+__all__ = ["TEMPERATURE", "TEMPERATURE_RANGE", "THROTTLE_REASONS", "Clocks", "measured_clock", "temperature_of",
+           "throttle_reasons"]

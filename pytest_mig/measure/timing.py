@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
+from pytest_mig.measure.clocks import TEMPERATURE, temperature_of
 from pytest_mig.measure.metric import (
     ENERGY_INFIX, Metric, Stats,
 )
@@ -577,9 +578,8 @@ def energy_metrics(timing: Timing, work_per_call: float, unit: str, *, label: st
     info: dict[str, Any] = {"scope": "board", "source": timing.power.source, "samples": len(timing.power.watts),
                             "window_s": round(timing.power.seconds, 3),
                             "calls": timing.energy_calls or len(timing.samples)}
-    temperature = _after_temperature(timing)
-    if temperature is not None:  # leakage power rises with it: what moves energy figures between nights
-        info[TEMPERATURE] = temperature
+    if (temperature := temperature_of(timing.clocks.get("after"))) is not None:  # read as the window ended:
+        info[TEMPERATURE] = temperature  # leakage power rises with it, what moves energy between nights
     half = timing.power.first_half
     if half is not None and timing.energy_calls:
         info["first_half"] = {"window_s": round(half[0], 3), "calls": half[2],
@@ -594,28 +594,6 @@ def energy_metrics(timing: Timing, work_per_call: float, unit: str, *, label: st
         Metric(f"{tag}{ENERGY_INFIX}{unit.lower()}", joules_per_call / work_per_call, f"J/{unit}", "lower",
                [], kind="energy", info=info, compare=valid),
     ]
-
-
-#: The energy info's GPU temperature (degrees C), read as its window ended (docs/detection.md, "Energy").
-TEMPERATURE = "temperature_c"
-
-
-#: The temperatures a GPU can read (degrees C); a reading outside them is not kept.
-TEMPERATURE_RANGE = (-100.0, 300.0)
-
-
-def temperature_of(info: Any) -> float | None:
-    """The temperature (degC) at ``info["temperature_c"]`` (None: none, or not one a GPU can read)."""
-    value = info.get(TEMPERATURE) if isinstance(info, dict) else None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    low, high = TEMPERATURE_RANGE
-    return float(value) if low <= value <= high else None
-
-
-def _after_temperature(timing: Timing) -> float | None:
-    """The GPU temperature read right after the timing's energy window (None: not read)."""
-    return temperature_of(timing.clocks.get("after") if isinstance(timing.clocks, dict) else None)
 
 
 #: An average above the enforced power limit by more than NVML's stated accuracy (+-5%) cannot be real.

@@ -60,8 +60,7 @@ from pytest_mig.common.text import SHOWN, quoted
 from pytest_mig.device.profiles import CPU, FULL
 from pytest_mig.device.target import EMULATED_SUFFIX, TargetInfo
 from pytest_mig.measure import Metric, within_run_noise
-from pytest_mig.measure.clocks import Clocks, measured_clock, throttle_reasons
-from pytest_mig.measure.timing import temperature_of
+from pytest_mig.measure.clocks import Clocks, measured_clock, temperature_of, throttle_reasons
 from pytest_mig.store.history import (
     DEFAULT_KEEP,
     Baseline,

@@ -18,7 +18,7 @@ from typing import Any
 
 from pytest_mig.common.files import MAX_NUMBER, MAX_SIZE
 from pytest_mig.measure import METRIC_KINDS
-from pytest_mig.measure.timing import TEMPERATURE_RANGE
+from pytest_mig.measure.clocks import TEMPERATURE_RANGE
 
 _NUMBER = {"type": "number"}
 #: A number a history or reference keeps: within MAX_NUMBER either side of 0.

@@ -582,9 +582,11 @@ def _metrics(timing: Timing, n: int, turns: int, lattice: Lattice, path: str) ->
     info = {"particles": n, "turns": turns, "elements": len(lattice), "path": path, "lattice_seed": lattice.seed}
     rates = timing.rate_samples(work)
     us = [s * 1e6 / work for s in timing.samples]
+    timed = {**info, **timing.clock_info()}  # the SM clock and temperature it ran at, and any throttle
     metrics = [
-        Metric("particle_turns_per_s", work / timing.median, "particle-turns/s", "higher", rates, kind="simulation", info=info),
-        Metric("us_per_particle_turn", timing.median * 1e6 / work, "us", "lower", us, kind="simulation", info=info),
+        Metric("particle_turns_per_s", work / timing.median, "particle-turns/s", "higher", rates, kind="simulation",
+               info=timed),
+        Metric("us_per_particle_turn", timing.median * 1e6 / work, "us", "lower", us, kind="simulation", info=timed),
         Metric("seconds_per_10_turns", timing.median / turns * 10, "s", "lower", [], kind="info", info=info, compare=False),
         Metric("particles", n, "particles", "higher", [], kind="info", info=info, compare=False),
     ]
