@@ -172,3 +172,19 @@ def test_rounds_last_long_enough_for_the_gpu_clock() -> None:
     assert rounds_iterations(0.5, 0.01) == 1
     assert rounds_iterations(1e-9, 0.01) == MAX_ITERATIONS
     assert rounds_iterations(0.0, 0.01) == 1
+
+
+@pytest.mark.parametrize("bad", [57, True, float("nan"), "sw_power_cap", {"a": 1}])
+def test_a_files_throttle_reasons_that_are_not_a_list_are_none(bad: object) -> None:
+    from pytest_mig.measure.clocks import throttle_reasons
+
+    info = {"clocks": {"after": {"throttle_reasons": bad}, "before": {"throttle_reasons": ["sw_power_cap"]}}}
+    assert throttle_reasons(info) == ["sw_power_cap"]  # the readable snapshot still counts, the other is none
+
+
+def test_a_number_too_large_for_a_float_is_no_clock_and_no_temperature() -> None:
+    from pytest_mig.measure.clocks import measured_clock, temperature_of
+
+    assert temperature_of({"temperature_c": 10 ** 400}) is None
+    assert measured_clock({"clocks": {"window": {"sm_clock_mhz": 10 ** 400}, "after": {"sm_clock_mhz": 1980}}}) == 1980.0
+    assert str(temperature_of({"temperature_c": -0.0})) == "0.0" and temperature_of({"temperature_c": 57}) == 57.0

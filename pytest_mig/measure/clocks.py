@@ -33,7 +33,8 @@ def throttle_reasons(info: Mapping[str, Any] | None) -> list[str]:
         snap = clocks.get(phase) or {}
         if not isinstance(snap, Mapping):
             continue
-        reasons = [str(r) for r in (snap.get("throttle_reasons") or [])]
+        listed = snap.get("throttle_reasons")
+        reasons = [str(r) for r in listed] if isinstance(listed, (list, tuple)) else []  # a file's 57 is none
         known = [r for r in reasons if r in THROTTLE_REASONS]
         if not known and snap.get("throttled"):
             known = reasons or ["throttled"]
@@ -50,10 +51,21 @@ def measured_clock(info: Mapping[str, Any] | None) -> float | None:
         return None
     for phase in ("window", "after"):
         snap = clocks.get(phase)
-        value = snap.get("sm_clock_mhz") if isinstance(snap, Mapping) else None
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
-            return float(value)
+        value = _number(snap.get("sm_clock_mhz") if isinstance(snap, Mapping) else None)
+        if value is not None and value > 0:
+            return value
     return None
+
+
+def _number(value: Any) -> float | None:
+    """A finite float of a number (not a bool); None for anything else, an int too large for a float too."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        x = float(value)
+    except OverflowError:
+        return None
+    return x if math.isfinite(x) else None
 
 
 @dataclass(frozen=True)
@@ -86,11 +98,9 @@ TEMPERATURE_RANGE = (-100.0, 300.0)
 
 def temperature_of(info: Any) -> float | None:
     """The temperature (degC) at ``info["temperature_c"]`` (None: none, or not one a GPU can read)."""
-    value = info.get(TEMPERATURE) if isinstance(info, dict) else None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
+    value = _number(info.get(TEMPERATURE) if isinstance(info, dict) else None)
     low, high = TEMPERATURE_RANGE
-    return float(value) if low <= value <= high else None
+    return value + 0.0 if value is not None and low <= value <= high else None  # + 0.0: never -0.0
 
 
 __all__ = ["TEMPERATURE", "TEMPERATURE_RANGE", "THROTTLE_REASONS", "Clocks", "measured_clock", "temperature_of",

@@ -84,7 +84,7 @@ class Run:
         if self.size:
             d["size"] = int(self.size)
         if self.temperature_c is not None and math.isfinite(self.temperature_c):
-            d["temperature_c"] = round(self.temperature_c, 1)
+            d["temperature_c"] = round(self.temperature_c, 1) + 0.0  # never -0.0
         return d
 
 
