@@ -279,6 +279,68 @@ def test_tracking_rates_keep_the_clock_and_temperature_they_ran_at():
     assert "clocks" not in by_name["particles"].info  # the informational figures are not timings
 
 
+def _copies(p: trk.Particles, n: int = 3) -> list[tuple[trk.Particles, trk.Particles]]:
+    return [(p, trk.Particles(p.coords.clone(), p.lost.clone(), p.turn.clone())) for _ in range(n)]
+
+
+def test_buffer_sets_tracked_to_different_results_fail_the_run():
+    beam = trk.simpletrack_particles(40).to_torch("cpu")
+    for field in ("coords", "lost", "turn"):
+        beams = _copies(beam)
+        getattr(beams[2][1], field)[..., 7] += 1  # one value of the third set
+        with pytest.raises(WorkloadError, match="different results"):
+            trk._verify_run(None, beams, 1, SMALL, 0, "cpu", True)
+    beams = _copies(beam)
+    beams[1][1].coords[0, 0] = -0.0  # equal as a number, not as the bits a deterministic kernel writes
+    with pytest.raises(WorkloadError, match="different results"):
+        trk._verify_run(None, beams, 1, SMALL, 0, "cpu", True)
+    beams = _copies(beam)
+    for _, d in beams:
+        d.coords[0, 3] = float("nan")  # the same NaN in every set is named as what it is
+    with pytest.raises(WorkloadError, match="non-finite"):
+        trk._verify_run(None, beams, 1, SMALL, 0, "cpu", True)
+
+
+class _GpuLike:
+    """A Target the GPU path takes, on the CPU: one SM (16,384 particles), a given memory budget."""
+
+    is_cpu, device, effective_sms = False, "cpu", 1
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+
+    def memory_budget(self) -> int:
+        return self.budget
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_the_gpu_path_times_every_buffer_set_that_fits_alike(monkeypatch, quick):
+    used: list[int] = []
+    monkeypatch.setattr(trk, "triton", object())
+    monkeypatch.setattr(trk, "track_triton", lambda lat, src, dst, turns: used.append(id(src)))
+    monkeypatch.setattr(trk, "_verify_run", lambda lat, beams, *a: used.append(len(beams)))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    need = 16384 * trk.BYTES_PER_PARTICLE
+    for budget, sets, repeats in ((100 * need, 2 if quick else 4, 2 if quick else 4), (3 * need, 2, 2 if quick else 4),
+                                  (need * 5 // 4, 1, 2 if quick else 3)):
+        used.clear()
+        metrics = trk.run_tracking(_GpuLike(budget), Timer("cpu"), quick=quick)
+        assert used[-1] == sets  # every set verified
+        timed = used[-1 - repeats:-1]
+        assert len(set(timed)) == sets and all(timed.count(i) == repeats // sets for i in set(timed))
+        rate = next(m for m in metrics if m.name == "particle_turns_per_s")
+        assert rate.info["placements"] == sets and len(rate.samples) == repeats
+    with pytest.raises(DoesNotFit, match="16,384 particles need"):
+        trk.run_tracking(_GpuLike(need), Timer("cpu"), quick=quick)
+
+
+def test_tracking_records_how_many_placements_it_timed():
+    lattice = lat.pack([lat.drift(1.0)], SMALL, 0)
+    metrics = trk._metrics(Timing(samples=[2.0] * 4), 5_000_000, 1, lattice, "triton", placements=4)
+    assert {m.name: m.info["placements"] for m in metrics}["particle_turns_per_s"] == 4
+    assert trk.PLACEMENTS == 4
+
+
 def test_cern_sizes_are_gpu_cases(cpu):
     assert trk.CERN_SIZES == (5_000_000, 10_000_000, 15_000_000)
     with pytest.raises(DoesNotFit, match="GPU case"):

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from pytest_mig.measure import Metric, Timer, Timing, energy_metrics
+from pytest_mig.measure.placements import Rotation, fitting
 from pytest_mig.device.target import Target
 from pytest_mig.workloads import DoesNotFit, WorkloadError
 from pytest_mig.workloads.lattice import (
@@ -49,6 +50,9 @@ X, PX, Y, PY, ZETA, DELTA, RPP, RVV = range(8)
 NCOORD = 8
 #: Bytes of device memory per particle: coordinates in and out, lost flag and turn counter in and out.
 BYTES_PER_PARTICLE = 2 * (NCOORD * 8 + 4 + 4)
+#: Buffer sets a GPU run times, one timed repeat each (quick mode: two): the figure is the median
+#: over placements in device memory (pytest_mig.measure.placements).
+PLACEMENTS = 4
 #: The particle counts of CERN's simpletrack table (A100 40GB, 10 turns).
 CERN_SIZES = (5_000_000, 10_000_000, 15_000_000)
 APERTURE_M = 1.0
@@ -107,11 +111,7 @@ class Particles:
     def to_torch(self, device: str) -> Particles:
         import torch
 
-        return Particles(
-            torch.as_tensor(np.ascontiguousarray(self.coords), device=device),
-            torch.as_tensor(np.ascontiguousarray(self.lost), device=device),
-            torch.as_tensor(np.ascontiguousarray(self.turn), device=device),
-        )
+        return Particles(*(torch.as_tensor(np.ascontiguousarray(a), device=device) for a in (self.coords, self.lost, self.turn)))
 
     def take(self, idx: np.ndarray) -> Particles:
         """The particles at indices ``idx``, on the arrays' own device."""
@@ -145,12 +145,8 @@ def random_particles(n: int, beam: Beam = Beam(), seed: int = 0) -> Particles:
     """Particles with every coordinate non-zero, so every term of every map is exercised."""
     rng = np.random.default_rng(seed)
     coords = np.zeros((NCOORD, n))
-    coords[X] = rng.normal(0, 3e-4, n)
-    coords[PX] = rng.normal(0, 1e-5, n)
-    coords[Y] = rng.normal(0, 3e-4, n)
-    coords[PY] = rng.normal(0, 1e-5, n)
-    coords[ZETA] = rng.normal(0, 5e-2, n)
-    coords[DELTA] = rng.normal(0, 2e-4, n)
+    for row, sigma in ((X, 3e-4), (PX, 1e-5), (Y, 3e-4), (PY, 1e-5), (ZETA, 5e-2), (DELTA, 2e-4)):
+        coords[row] = rng.normal(0, sigma, n)
     coords = _with_delta(coords, beam)
     return Particles(coords, np.zeros(n, np.int32), np.zeros(n, np.int32))
 
@@ -513,27 +509,37 @@ def run_tracking(
     n = particles or fitted_particles(target)
     if turns is None:
         turns = (2 if quick else 10) if particles is None else 1
-    need = n * BYTES_PER_PARTICLE
-    if need > 0.8 * target.memory_budget():
-        raise DoesNotFit(f"{n:,} particles need ~{need / 1e9:.1f} GB, the Target has {target.memory_budget() / 1e9:.1f} GB")
+    need, budget = n * BYTES_PER_PARTICLE, target.memory_budget()
+    sets = fitting(need, budget, 2 if quick else PLACEMENTS)
+    if not sets:
+        raise DoesNotFit(f"{n:,} particles need ~{need / 1e9:.1f} GB, the Target has {budget / 1e9:.1f} GB")
 
-    lattice = lattice_for(spec, seed)
+    lattice, host = lattice_for(spec, seed), simpletrack_particles(n)
     lat = DeviceLattice.of(lattice, Beam(), target.device)
-    src = simpletrack_particles(n).to_torch(target.device)
-    dst = empty_like(src)
-    timing = timer(lambda: track_triton(lat, src, dst, turns), warmup=1, repeats=2 if (quick or particles) else 3)
+    beams = [(src, empty_like(src)) for src in (host.to_torch(target.device) for _ in range(sets))]
+    rotation = Rotation(beams, lambda src, dst: track_triton(lat, src, dst, turns))
+    least = 2 if (quick or particles) else 3  # timed repeats: every set as often, at least this many
+    timing = timer(rotation, warmup=1, repeats=sets * -(-least // sets))
     torch.cuda.synchronize()
 
-    _verify_run(lat, src, dst, turns, spec, seed, target.device, quick)
-    return _metrics(timing, n, turns, lattice, "triton")
+    _verify_run(lat, beams, turns, spec, seed, target.device, quick)
+    return _metrics(timing, n, turns, lattice, "triton", placements=len(beams))
 
 
-def _verify_run(lat: DeviceLattice, src: Particles, dst: Particles, turns: int, spec: LatticeSpec, seed: int, device: str, quick: bool) -> None:
-    """Three checks: the beam survived and is finite; particles picked across the whole beam,
-    tracked alone, end where the big run put them (blocks, masks, strides); random particles
-    agree with the NumPy reference to REFERENCE_LIMIT (float64; the GPU contracts a*b+c into FMAs)."""
+def _verify_run(lat: DeviceLattice, beams: list[tuple[Particles, Particles]], turns: int, spec: LatticeSpec,
+                seed: int, device: str, quick: bool) -> None:
+    """Four checks: the beam survived and is finite; every buffer set tracked it to the same bits;
+    particles picked across the whole beam, tracked alone, end where the big run put them (blocks,
+    masks, strides); random particles agree with the NumPy reference to REFERENCE_LIMIT (float64, FMAs)."""
+    import torch
+
+    src, dst = beams[0]
     if not bool(dst.coords.isfinite().all()):
         raise WorkloadError("tracking produced non-finite coordinates")
+    same = (torch.equal(d.coords.view(torch.int64), dst.coords.view(torch.int64))  # bits: -0.0 is not 0.0
+            and torch.equal(d.lost, dst.lost) and torch.equal(d.turn, dst.turn) for _, d in beams[1:])
+    if not all(same):
+        raise WorkloadError("buffer sets holding the same beam were tracked to different results")
     nlost = int(dst.lost.sum())
     if nlost:
         raise WorkloadError(f"{nlost} of {dst.n} particles were lost: simpletrack's beam must survive")
@@ -577,9 +583,10 @@ def _run_cpu(target: Target, timer: Timer, *, particles: int | None, quick: bool
     return _metrics(timing, n, turns, lattice, "torch-cpu")
 
 
-def _metrics(timing: Timing, n: int, turns: int, lattice: Lattice, path: str) -> list[Metric]:
+def _metrics(timing: Timing, n: int, turns: int, lattice: Lattice, path: str, placements: int = 1) -> list[Metric]:
     work = n * turns
-    info = {"particles": n, "turns": turns, "elements": len(lattice), "path": path, "lattice_seed": lattice.seed}
+    info = {"particles": n, "turns": turns, "elements": len(lattice), "path": path, "lattice_seed": lattice.seed,
+            "placements": placements}
     rates = timing.rate_samples(work)
     us = [s * 1e6 / work for s in timing.samples]
     timed = {**info, **timing.clock_info()}  # the SM clock and temperature it ran at, and any throttle
