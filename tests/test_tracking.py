@@ -26,6 +26,7 @@ from pytest_mig.device.target import Target
 from pytest_mig.workloads import DoesNotFit, WorkloadError
 from pytest_mig.workloads import lattice as lat
 from pytest_mig.workloads import tracking as trk
+from pytest_mig.workloads import tracking_maps as maps
 
 GIB = 2**30
 SMALL = lat.LHC.scaled(1 / 64)  # ~300 elements: quick to track in NumPy
@@ -105,15 +106,15 @@ def _one(element: lat.Element) -> lat.Lattice:
     return lat.pack([element], SMALL, seed=0)
 
 
-def _particle(**coords: float) -> trk.Particles:
-    p = trk.simpletrack_particles(1)
+def _particle(**coords: float) -> maps.Particles:
+    p = maps.simpletrack_particles(1)
     for name, value in coords.items():
-        p.coords[getattr(trk, name.upper())] = value
-    return trk.Particles(trk._with_delta(p.coords, trk.Beam()), p.lost, p.turn)
+        p.coords[getattr(maps, name.upper())] = value
+    return maps.Particles(maps._with_delta(p.coords, maps.Beam()), p.lost, p.turn)
 
 
 def test_drift_map():
-    out = trk.track_reference(_one(lat.drift(2.0)), _particle(px=1e-3, py=-2e-3), 1)
+    out = maps.track_reference(_one(lat.drift(2.0)), _particle(px=1e-3, py=-2e-3), 1)
     x, px, y, py, zeta = out.coords[:5, 0]
     assert (x, y, px, py) == pytest.approx((2e-3, -4e-3, 1e-3, -2e-3), rel=1e-15)
     assert zeta == pytest.approx(2.0 * (1.0 - (1 + (1e-6 + 4e-6) / 2)), rel=1e-9)  # rvv = 1 on momentum
@@ -122,82 +123,82 @@ def test_drift_map():
 
 def test_drift_aperture_loses_the_particle_and_freezes_it():
     elements = [lat.drift(1.0), lat.xyshift(0.5, 0.0)]
-    out = trk.track_reference(lat.pack(elements, SMALL, 0), _particle(x=0.95, px=0.1), 2)
+    out = maps.track_reference(lat.pack(elements, SMALL, 0), _particle(x=0.95, px=0.1), 2)
     assert out.lost[0] == 1 and out.turn[0] == 0
-    assert out.coords[trk.X, 0] == pytest.approx(1.05)  # after the drift; the shift did not apply
+    assert out.coords[maps.X, 0] == pytest.approx(1.05)  # after the drift; the shift did not apply
 
 
 def test_quadrupole_kick():
     k1 = 0.02
-    out = trk.track_reference(_one(lat.multipole([0.0, k1])), _particle(x=1e-3, y=2e-3), 1)
-    assert out.coords[trk.PX, 0] == pytest.approx(-k1 * 1e-3, rel=1e-14)  # focusing in x ...
-    assert out.coords[trk.PY, 0] == pytest.approx(k1 * 2e-3, rel=1e-14)  # ... defocusing in y
+    out = maps.track_reference(_one(lat.multipole([0.0, k1])), _particle(x=1e-3, y=2e-3), 1)
+    assert out.coords[maps.PX, 0] == pytest.approx(-k1 * 1e-3, rel=1e-14)  # focusing in x ...
+    assert out.coords[maps.PY, 0] == pytest.approx(k1 * 2e-3, rel=1e-14)  # ... defocusing in y
 
 
 def test_higher_order_horner_matches_the_complex_field():
     kn = [0.0, 0.01, 0.3, -2.0, 40.0]
     ks = [0.0, 0.002, -0.1, 1.0, 5.0]
     x, y = 1.2e-3, -0.7e-3
-    out = trk.track_reference(_one(lat.multipole(kn, ks)), _particle(x=x, y=y), 1)
+    out = maps.track_reference(_one(lat.multipole(kn, ks)), _particle(x=x, y=y), 1)
     z = complex(x, y)
     field = sum((kn[n] + 1j * ks[n]) * z**n / math.factorial(n) for n in range(len(kn)))
-    assert out.coords[trk.PX, 0] == pytest.approx(-field.real, rel=1e-13)
-    assert out.coords[trk.PY, 0] == pytest.approx(field.imag, rel=1e-13)
+    assert out.coords[maps.PX, 0] == pytest.approx(-field.real, rel=1e-13)
+    assert out.coords[maps.PY, 0] == pytest.approx(field.imag, rel=1e-13)
 
 
 def test_bend_keeps_the_reference_orbit_and_bends_the_rest():
     angle, length = 2 * math.pi / 2572, 11.0
     bend = lat.multipole([angle], length=length, hxl=angle)
-    on_axis = trk.track_reference(_one(bend), _particle(), 1)
+    on_axis = maps.track_reference(_one(bend), _particle(), 1)
     assert np.all(on_axis.coords[:5, 0] == 0.0)
-    off = trk.track_reference(_one(bend), _particle(x=1e-3, delta=1e-4), 1)
-    assert off.coords[trk.PX, 0] == pytest.approx(angle * 1e-4 - angle**2 * 1e-3 / length, rel=1e-12)
-    assert off.coords[trk.ZETA, 0] == pytest.approx(-angle * 1e-3, rel=1e-12)
+    off = maps.track_reference(_one(bend), _particle(x=1e-3, delta=1e-4), 1)
+    assert off.coords[maps.PX, 0] == pytest.approx(angle * 1e-4 - angle**2 * 1e-3 / length, rel=1e-12)
+    assert off.coords[maps.ZETA, 0] == pytest.approx(-angle * 1e-3, rel=1e-12)
 
 
 def test_xyshift_and_srotation():
-    out = trk.track_reference(_one(lat.xyshift(1e-4, -2e-4)), _particle(x=1e-3, y=1e-3), 1)
-    assert out.coords[trk.X, 0] == pytest.approx(0.9e-3) and out.coords[trk.Y, 0] == pytest.approx(1.2e-3)
+    out = maps.track_reference(_one(lat.xyshift(1e-4, -2e-4)), _particle(x=1e-3, y=1e-3), 1)
+    assert out.coords[maps.X, 0] == pytest.approx(0.9e-3) and out.coords[maps.Y, 0] == pytest.approx(1.2e-3)
     a = 0.3
-    out = trk.track_reference(_one(lat.srotation(a)), _particle(x=1e-3, px=1e-5), 1)
+    out = maps.track_reference(_one(lat.srotation(a)), _particle(x=1e-3, px=1e-5), 1)
     c, s = math.cos(a), math.sin(a)
-    assert out.coords[trk.X, 0] == pytest.approx(c * 1e-3) and out.coords[trk.Y, 0] == pytest.approx(-s * 1e-3)
-    assert out.coords[trk.PX, 0] == pytest.approx(c * 1e-5) and out.coords[trk.PY, 0] == pytest.approx(-s * 1e-5)
+    assert out.coords[maps.X, 0] == pytest.approx(c * 1e-3) and out.coords[maps.Y, 0] == pytest.approx(-s * 1e-3)
+    assert out.coords[maps.PX, 0] == pytest.approx(c * 1e-5) and out.coords[maps.PY, 0] == pytest.approx(-s * 1e-5)
 
 
 def test_cavity_gives_the_energy_of_its_phase():
-    beam = trk.Beam()
+    beam = maps.Beam()
     volt, kfreq, lag = 2.0e6, 8.3999, math.pi
     on_crest_zeta = 0.05
-    out = trk.track_reference(_one(lat.cavity(volt, kfreq, lag)), _particle(zeta=on_crest_zeta), 1)
+    out = maps.track_reference(_one(lat.cavity(volt, kfreq, lag)), _particle(zeta=on_crest_zeta), 1)
     tau = on_crest_zeta / 1.0 / beam.beta0  # rvv = 1 on momentum
     d_e = volt * math.sin(lag - kfreq * tau)
     e1 = math.hypot(beam.p0c, beam.mass0) + d_e
     p1 = math.sqrt(e1 * e1 - beam.mass0**2)
-    assert out.coords[trk.DELTA, 0] == pytest.approx(p1 / beam.p0c - 1.0, rel=1e-9, abs=1e-15)
-    assert out.coords[trk.RPP, 0] == pytest.approx(beam.p0c / p1, rel=1e-12)
-    assert out.coords[trk.RVV, 0] == pytest.approx((p1 / e1) / beam.beta0, rel=1e-12)
-    at_zero = trk.track_reference(_one(lat.cavity(volt, kfreq, lag)), _particle(), 1)
-    assert abs(at_zero.coords[trk.DELTA, 0]) < 1e-15  # sin(pi) = 0: no kick on the synchronous particle
+    assert out.coords[maps.DELTA, 0] == pytest.approx(p1 / beam.p0c - 1.0, rel=1e-9, abs=1e-15)
+    assert out.coords[maps.RPP, 0] == pytest.approx(beam.p0c / p1, rel=1e-12)
+    assert out.coords[maps.RVV, 0] == pytest.approx((p1 / e1) / beam.beta0, rel=1e-12)
+    at_zero = maps.track_reference(_one(lat.cavity(volt, kfreq, lag)), _particle(), 1)
+    assert abs(at_zero.coords[maps.DELTA, 0]) < 1e-15  # sin(pi) = 0: no kick on the synchronous particle
 
 
 # --- whole-lattice tracking and its checks -----------------------------------------------------
 
 
 def test_torch_path_matches_the_numpy_reference(small):
-    src = trk.random_particles(24, seed=4)
-    want = trk.track_reference(small, src, 2)
-    got = trk.track_reference(small, src.to_torch("cpu"), 2, xp=torch)
+    src = maps.random_particles(24, seed=4)
+    want = maps.track_reference(small, src, 2)
+    got = maps.track_reference(small, src.to_torch("cpu"), 2, xp=torch)
     assert isinstance(got.coords, torch.Tensor) and got.coords.dtype == torch.float64
-    assert trk.compare(got, want, trk.TORCH_LIMIT, "torch vs NumPy") <= trk.TORCH_LIMIT
+    assert maps.compare(got, want, trk.TORCH_LIMIT, "torch vs NumPy") <= trk.TORCH_LIMIT
     assert np.all(want.lost == 0) and np.all(want.turn == 2)
-    assert np.all(np.abs(want.coords[trk.X]) > 0)  # every particle moved away from where it started
+    assert np.all(np.abs(want.coords[maps.X]) > 0)  # every particle moved away from where it started
 
 
 def test_simpletrack_beam_survives_and_stays_small(small):
-    out = trk.track_reference(small, trk.simpletrack_particles(32), 3)
+    out = maps.track_reference(small, maps.simpletrack_particles(32), 3)
     assert np.all(out.lost == 0) and np.all(out.turn == 3) and np.all(np.isfinite(out.coords))
-    assert np.max(np.abs(out.coords[trk.X])) < 1e-2  # a stable lattice: betatron motion, not runaway
+    assert np.max(np.abs(out.coords[maps.X])) < 1e-2  # a stable lattice: betatron motion, not runaway
 
 
 def _perturbed(lattice: lat.Lattice, kind: int, index: int, field: int, rel: float) -> lat.Lattice:
@@ -213,26 +214,26 @@ def _perturbed(lattice: lat.Lattice, kind: int, index: int, field: int, rel: flo
     (lat.MULTIPOLE, lat.MULTIPOLE_HEADER + 2, 1e-6),  # one quadrupole's kn1 off by 1e-6
 ], ids=["drift length", "quadrupole strength"])
 def test_comparison_catches_a_slightly_wrong_map(small, kind, field, rel):
-    src = trk.random_particles(16, seed=1)
-    want = trk.track_reference(small, src, 1)
+    src = maps.random_particles(16, seed=1)
+    want = maps.track_reference(small, src, 1)
     offsets = small.offsets[small.types == kind]
     index = int(np.flatnonzero(small.params[offsets + field] > 1e-3)[0])  # a drift; a focusing quadrupole
     broken = _perturbed(small, kind, index, field, rel)
-    got = trk.track_reference(broken, src.to_torch("cpu"), 1, xp=torch)
+    got = maps.track_reference(broken, src.to_torch("cpu"), 1, xp=torch)
     with pytest.raises(WorkloadError, match="differs from the reference"):  # the GPU run's own limit catches it
-        trk.compare(got, want, trk.REFERENCE_LIMIT, "broken map")
+        maps.compare(got, want, trk.REFERENCE_LIMIT, "broken map")
 
 
 def test_comparison_catches_lost_flags_and_nan():
-    want = trk.random_particles(4)
-    lost = trk.Particles(want.coords.copy(), want.lost.copy(), want.turn.copy())
+    want = maps.random_particles(4)
+    lost = maps.Particles(want.coords.copy(), want.lost.copy(), want.turn.copy())
     lost.lost[2] = 1
     with pytest.raises(WorkloadError, match="lost flags"):
-        trk.compare(lost, want, 1e-11, "lost")
-    nan = trk.Particles(want.coords.copy(), want.lost, want.turn)
-    nan.coords[trk.PY, 1] = float("nan")
+        maps.compare(lost, want, 1e-11, "lost")
+    nan = maps.Particles(want.coords.copy(), want.lost, want.turn)
+    nan.coords[maps.PY, 1] = float("nan")
     with pytest.raises(WorkloadError, match="coordinate 3"):
-        trk.compare(nan, want, 1e-11, "nan")
+        maps.compare(nan, want, 1e-11, "nan")
 
 
 # --- the workload --------------------------------------------------------------------------------
@@ -279,12 +280,12 @@ def test_tracking_rates_keep_the_clock_and_temperature_they_ran_at():
     assert "clocks" not in by_name["particles"].info  # the informational figures are not timings
 
 
-def _copies(p: trk.Particles, n: int = 3) -> list[tuple[trk.Particles, trk.Particles]]:
-    return [(p, trk.Particles(p.coords.clone(), p.lost.clone(), p.turn.clone())) for _ in range(n)]
+def _copies(p: maps.Particles, n: int = 3) -> list[tuple[maps.Particles, maps.Particles]]:
+    return [(p, maps.Particles(p.coords.clone(), p.lost.clone(), p.turn.clone())) for _ in range(n)]
 
 
 def test_buffer_sets_tracked_to_different_results_fail_the_run():
-    beam = trk.simpletrack_particles(40).to_torch("cpu")
+    beam = maps.simpletrack_particles(40).to_torch("cpu")
     for field in ("coords", "lost", "turn"):
         beams = _copies(beam)
         getattr(beams[2][1], field)[..., 7] += 1  # one value of the third set
