@@ -34,13 +34,13 @@ import math
 import os
 import socket
 import stat
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 from pytest_mig.common.files import kept_file
+from pytest_mig.common.poller import Poller
 from pytest_mig.common.text import printable, shown
 
 T = TypeVar("T")
@@ -321,9 +321,8 @@ class Neighbours:
     peak: float = 0.0
     by_gpu: dict[str, float] = field(default_factory=dict)
     readings: int = 0
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
     _final: tuple[float, dict[str, float], int] | None = None
+    _poller: Poller | None = None
 
     def sample(self) -> None:
         """Take one reading (the thread's step; callable directly).  A reading that fails, or in which
@@ -339,21 +338,15 @@ class Neighbours:
         for k, v in now.items():
             self.by_gpu[k] = max(self.by_gpu.get(k, 0.0), v)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.sample()
-            self._stop.wait(self.every_s)
-        self.sample()  # one reading at the end, so a short measurement has at least one
-
     def __enter__(self) -> Neighbours:
-        self._thread = threading.Thread(target=self._run, name="pytest-mig-neighbours", daemon=True)
-        self._thread.start()
+        # One reading after the stop too, so that a short measurement has at least one.
+        self._poller = Poller(self.sample, self.every_s, "pytest-mig-neighbours", join_s=self.join_s, last_step=True)
+        self._poller.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=self.join_s)  # a reading NVML never answers does not hold the test
+        if self._poller is not None:
+            self._poller.stop()  # a reading NVML never answers does not hold the test
         # What was read by the end is what the figure says: a reading that lands later changes nothing.
         self._final = (self.peak, dict(self.by_gpu), self.readings)
 

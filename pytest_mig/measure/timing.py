@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import math
 import statistics
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
+from pytest_mig.common.poller import Poller
 from pytest_mig.measure.clocks import TEMPERATURE, temperature_of
 from pytest_mig.measure.metric import (
     ENERGY_INFIX, Metric, Stats,
@@ -164,8 +164,7 @@ class PowerSampler:
         self._read_clock = read_sm_clock_mhz
         self.interval = interval
         self.trace: PowerTrace | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._poller = Poller(self._sample, interval, "pytest-mig-power")
         self._samples: list[float] = []
         self._clocks: list[float] = []
 
@@ -177,32 +176,27 @@ class PowerSampler:
         except Exception:  # telemetry must never break a measurement
             return None
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            w = self._safe(self._read_power)
-            if w is not None:
-                self._samples.append(w)
-            c = self._safe(self._read_clock)
-            if c is not None:
-                self._clocks.append(float(c))
-            self._stop.wait(self.interval)
+    def _sample(self) -> None:
+        w = self._safe(self._read_power)
+        if w is not None:
+            self._samples.append(w)
+        c = self._safe(self._read_clock)
+        if c is not None:
+            self._clocks.append(float(c))
 
     def __enter__(self) -> "PowerSampler":
         synchronize()
         self._e0 = self._safe(self._read_energy)
         self._t0 = time.perf_counter()
         if self._read_power is not None or self._read_clock is not None:
-            self._thread = threading.Thread(target=self._run, name="pytest-mig-power", daemon=True)
-            self._thread.start()
+            self._poller.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         synchronize()
         seconds = time.perf_counter() - self._t0
         e1 = self._safe(self._read_energy)
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2)
+        self._poller.stop()
         energy = (e1 - self._e0) / 1e3 if (e1 is not None and self._e0 is not None and e1 > self._e0) else None
         source = "energy-counter" if energy is not None else "power-samples"
         self.trace = PowerTrace(list(self._samples), seconds, energy, source, sm_clock_mhz=list(self._clocks))
@@ -443,8 +437,8 @@ class EnergyTicks:
         self._read = read_energy_mj
         self.interval = interval
         self.ticks: list[tuple[float, float]] = []  # (perf_counter seconds, mJ) at each change
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._last: float | None = None
+        self._poller = Poller(self._tick, interval, "pytest-mig-energy")
 
     def _value(self) -> float | None:
         try:
@@ -453,25 +447,20 @@ class EnergyTicks:
             return None
         return float(v) if v is not None else None
 
-    def _run(self) -> None:
-        last = self._value()
-        while not self._stop.is_set():
-            v = self._value()
-            if v is not None and v != last:
-                self.ticks.append((time.perf_counter(), v))
-                last = v
-            self._stop.wait(self.interval)
+    def _tick(self) -> None:
+        v = self._value()
+        if v is not None and v != self._last:
+            self.ticks.append((time.perf_counter(), v))
+            self._last = v
 
     def __enter__(self) -> "EnergyTicks":
         if self._read is not None:
-            self._thread = threading.Thread(target=self._run, name="pytest-mig-energy", daemon=True)
-            self._thread.start()
+            self._last = self._value()  # the counter as the window opens: a tick is a step from it
+            self._poller.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2)
+        self._poller.stop()
 
     def mean_power_w(self, start: float, end: float) -> float | None:
         """Watts between the first and last tick inside [start, end], each at the instant its counter
