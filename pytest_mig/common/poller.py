@@ -16,7 +16,8 @@ class Poller:
     """Calls ``step`` every ``interval`` seconds in a daemon thread named ``name``, from
     :meth:`start` until :meth:`stop`; with ``last_step``, once more after the stop, so that a short
     measurement has at least one reading.  :meth:`stop` waits at most ``join_s`` for the thread:
-    a reading the driver never answers does not hold the test."""
+    a reading the driver never answers does not hold the test.  One start, one stop: a measurement
+    makes a poller of its own."""
 
     def __init__(self, step: Callable[[], None], interval: float, name: str, *, join_s: float = 2.0,
                  last_step: bool = False) -> None:
