@@ -39,6 +39,11 @@ def test_a_timed_run_visits_every_set_once_after_any_warm_up():
         assert len(seen) == warmup + 4
 
 
+def test_repeats_give_every_set_as_many_and_at_least_the_least():
+    assert [Rotation([(i,) for i in range(k)], print).repeats(3) for k in (1, 2, 3, 4)] == [3, 4, 3, 4]
+    assert Rotation([(1,), (2,)], print).repeats(0) == 2  # every set timed at least once
+
+
 def test_a_rotation_passes_each_set_as_arguments():
     got = []
     rotation = Rotation([(1, 2), (3, 4)], lambda x, y: got.append(x + y) or x * y)

@@ -1,4 +1,4 @@
-"""Timing a piece of work on several buffer sets at once, one timed repeat each.
+"""Timing a piece of work on several buffer sets held at once, each set timed as often.
 
 A kernel's rate can depend on where its buffers land in device memory: one placement times alike
 call after call, another differs by several times that, and what a process allocated before
@@ -25,13 +25,19 @@ def fitting(need_bytes: int, budget_bytes: int, wanted: int) -> int:
 
 
 class Rotation:
-    """A callable that runs ``step(*args)`` on each of ``sets`` in turn.  Timed ``len(sets)`` times in a
-    row, it times every set once, whatever number of calls a warm-up made before."""
+    """A callable that runs ``step(*args)`` on each of ``sets`` in turn.  Timed a multiple of
+    ``len(sets)`` times in a row (:meth:`repeats`), it times every set as often, whatever number of
+    calls a warm-up made before."""
 
     def __init__(self, sets: Sequence[tuple[Any, ...]], step: Callable[..., Any]) -> None:
         if not sets:
             raise ValueError("a rotation needs at least one buffer set")
         self.sets, self.step, self.calls = list(sets), step, 0
+
+    def repeats(self, least: int) -> int:
+        """The timed repeats that give every set as many and come to at least ``least``."""
+        n = len(self.sets)
+        return n * max(1, -(-least // n))
 
     def __call__(self) -> Any:
         args = self.sets[self.calls % len(self.sets)]

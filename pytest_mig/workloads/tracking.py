@@ -43,7 +43,7 @@ except Exception:  # noqa: BLE001  # pragma: no cover - a broken install is as g
 
 #: Bytes of device memory per particle: coordinates in and out, lost flag and turn counter in and out.
 BYTES_PER_PARTICLE = 2 * (NCOORD * 8 + 4 + 4)
-#: Buffer sets a GPU run times, one timed repeat each (quick mode: two): the figure is the median
+#: Buffer sets a GPU run times at most, each as often (quick mode: two): the figure is the median
 #: over placements in device memory (pytest_mig.measure.placements).
 PLACEMENTS = 4
 #: The particle counts of CERN's simpletrack table (A100 40GB, 10 turns).
@@ -288,8 +288,7 @@ def run_tracking(
     lat = DeviceLattice.of(lattice, Beam(), target.device)
     beams = [(src, empty_like(src)) for src in (host.to_torch(target.device) for _ in range(sets))]
     rotation = Rotation(beams, lambda src, dst: track_triton(lat, src, dst, turns))
-    least = 2 if (quick or particles) else 3  # timed repeats: every set as often, at least this many
-    timing = timer(rotation, warmup=1, repeats=sets * -(-least // sets))
+    timing = timer(rotation, warmup=1, repeats=rotation.repeats(2 if (quick or particles) else 3))
     torch.cuda.synchronize()
 
     _verify_run(lat, beams, turns, spec, seed, target.device, quick)
