@@ -532,7 +532,7 @@ class MigSession:
             for msg in self.messages + self.errors:  # health signs of a run that recorded nothing
                 tr.write_line(msg, red=msg in self.errors)
             return
-        from pytest_mig.report.tables import summary_table, verdict_notes
+        from pytest_mig.report.tables import sharpness_line, summary_table, verdict_notes
 
         tr.section("pytest-mig results")
         if self.plan.targets[0].is_cpu:
@@ -541,6 +541,9 @@ class MigSession:
         tr.write_line(summary_table(self.records))
         for line in verdict_notes(self.records):
             tr.write_line(line)
+        sharp = sharpness_line(self.records, self.settings.tolerance)
+        if sharp:
+            tr.write_line(sharp)
         if self.settings.save == "always":
             tr.write_line("this run was added to the baseline: its verdicts against the earlier runs are shown, none "
                           "of them fails it" if self.saved else "this run was not added to the baseline (see below); "

@@ -21,6 +21,7 @@ from pytest_mig.report.tables import (
     merged_frame,
     plot_scaling,
     records_frame,
+    sharpness_line,
     summary_lines,
     verdict_notes,
     summary_table,
@@ -103,6 +104,40 @@ def test_throttled_verdicts_say_so_and_counts(judged: list[ResultRecord]) -> Non
     assert verdict_counts([rec(1.0)]) == {"not judged": 1}
     tail = summary_lines(judged)[-1]
     assert tail == "4 metric(s): 1 pass, 1 regressed, 1 no-baseline, 1 info"
+
+
+def band_verdict(outcome: str, threshold: float, detectable: float, *, gates: bool = True, runs: int = 3,
+                 source: str = "baseline") -> dict[str, Any]:
+    return {"outcome": outcome, "baseline": 100.0, "change_pct": 0.0, "threshold": threshold,
+            "detectable": detectable, "gates": gates, "runs": runs, "source": source}
+
+
+def test_the_sharpness_line_counts_what_tonight_would_catch() -> None:
+    records = [rec(100.0, verdict=band_verdict("pass", 0.02, 0.03)),  # gates, catches a 5% loss
+               rec(100.0, verdict=band_verdict("regressed", 0.045, 0.06)),  # gates; a 5% loss only sometimes
+               rec(100.0, verdict=band_verdict("pass", 0.10, 0.10, runs=1)),  # a short history's wide band
+               rec(100.0, verdict=band_verdict("noisy", 0.08, 0.12, gates=False)),
+               rec(100.0, verdict=verdict("no-baseline")), rec(100.0, verdict=verdict("info")), rec(100.0)]
+    assert sharpness_line(records) == (
+        "how sharp: 2 of 4 judged figure(s) gate within ±5%, 1 of them catching a 5% loss (detects <= 5%); "
+        "1 judged at a wider band; 1 too noisy to gate. The history holds 1-3 run(s): each band narrows to the "
+        "figure's own noise as it grows (its own alone from 10).")
+    # a site's tolerance is the limit: 4.5% is wider than 3%
+    assert sharpness_line(records, 0.03).startswith("how sharp: 1 of 4 judged figure(s) gate within ±3%, 1 of them")
+    # nothing judged: no line
+    assert sharpness_line(records[4:]) is None and sharpness_line([]) is None
+
+
+def test_the_sharpness_line_names_what_the_bands_stood_on() -> None:
+    first_night = [rec(100.0, verdict=band_verdict("pass", 0.10, 0.11, source="reference", runs=12)),
+                   rec(100.0, verdict=band_verdict("pass", 0.10, 0.12, source="ceiling", runs=None))]  # type: ignore[arg-type]
+    line = sharpness_line(first_night)
+    assert line is not None and line.startswith("how sharp: 0 of 2 judged figure(s) gate within ±5%; 2 judged at a wider band.")
+    assert "1 against the shipped reference, another board's runs (at least ±10%)" in line
+    assert "1 against the device's ceiling" in line and "The history holds" not in line  # no history of the site's yet
+    settled = [rec(100.0, verdict=band_verdict("pass", 0.02, 0.03, runs=10))]
+    assert sharpness_line(settled) == ("how sharp: 1 of 1 judged figure(s) gate within ±5%, 1 of them catching a 5% "
+                                       "loss (detects <= 5%).")
 
 
 def test_an_incomparable_verdict_has_a_note_with_its_reason(judged: list[ResultRecord]) -> None:

@@ -82,7 +82,7 @@ def format_number(x: float | None) -> str:
     return f"{x:.3g}"
 
 
-def _pct(fraction: float) -> str:
+def percent(fraction: float) -> str:
     """0.05 -> '5%', 0.0063 -> '0.63%', 0.125 -> '12.5%', 1.0 -> '100%' (never an exponent)."""
     pct = fraction * 100
     if abs(pct) >= 10:
@@ -177,12 +177,12 @@ def _sigma_text(v: Verdict) -> str:
     or the prior's (:class:`~pytest_mig.judge.noise.Prior`) where it was the larger."""
     if v.sigma_of in (PRIOR, PRIOR_BOARD):
         where = "night to night on one board" if v.sigma_of == PRIOR_BOARD else "across nights and boards"
-        return (f"{_pct(v.sigma or 0.0)} (the reference's for this GPU model, {where}: larger than "
+        return (f"{percent(v.sigma or 0.0)} (the reference's for this GPU model, {where}: larger than "
                 f"this history's own until it has {PRIOR_RUNS} runs)")
     if is_prior(v.sigma_of):
-        return f"{_pct(v.sigma or 0.0)} ({v.sigma_of})"
+        return f"{percent(v.sigma or 0.0)} ({v.sigma_of})"
     shared = f" (that of {v.sigma_of}, whose timing it shares)" if v.sigma_of else ""
-    return f"{_pct(v.sigma or 0.0)}{shared}"
+    return f"{percent(v.sigma or 0.0)}{shared}"
 
 
 def _widen(runs: int | None) -> str:
@@ -193,11 +193,11 @@ def _widen(runs: int | None) -> str:
 
 def _band_text(v: Verdict) -> str:
     """The threshold of a compared verdict, where it came from, and the smallest change it detects."""
-    threshold = _pct(v.threshold or 0.0)
+    threshold = percent(v.threshold or 0.0)
     if v.basis == "reference":
-        return (f"threshold {threshold} (against another board: at least {_pct(REFERENCE_FLOOR)} for the spread "
+        return (f"threshold {threshold} (against another board: at least {percent(REFERENCE_FLOOR)} for the spread "
                 f"between boards, {K:g} x the reference's run-to-run sigma {_sigma_text(v)}), detects >= "
-                f"{_pct(v.detectable or 0.0)}")
+                f"{percent(v.detectable or 0.0)}")
     if v.basis == "few-runs":
         if is_prior(v.sigma_of) and (v.threshold or 0.0) > FEW_RUNS_BAND:
             widened = f", widened to {K:g} x sqrt(1 + 1/{v.runs}) x the run-to-run sigma of {v.sigma_of}"
@@ -210,16 +210,16 @@ def _band_text(v: Verdict) -> str:
     sig = f"run-to-run sigma {_sigma_text(v)}"
     if v.basis == "short":
         return (f"threshold {threshold} ({K:g} x {sig} x {_widen(v.runs)} for a baseline of {v.runs} run(s)), "
-                f"detects >= {_pct(v.detectable or 0.0)}")
+                f"detects >= {percent(v.detectable or 0.0)}")
     if v.basis == "tolerance":
         short = (v.runs or 0) < MIN_RUNS
-        alone = _pct(max(K * (v.sigma or 0.0) * (math.sqrt(1 + 1 / (v.runs or 1)) if short else 1.0), FLOOR))
+        alone = percent(max(K * (v.sigma or 0.0) * (math.sqrt(1 + 1 / (v.runs or 1)) if short else 1.0), FLOOR))
         head = f"threshold {threshold} (the tolerance set; {sig} alone would give {alone})"
     elif v.basis == "floor":
         head = f"threshold {threshold} (the floor; {sig} over {v.runs} runs)"
     else:
         head = f"threshold {threshold} ({K:g} x {sig} over {v.runs} runs)"
-    return f"{head}, detects >= {_pct(v.detectable or 0.0)}"
+    return f"{head}, detects >= {percent(v.detectable or 0.0)}"
 
 
 def compare(
@@ -363,11 +363,11 @@ def _message(v: Verdict, record: ResultRecord) -> str:
                 "reported only")
     elif v.outcome == "noisy" and reference:
         msg += (f"too noisy to judge against another board (run-to-run sigma {_sigma_text(v)} across the "
-                f"reference's runs: its threshold would be {_pct(v.threshold or 0)}, more than "
-                f"{_pct(REFERENCE_MAX)}); reported, not judged")
+                f"reference's runs: its threshold would be {percent(v.threshold or 0)}, more than "
+                f"{percent(REFERENCE_MAX)}); reported, not judged")
     elif v.outcome == "noisy":
         msg += (f"too noisy to gate (run-to-run CV {_sigma_text(v)} over {v.runs} runs: its threshold would be "
-                f"{_pct(v.threshold or 0)}, more than the {_pct(v.tolerance or 0)} tolerance); reported, not judged")
+                f"{percent(v.threshold or 0)}, more than the {percent(v.tolerance or 0)} tolerance); reported, not judged")
     else:
         msg += _band_text(v)
     if v.confirmations:
@@ -464,6 +464,6 @@ def failure_text(verdicts: Sequence[Verdict]) -> str:
 
 __all__ = [
     "DEFAULT_TOLERANCE", "compare", "compare_reference", "confirm", "explain_clock", "failing", "failure_text",
-    "fingerprint_changes", "fingerprint_diff", "format_number",
+    "fingerprint_changes", "fingerprint_diff", "format_number", "percent",
     "incomparable_reason", "make_verdict", "parse_tolerance", "value_text", "worse_by",
 ]

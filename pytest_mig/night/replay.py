@@ -201,9 +201,6 @@ def _judge(pipeline: Pipeline, records: Sequence[ResultRecord]) -> list[Verdict]
     return pipeline.judge_runs([replace(r) for r in records])
 
 
-JUDGED = ("pass", "regressed", "improved", "transient")
-
-
 def replay(nights: Sequence[Night], priors: LeaveOneOut) -> dict[int, Length]:
     """The nights judged one by one against their series' earlier nights: per history length."""
     by_series: dict[Series, list[Night]] = {}
@@ -221,7 +218,7 @@ def replay(nights: Sequence[Night], priors: LeaveOneOut) -> dict[int, Length]:
 def _one_night(pipeline: Pipeline, night: Night, into: Length) -> None:
     records = [r for r in night.records if r.metric.compare]
     verdicts = _judge(pipeline, records)
-    judged = [(r, v) for r, v in zip(records, verdicts) if v.outcome in JUDGED or v.outcome == "noisy"]
+    judged = [(r, v) for r, v in zip(records, verdicts) if v.judged]
     if not judged:
         return
     into.nights += 1
@@ -232,7 +229,7 @@ def _one_night(pipeline: Pipeline, night: Night, into: Length) -> None:
         into.alarms += [f"{night.series[1][:12]} {night.at[:16]} {v.test} {v.metric} {v.change_pct:+.1f}% "
                         f"(threshold {100 * (v.threshold or 0):.1f}%){'' if _remeasured(r) else ', unconfirmed'}"
                         for r, v in alarms]
-    gating = [(r, v) for r, v in judged if v.gates and (v.threshold or 1) <= GATE]
+    gating = [(r, v) for r, v in judged if v.gates_within(GATE)]
     into.judged += len(judged)
     into.gating += len(gating)
     if gating:

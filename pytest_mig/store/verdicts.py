@@ -15,6 +15,9 @@ Outcome = Literal["pass", "regressed", "improved", "noisy", "transient", "no-bas
 OUTCOMES: tuple[str, ...] = ("pass", "regressed", "improved", "noisy", "transient", "no-baseline", "incomparable",
                              "info")
 
+#: The outcomes of a figure a band was put on (:attr:`Verdict.judged`).
+JUDGED: tuple[str, ...] = ("pass", "regressed", "improved", "transient", "noisy")
+
 
 @dataclass(frozen=True)
 class ClockNote:
@@ -83,10 +86,21 @@ class Verdict:
                 "source": d.get("source")}
         return cls(**{"value": None, "baseline": None, "change_pct": None, "tolerance": None, **given, **head})
 
+    @property
+    def judged(self) -> bool:
+        """Whether a band was put on the figure: judged against a history, a reference or a ceiling
+        (``noisy`` too: judged too noisy to gate), not ``no-baseline``, ``incomparable`` or ``info``."""
+        return self.outcome in JUDGED
+
+    def gates_within(self, limit: float) -> bool:
+        """Whether the figure gates with a threshold no wider than ``limit`` (a fraction): a change
+        of that size tonight would be called one."""
+        return bool(self.gates) and self.outcome != "noisy" and self.threshold is not None and self.threshold <= limit
+
     def line(self) -> str:
         """The message with its outcome in front, as a failing test shows it."""
         label = "TOO NOISY TO GATE" if self.outcome == "noisy" else self.outcome.upper()
         return f"{label} {self.test + ' ' if self.test else ''}{self.message}".rstrip()
 
 
-__all__ = ["OUTCOMES", "ClockNote", "Outcome", "Verdict"]
+__all__ = ["JUDGED", "OUTCOMES", "ClockNote", "Outcome", "Verdict"]
