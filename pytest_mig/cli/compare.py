@@ -12,8 +12,8 @@ from pytest_mig.cli.common import CliError, Command, path_arg
 from pytest_mig.judge.ceiling import Ceilings
 from pytest_mig.judge.pipeline import Pipeline, RecordHistories
 from pytest_mig.judge.reference import ReferenceStore, store_for
-from pytest_mig.store.verdicts import Verdict
-from pytest_mig.report.tables import frame_table, records_frame
+from pytest_mig.store.verdicts import JUDGED, Verdict
+from pytest_mig.report.tables import frame_table, records_frame, sharpness_line
 from pytest_mig.options import add_judging_options
 from pytest_mig.settings import REFERENCE_VALUES
 from pytest_mig.store.results import ResultRecord, read_results
@@ -45,8 +45,8 @@ def compare_records(
     return pipeline.judge_runs(new, tolerance=tolerance)
 
 
-#: Outcomes that mean a figure was actually compared.
-COMPARED = ("pass", "regressed", "improved", "noisy", "transient")
+#: Outcomes that mean a figure was actually compared (a band was put on it).
+COMPARED = JUDGED
 
 
 def cmd_compare(paths: Sequence[Path], tolerance: float | None, improvement_fails: bool, out: TextIO,
@@ -75,9 +75,12 @@ def cmd_compare(paths: Sequence[Path], tolerance: float | None, improvement_fail
     for v in verdicts:
         counts[v.outcome] = counts.get(v.outcome, 0) + 1
     against = f"{len(old)} earlier run(s)" + (f" and the references in {references.root}" if references else "")
+    sharp = sharpness_line(new, tolerance)
+    if sharp:
+        print(sharp, file=out)
     print(f"{len(verdicts)} metric(s) against {against}: "
           + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())), file=out)
-    if verdicts and not any(v.outcome in COMPARED for v in verdicts):
+    if verdicts and not any(v.judged for v in verdicts):
         where = " or a reference" if references else ""
         why = (f"each figure of {paths[-1]} is incomparable (the reasons above) or has no history in the earlier files"
                f"{where}" if "incomparable" in counts else f"no figure of {paths[-1]} has a history in the earlier "

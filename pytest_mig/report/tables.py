@@ -150,8 +150,8 @@ def sharpness_line(records: Sequence[ResultRecord], limit: float | None = None) 
     judged figures gate within ``limit`` (the site's tolerance, else the default 5%), how many of
     those would catch a loss of that size in 95% of runs (their "detects" within it), how many
     were judged at a wider band or were too noisy to gate; then what the bands stood on where it
-    was not a history of the site's own that measures each figure's noise alone (the shipped
-    reference of another board, the device's ceiling, a history still short)."""
+    was not a history of the site's own that measures each figure's noise alone (a reference:
+    other boards' runs; the device's ceiling, a history still short)."""
     verdicts = [r.verdict for r in records if r.verdict is not None and r.verdict.judged]
     if not verdicts:
         return None
@@ -169,8 +169,8 @@ def sharpness_line(records: Sequence[ResultRecord], limit: float | None = None) 
     line = "; ".join(parts) + "."
     sources = Counter(v.source for v in verdicts)
     if sources["reference"]:
-        line += (f" {sources['reference']} against the shipped reference, another board's runs (at least "
-                 "±10%): the site's own history narrows each band from the next run.")
+        line += (f" {sources['reference']} against a reference, other boards' runs (at least ±10%): the "
+                 "site's own history narrows each band from the next run.")
     if sources["ceiling"]:
         line += f" {sources['ceiling']} against the device's ceiling (no reference for this GPU)."
     runs = [v.runs for v in verdicts if v.source not in ("reference", "ceiling") and v.runs]
