@@ -30,7 +30,7 @@ def test_a_sites_own_benchmark_gets_history_verdicts_trend_and_exports(pytester:
                                            "-p", "no:cacheprovider")
     assert second.ret in (0, 1)  # a CPU shared with other work may move past 10%: the verdict says so either way
     # no reference knows a site's own figures: 10% bands until their history measures their noise
-    second.stdout.fnmatch_lines(["how sharp: 0 of 2 judged figure(s) gate within ±5%; 2 judged at a wider band. "
+    second.stdout.fnmatch_lines(["how sharp: 0 of 2 judged figure(s) gate within 5%; 2 judged at a wider band. "
                                  "The history holds 1 run(s): *"])
     verdicts = {r.metric.name: r.verdict for r in read_results(pytester.path / "night2.json")}
     for name in ("samples_per_s", "step_ms"):

@@ -106,37 +106,57 @@ def test_throttled_verdicts_say_so_and_counts(judged: list[ResultRecord]) -> Non
     assert tail == "4 metric(s): 1 pass, 1 regressed, 1 no-baseline, 1 info"
 
 
-def band_verdict(outcome: str, threshold: float, detectable: float, *, gates: bool = True, runs: int = 3,
-                 source: str = "baseline") -> dict[str, Any]:
+def band_verdict(outcome: str, threshold: float, detectable: float, *, gates: bool | None = True, runs: int = 3,
+                 source: str = "baseline", sigma: float | None = 0.004) -> dict[str, Any]:
     return {"outcome": outcome, "baseline": 100.0, "change_pct": 0.0, "threshold": threshold,
-            "detectable": detectable, "gates": gates, "runs": runs, "source": source}
+            "detectable": detectable, "gates": gates, "runs": runs, "source": source, "sigma": sigma}
+
+
+def test_what_judged_and_gating_within_a_limit_mean() -> None:
+    def v(**kw: Any) -> Verdict:
+        return Verdict.from_dict(band_verdict(**{"outcome": "pass", "threshold": 0.05, "detectable": 0.06, **kw}))
+
+    assert v().judged and v().gates_within(0.05)  # a threshold equal to the limit is within it
+    assert not v().gates_within(0.049)
+    assert v(threshold=1 - 0.85).gates_within(0.15)  # 0.15000000000000002: rounding, not a wider band
+    assert not v(gates=None).gates_within(0.05) and not v(gates=False).gates_within(0.05)
+    assert v(outcome="noisy").judged and not v(outcome="noisy").gates_within(0.05)  # judged too noisy: never gating
+    for outcome in ("no-baseline", "incomparable", "info"):
+        assert not Verdict.from_dict(verdict(outcome)).judged
 
 
 def test_the_sharpness_line_counts_what_tonight_would_catch() -> None:
     records = [rec(100.0, verdict=band_verdict("pass", 0.02, 0.03)),  # gates, catches a 5% loss
                rec(100.0, verdict=band_verdict("regressed", 0.045, 0.06)),  # gates; a 5% loss only sometimes
-               rec(100.0, verdict=band_verdict("pass", 0.10, 0.10, runs=1)),  # a short history's wide band
+               rec(100.0, verdict=band_verdict("pass", 0.10, 0.10, runs=1, sigma=None)),  # a short history's wide band
                rec(100.0, verdict=band_verdict("noisy", 0.08, 0.12, gates=False)),
                rec(100.0, verdict=verdict("no-baseline")), rec(100.0, verdict=verdict("info")), rec(100.0)]
-    assert sharpness_line(records) == (
-        "how sharp: 2 of 4 judged figure(s) gate within ±5%, 1 of them catching a 5% loss (detects <= 5%); "
-        "1 judged at a wider band; 1 too noisy to gate. The history holds 1-3 run(s): each band narrows to the "
-        "figure's own noise as it grows (its own alone from 10).")
-    # a site's tolerance is the limit: 4.5% is wider than 3%
-    assert sharpness_line(records, 0.03).startswith("how sharp: 1 of 4 judged figure(s) gate within ±3%, 1 of them")
+    line = sharpness_line(records)
+    assert line == (
+        "how sharp: 2 of 4 judged figure(s) gate within 5%, 1 of them catching a 5% loss (detects <= 5%); "
+        "1 judged at a wider band; 1 too noisy to gate. The history holds 1-3 run(s): each band narrows as it "
+        "grows (to the figure's own noise alone from 10 runs).")
+    assert line.isascii()  # compare prints it to whatever stdout is: an ASCII locale too
+    # a run's tolerance is the limit: 4.5% is wider than 3%
+    assert sharpness_line(records, 0.03).startswith("how sharp: 1 of 4 judged figure(s) gate within 3%, 1 of them")
+    # a band of unknown noise capped by a tolerance gates within it, but nothing says it catches a loss of that size
+    capped = [rec(100.0, verdict=band_verdict("pass", 0.03, 0.03, runs=1, sigma=None))]
+    assert sharpness_line(capped, 0.03).startswith("how sharp: 1 of 1 judged figure(s) gate within 3%, 0 of them catching")
     # nothing judged: no line
     assert sharpness_line(records[4:]) is None and sharpness_line([]) is None
 
 
 def test_the_sharpness_line_names_what_the_bands_stood_on() -> None:
     first_night = [rec(100.0, verdict=band_verdict("pass", 0.10, 0.11, source="reference", runs=12)),
-                   rec(100.0, verdict=band_verdict("pass", 0.10, 0.12, source="ceiling", runs=None))]  # type: ignore[arg-type]
+                   rec(100.0, verdict=band_verdict("pass", 0.15, 0.2, source="ceiling", runs=432))]
     line = sharpness_line(first_night)
-    assert line is not None and line.startswith("how sharp: 0 of 2 judged figure(s) gate within ±5%; 2 judged at a wider band.")
-    assert "1 against a reference, other boards' runs (at least ±10%)" in line
-    assert "1 against the device's ceiling" in line and "The history holds" not in line  # no history of the site's yet
+    assert line is not None and line.startswith("how sharp: 0 of 2 judged figure(s) gate within 5%; 2 judged at a wider band.")
+    assert ("1 against a reference of other runs (at least 10%): a history of the site's own runs narrows each band "
+            "to the figure's noise.") in line
+    assert "1 against the device's ceiling (no reference holds them)." in line
+    assert "The history holds" not in line  # the reference's runs and the ceiling's are no history of the site's
     settled = [rec(100.0, verdict=band_verdict("pass", 0.02, 0.03, runs=10))]
-    assert sharpness_line(settled) == ("how sharp: 1 of 1 judged figure(s) gate within ±5%, 1 of them catching a 5% "
+    assert sharpness_line(settled) == ("how sharp: 1 of 1 judged figure(s) gate within 5%, 1 of them catching a 5% "
                                        "loss (detects <= 5%).")
 
 

@@ -36,7 +36,7 @@ from typing import Sequence
 
 from pytest_mig.cli.calibrate import Calibrate
 from pytest_mig.cli.common import PROG, CliError, Command
-from pytest_mig.cli.compare import COMPARED, Compare, cmd_compare, compare_records
+from pytest_mig.cli.compare import Compare, cmd_compare, compare_records
 from pytest_mig.cli.detection import Detection
 from pytest_mig.cli.devices import Devices, cmd_devices
 from pytest_mig.cli.history import History, cmd_history
@@ -51,7 +51,7 @@ from pytest_mig.store.history import BaselineError
 from pytest_mig.store.results import ResultsFileError
 
 __all__ = [
-    "COMMANDS", "COMPARED", "PROG", "REPORT_COLUMNS", "CliError", "build_parser", "cmd_compare", "cmd_devices",
+    "COMMANDS", "PROG", "REPORT_COLUMNS", "CliError", "build_parser", "cmd_compare", "cmd_devices",
     "cmd_history", "cmd_reference", "cmd_reference_check", "cmd_report", "cmd_samples", "compare_records",
     "judged_by", "main", "reference_lines",
 ]

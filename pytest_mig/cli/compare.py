@@ -12,7 +12,7 @@ from pytest_mig.cli.common import CliError, Command, path_arg
 from pytest_mig.judge.ceiling import Ceilings
 from pytest_mig.judge.pipeline import Pipeline, RecordHistories
 from pytest_mig.judge.reference import ReferenceStore, store_for
-from pytest_mig.store.verdicts import JUDGED, Verdict
+from pytest_mig.store.verdicts import Verdict
 from pytest_mig.report.tables import frame_table, records_frame, sharpness_line
 from pytest_mig.options import add_judging_options
 from pytest_mig.settings import REFERENCE_VALUES
@@ -43,10 +43,6 @@ def compare_records(
     pipeline = Pipeline(RecordHistories(runs), references=references, improvement_fails=improvement_fails,
                         ceilings=Ceilings() if references is not None else None)
     return pipeline.judge_runs(new, tolerance=tolerance)
-
-
-#: Outcomes that mean a figure was actually compared (a band was put on it).
-COMPARED = JUDGED
 
 
 def cmd_compare(paths: Sequence[Path], tolerance: float | None, improvement_fails: bool, out: TextIO,

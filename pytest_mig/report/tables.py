@@ -23,9 +23,9 @@ import pandas as pd
 
 from pytest_mig.device.target import TargetInfo
 from pytest_mig.store.results import ResultRecord, atomic_write_text
-from pytest_mig.store.verdicts import OUTCOMES, Verdict
+from pytest_mig.store.verdicts import LIMIT_SLACK, OUTCOMES, Verdict
 from pytest_mig.common.text import SHOWN, printable, quoted
-from pytest_mig.judge.noise import PRIOR_RUNS
+from pytest_mig.judge.noise import PRIOR_RUNS, REFERENCE_FLOOR
 from pytest_mig.judge.verdict import DEFAULT_TOLERANCE, format_number, percent
 from pytest_mig.report.fleet import DeviceOutlier, device_label, median_without
 
@@ -146,21 +146,23 @@ def verdict_notes(records: Sequence[ResultRecord]) -> list[str]:
 
 
 def sharpness_line(records: Sequence[ResultRecord], limit: float | None = None) -> str | None:
-    """How sharp the run's verdicts were, in one line (None where nothing was judged): how many
-    judged figures gate within ``limit`` (the site's tolerance, else the default 5%), how many of
-    those would catch a loss of that size in 95% of runs (their "detects" within it), how many
-    were judged at a wider band or were too noisy to gate; then what the bands stood on where it
-    was not a history of the site's own that measures each figure's noise alone (a reference:
-    other boards' runs; the device's ceiling, a history still short)."""
+    """How sharp the run's verdicts were, in one line of ASCII (None where nothing was judged): how
+    many judged figures gate within ``limit`` (the run's ``--mig-tolerance`` or ini tolerance, else
+    the default 5%; a marker's tolerance for one test is not this limit), how many of those would
+    catch a loss of that size in 95% of runs (a known sigma, and their "detects" within it), how
+    many were judged at a wider band or were too noisy to gate; then what the bands stood on where
+    it was not a history of the site's own runs that measures each figure's noise (a reference,
+    the device's ceiling, a history still short)."""
     verdicts = [r.verdict for r in records if r.verdict is not None and r.verdict.judged]
     if not verdicts:
         return None
     limit = DEFAULT_TOLERANCE if limit is None else limit
     pct = percent(limit)
     within = [v for v in verdicts if v.gates_within(limit)]
-    caught = sum(1 for v in within if v.detectable is not None and v.detectable <= limit)
+    caught = sum(1 for v in within if v.sigma is not None and v.detectable is not None
+                 and v.detectable <= limit + LIMIT_SLACK)
     noisy = sum(1 for v in verdicts if v.outcome == "noisy")
-    parts = [f"how sharp: {len(within)} of {len(verdicts)} judged figure(s) gate within ±{pct}"
+    parts = [f"how sharp: {len(within)} of {len(verdicts)} judged figure(s) gate within {pct}"
              + (f", {caught} of them catching a {pct} loss (detects <= {pct})" if within else "")]
     if len(verdicts) - len(within) - noisy:
         parts.append(f"{len(verdicts) - len(within) - noisy} judged at a wider band")
@@ -169,14 +171,15 @@ def sharpness_line(records: Sequence[ResultRecord], limit: float | None = None) 
     line = "; ".join(parts) + "."
     sources = Counter(v.source for v in verdicts)
     if sources["reference"]:
-        line += (f" {sources['reference']} against a reference, other boards' runs (at least ±10%): the "
-                 "site's own history narrows each band from the next run.")
+        line += (f" {sources['reference']} against a reference of other runs (at least {percent(REFERENCE_FLOOR)}): "
+                 "a history of the site's own runs narrows each band to the figure's noise.")
     if sources["ceiling"]:
-        line += f" {sources['ceiling']} against the device's ceiling (no reference for this GPU)."
+        line += f" {sources['ceiling']} against the device's ceiling (no reference holds them)."
     runs = [v.runs for v in verdicts if v.source not in ("reference", "ceiling") and v.runs]
     if runs and min(runs) < PRIOR_RUNS:
-        line += (f" The history holds {min(runs)}{f'-{max(runs)}' if max(runs) > min(runs) else ''} run(s): "
-                 f"each band narrows to the figure's own noise as it grows (its own alone from {PRIOR_RUNS}).")
+        held = f"{min(runs)}-{max(runs)}" if max(runs) > min(runs) else f"{min(runs)}"
+        line += (f" The history holds {held} run(s): each band narrows as it grows (to the figure's own "
+                 f"noise alone from {PRIOR_RUNS} runs).")
     return line
 
 

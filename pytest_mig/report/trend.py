@@ -26,6 +26,7 @@ from typing import Any, Iterable, Sequence
 from pytest_mig.store.baselines import BaselineStore, meta_from_record
 from pytest_mig.store.reader import load_baseline_file
 from pytest_mig.store.results import ResultRecord, atomic_write_text, read_results_file, utc_now
+from pytest_mig.store.verdicts import JUDGED
 from pytest_mig.judge.verdict import fingerprint_changes, format_number
 from pytest_mig.report.axes import parse_time
 from pytest_mig.report.chart import COLOURS, ZOOM_SCRIPT, esc, outcome_class, svg
@@ -165,8 +166,6 @@ SCRIPT = """
 })();
 """ + ZOOM_SCRIPT + """document.body.dataset.ready = 'yes';
 """
-#: Outcomes that are a judgement of the figure (against a baseline or a reference).
-JUDGED = ("pass", "regressed", "improved", "transient", "noisy")
 #: The zoom buttons: (label, days; 0 is every run).
 RANGES = (("all", 0), ("90 days", 90), ("30 days", 30), ("7 days", 7), ("2 days", 2), ("1 day", 1))
 
@@ -314,4 +313,4 @@ def write_page(out: Path, baseline_dir: Path | None, results: Sequence[Path], ti
     return len(series)
 
 
-__all__ = ["COLOURS", "JUDGED", "Point", "Series", "WATCHED", "collect", "csp", "render", "write_page"]
+__all__ = ["COLOURS", "Point", "Series", "WATCHED", "collect", "csp", "render", "write_page"]

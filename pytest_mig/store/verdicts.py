@@ -15,6 +15,8 @@ Outcome = Literal["pass", "regressed", "improved", "noisy", "transient", "no-bas
 OUTCOMES: tuple[str, ...] = ("pass", "regressed", "improved", "noisy", "transient", "no-baseline", "incomparable",
                              "info")
 
+#: Rounding a threshold may carry past the limit it equals (``1 - 0.85`` is 0.15000000000000002).
+LIMIT_SLACK = 1e-12
 #: The outcomes of a figure a band was put on (:attr:`Verdict.judged`).
 JUDGED: tuple[str, ...] = ("pass", "regressed", "improved", "transient", "noisy")
 
@@ -94,8 +96,9 @@ class Verdict:
 
     def gates_within(self, limit: float) -> bool:
         """Whether the figure gates with a threshold no wider than ``limit`` (a fraction): a change
-        of that size tonight would be called one."""
-        return bool(self.gates) and self.outcome != "noisy" and self.threshold is not None and self.threshold <= limit
+        of that size tonight would be called one.  A threshold computed as ``1 - 0.85`` is within 15%."""
+        return (bool(self.gates) and self.outcome != "noisy" and self.threshold is not None
+                and self.threshold <= limit + LIMIT_SLACK)
 
     def line(self) -> str:
         """The message with its outcome in front, as a failing test shows it."""
@@ -103,4 +106,4 @@ class Verdict:
         return f"{label} {self.test + ' ' if self.test else ''}{self.message}".rstrip()
 
 
-__all__ = ["JUDGED", "OUTCOMES", "ClockNote", "Outcome", "Verdict"]
+__all__ = ["JUDGED", "LIMIT_SLACK", "OUTCOMES", "ClockNote", "Outcome", "Verdict"]
