@@ -261,12 +261,18 @@ class MigSession:
         if self.settings.window is not None:
             self._plan_window(items)
 
+    def tolerance_of(self, item: pytest.Item) -> Any:
+        """The tolerance ``item``'s figures are judged with: its marker's, else the run's."""
+        marked = marker_tolerance(item)
+        return marked if marked is not None else self.settings.tolerance
+
     def _deselect_ungated(self, items: list[pytest.Item]) -> None:
         """Leave out the tests that gate nothing in this mode on their Target (night.nights.ungated)."""
 
         mode = self.settings.mode
         chosen = [(i, item_target(i, self.plan)) for i in items if not i.get_closest_marker("skip") and uses_bench(i)]
-        left_out = ungated([(i, self.key(i, t), t) for i, t in chosen], mode, self.store, self.references)
+        left_out = ungated([(i, self.key(i, t), t) for i, t in chosen], mode, self.store, self.references,
+                           self.tolerance_of)
         if left_out:
             items[:] = [i for i in items if i not in left_out]
             self.config.hook.pytest_deselected(items=left_out)
@@ -375,9 +381,7 @@ class MigSession:
         records = self.records_of(item)
         if not records:
             return []
-        tolerance = marker_tolerance(item)
-        if tolerance is None:
-            tolerance = self.settings.tolerance
+        tolerance = self.tolerance_of(item)
         times = self.settings.confirm
 
         def remeasure() -> Remeasured:

@@ -103,6 +103,43 @@ def test_a_test_gates_nothing_only_where_every_figure_was_measured_too_noisy() -
     assert not gates_nothing(noisy, "normal", None, None)  # no reference for this GPU model: run
     quiet = _Local(*[_entry(noisy, m, [100.0, 100.1, 99.9, 100.0, 100.2]) for m in ("tokens_per_s",)])
     assert not gates_nothing(noisy, "normal", quiet, ref)  # the site's own history gates it: run
+    own = "test_site.py::test_own"  # a site's own test, its history too noisy to gate at 5%
+    loud = _Local(_entry(own, "rate", [100.0, 120.0, 90.0, 115.0, 85.0]))
+    assert gates_nothing(own, "normal", loud, None)
+    # a tolerance it is judged with makes it gate, as the judge does: run it
+    assert not gates_nothing(own, "normal", loud, None, 0.10)
+    assert not gates_nothing(own, "normal", loud, None, {"rate": 0.10})
+    assert gates_nothing(own, "normal", loud, None, {"other_metric": 0.10})  # a marker naming another figure
+
+
+NOISY_BENCH = """
+import os
+
+import pytest
+
+from pytest_mig.measure import Metric
+
+
+{marker}
+def test_rate(mig_bench):
+    rate = float(os.environ.get("RATE", "100"))
+    mig_bench.record(Metric("rate", rate, "items/s", "higher", [rate] * 3, kind="compute"))
+"""
+
+
+def test_a_test_whose_tolerance_is_set_is_never_left_out_as_too_noisy(
+        h200: Run_, pytester: pytest.Pytester, mig_env: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """A history too noisy to gate at 5% leaves its test out of the night, unless the test is judged
+    with a tolerance of its own (a marker) or the run's (--mig-tolerance): then it gates, and runs."""
+    pytester.makepyfile(test_bench=NOISY_BENCH.format(marker=""))
+    for rate in (100.0, 120.0, 90.0, 115.0, 85.0):
+        mig_env.setenv("RATE", str(rate))
+        h200("--mig-save-baseline").assert_outcomes(passed=1)
+    mig_env.setenv("RATE", "100")
+    h200().assert_outcomes(deselected=1)
+    h200("--mig-tolerance", "20%").assert_outcomes(passed=1)
+    pytester.makepyfile(test_bench=NOISY_BENCH.format(marker="@pytest.mark.mig_tolerance(0.20)"))
+    h200().assert_outcomes(passed=1)
 
 
 def test_progress_estimates_the_time_left_from_the_last_run_else_this_runs_average() -> None:

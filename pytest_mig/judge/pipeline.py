@@ -229,7 +229,7 @@ class Pipeline:
         ref = self.reference(rec, base)
         if ref is not None:
             return compare_reference(rec, ref, improvement_fails=self.improvement_fails)
-        tol = _tolerance_for(tolerance, rec.metric.name)
+        tol = tolerance_for(tolerance, rec.metric.name)
         if base is None or base.get(rec.test, rec.metric.name, rec.mode) is None:
             # nothing of this GPU model and profile in either mode: the device's ceiling, where it has one
             unseen = base is None or base.other_mode(rec.test, rec.metric.name, rec.mode) is None
@@ -272,10 +272,13 @@ def _why_no_ceiling(verdict: Verdict, why: str | None) -> Verdict:
     return verdict
 
 
-def _tolerance_for(tolerance: Tolerance, metric: str) -> float | None:
+def tolerance_for(tolerance: Tolerance, metric: str) -> float | None:
+    """The tolerance ``metric`` is held to: a run's or marker's fraction, a marker's entry for the
+    metric (``{'fp16_tflops': 0.03}``), or None (the history file's, else the noise alone)."""
     if tolerance is None or isinstance(tolerance, (int, float)):
         return tolerance
     return tolerance.get(metric)
 
 
-__all__ = ["Histories", "Pipeline", "RecordHistories", "Remeasure", "Remeasured", "StoreHistories", "Tolerance"]
+__all__ = ["Histories", "Pipeline", "RecordHistories", "Remeasure", "Remeasured", "StoreHistories", "Tolerance",
+           "tolerance_for"]

@@ -36,12 +36,13 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from pytest_mig.workloads.caches import Caches
 from pytest_mig.store.results import NOT_RESULTS, ResultsFileError, read_results_file
 from pytest_mig.store.history import BaselineError
 from pytest_mig.judge.noise import band
+from pytest_mig.judge.pipeline import Tolerance, tolerance_for
 from pytest_mig.common.files import FileProblem
 
 #: Fingerprint keys that make compiled code stale when they change.
@@ -117,10 +118,16 @@ def check_cache(folder: Path) -> None:
                           f"again) and run again")
 
 
-def gates_nothing(test: str, mode: str, local: Any, reference: Any) -> bool:
+def gates_nothing(test: str, mode: str, local: Any, reference: Any, tolerance: Tolerance = None) -> bool:
     """Whether no compared figure of ``test`` in ``mode`` would gate: each figure's band from the site's
     own history (a ``Baseline``) where it has one, else from the reference (a ``Reference``).  False
-    where neither knows the test: a test nobody has measured here is run."""
+    where neither knows the test: a test nobody has measured here is run.  ``tolerance`` is what the
+    test is judged with (its marker's, else the run's): a tolerance set makes a figure of the site's
+    history gate, as it does when judged, so the test is run."""
+
+    def gates(own: Any, metric: str) -> bool:
+        explicit = tolerance_for(tolerance, metric)
+        return band(own.values, tolerance=explicit if explicit is not None else own.tolerance).gates
 
     known = False
     for key, entry in (reference.baseline.entries.items() if reference is not None else ()):
@@ -129,7 +136,7 @@ def gates_nothing(test: str, mode: str, local: Any, reference: Any) -> bool:
         known = True
         own = local.get(*key) if local is not None else None
         if own is not None:
-            if band(own.values, tolerance=own.tolerance).gates:
+            if gates(own, key[1]):
                 return False
         else:
             b = reference.band_for(entry)
@@ -139,15 +146,16 @@ def gates_nothing(test: str, mode: str, local: Any, reference: Any) -> bool:
         for key, own in local.entries.items():
             if key[0] == test and key[2] == mode and (reference is None or reference.get(*key) is None):
                 known = True
-                if band(own.values, tolerance=own.tolerance).gates:
+                if gates(own, key[1]):
                     return False
     return known
 
 
-def ungated(tests: Iterable[tuple[Any, str, Any]], mode: str, store: Any, references: Any) -> list[Any]:
+def ungated(tests: Iterable[tuple[Any, str, Any]], mode: str, store: Any, references: Any,
+            tolerance_of: Callable[[Any], Tolerance] | None = None) -> list[Any]:
     """The items of ``tests`` ((item, test key, Target) triples) that gate nothing in ``mode`` on their
-    Target (:func:`gates_nothing`); a history or reference that cannot be read decides nothing (the
-    test runs, and its verdict names the file)."""
+    Target (:func:`gates_nothing`, with the tolerance ``tolerance_of(item)`` judges it with); a history
+    or reference that cannot be read decides nothing (the test runs, and its verdict names the file)."""
 
     out = []
     histories: dict[tuple[str, str], Any] = {}  # each history read once, not once per test
@@ -160,7 +168,7 @@ def ungated(tests: Iterable[tuple[Any, str, Any]], mode: str, store: Any, refere
             ref = references.load(*where) if references is not None else None
         except BaselineError:
             continue
-        if gates_nothing(key, mode, local, ref):
+        if gates_nothing(key, mode, local, ref, tolerance_of(item) if tolerance_of is not None else None):
             out.append(item)
     return out
 
