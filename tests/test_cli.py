@@ -225,6 +225,9 @@ def test_compare_without_regression_exits_zero_and_improvement_can_fail(capsys: 
     assert run(capsys, "compare", old, slower)[0] == 0
     code, out, _ = run(capsys, "compare", "--mig-tolerance", "5%", old, slower)
     assert code == 1 and "threshold 5% (the tolerance set" in out
+    # one run and no prior: its noise is unknown, and the line says so rather than a sigma of 0% or a detectable change
+    assert ("threshold 5% (the tolerance set; only 1 run(s) in the baseline, too few to measure its noise: without "
+            "the tolerance a conservative band of at least 10% until 5 runs); nothing in the fingerprint") in out
     # the tolerance is the line's limit; one run of a site's own figure has no known noise: nothing said to catch 3%
     code, out, _ = run(capsys, "compare", "--mig-tolerance", "3%", old, slower)
     assert out.splitlines()[-2].startswith("how sharp: 1 of 1 judged figure(s) gate within 3%, 0 of them catching a 3% loss")

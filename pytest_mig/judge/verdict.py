@@ -211,6 +211,10 @@ def _band_text(v: Verdict) -> str:
     if v.basis == "short":
         return (f"threshold {threshold} ({K:g} x {sig} x {_widen(v.runs)} for a baseline of {v.runs} run(s)), "
                 f"detects >= {percent(v.detectable or 0.0)}")
+    if v.basis == "tolerance" and v.sigma is None:  # a history too short to measure, no prior to judge it with
+        return (f"threshold {threshold} (the tolerance set; only {v.runs} run(s) in the baseline, too few to measure "
+                f"its noise: without the tolerance a conservative band of at least {percent(FEW_RUNS_BAND)} until "
+                f"{MIN_RUNS} runs)")
     if v.basis == "tolerance":
         short = (v.runs or 0) < MIN_RUNS
         alone = percent(max(K * (v.sigma or 0.0) * (math.sqrt(1 + 1 / (v.runs or 1)) if short else 1.0), FLOOR))
