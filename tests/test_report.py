@@ -121,6 +121,8 @@ def test_what_judged_and_gating_within_a_limit_mean() -> None:
     assert v(threshold=1 - 0.85).gates_within(0.15)  # 0.15000000000000002: rounding, not a wider band
     assert not v(gates=None).gates_within(0.05) and not v(gates=False).gates_within(0.05)
     assert v(outcome="noisy").judged and not v(outcome="noisy").gates_within(0.05)  # judged too noisy: never gating
+    assert v(detectable=0.05).catches(0.05) and not v().catches(0.05)  # detects 6%: a 5% loss only sometimes
+    assert not v(detectable=0.05, sigma=None).catches(0.05)  # its noise unknown: nothing says it catches
     for outcome in ("no-baseline", "incomparable", "info"):
         assert not Verdict.from_dict(verdict(outcome)).judged
 

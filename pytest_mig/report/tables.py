@@ -23,7 +23,7 @@ import pandas as pd
 
 from pytest_mig.device.target import TargetInfo
 from pytest_mig.store.results import ResultRecord, atomic_write_text
-from pytest_mig.store.verdicts import LIMIT_SLACK, OUTCOMES, Verdict
+from pytest_mig.store.verdicts import OUTCOMES, Verdict
 from pytest_mig.common.text import SHOWN, printable, quoted
 from pytest_mig.judge.noise import PRIOR_RUNS, REFERENCE_FLOOR
 from pytest_mig.judge.verdict import DEFAULT_TOLERANCE, format_number, percent
@@ -158,14 +158,14 @@ def sharpness_line(records: Sequence[ResultRecord], limit: float | None = None) 
         return None
     limit = DEFAULT_TOLERANCE if limit is None else limit
     pct = percent(limit)
-    within = [v for v in verdicts if v.gates_within(limit)]
-    caught = sum(1 for v in within if v.sigma is not None and v.detectable is not None
-                 and v.detectable <= limit + LIMIT_SLACK)
+    within = sum(1 for v in verdicts if v.gates_within(limit))
+    caught = sum(1 for v in verdicts if v.catches(limit))
     noisy = sum(1 for v in verdicts if v.outcome == "noisy")
-    parts = [f"how sharp: {len(within)} of {len(verdicts)} judged figure(s) gate within {pct}"
+    wider = len(verdicts) - within - noisy
+    parts = [f"how sharp: {within} of {len(verdicts)} judged figure(s) gate within {pct}"
              + (f", {caught} of them catching a {pct} loss (detects <= {pct})" if within else "")]
-    if len(verdicts) - len(within) - noisy:
-        parts.append(f"{len(verdicts) - len(within) - noisy} judged at a wider band")
+    if wider:
+        parts.append(f"{wider} judged at a wider band")
     if noisy:
         parts.append(f"{noisy} too noisy to gate")
     line = "; ".join(parts) + "."

@@ -100,6 +100,12 @@ class Verdict:
         return (bool(self.gates) and self.outcome != "noisy" and self.threshold is not None
                 and self.threshold <= limit + LIMIT_SLACK)
 
+    def catches(self, limit: float) -> bool:
+        """Whether a lasting change of ``limit`` would be caught in 95% of runs: the figure gates within
+        it, its noise is known, and the smallest change it detects is no larger."""
+        return (self.gates_within(limit) and self.sigma is not None and self.detectable is not None
+                and self.detectable <= limit + LIMIT_SLACK)
+
     def line(self) -> str:
         """The message with its outcome in front, as a failing test shows it."""
         label = "TOO NOISY TO GATE" if self.outcome == "noisy" else self.outcome.upper()
