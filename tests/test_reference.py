@@ -435,6 +435,34 @@ def test_drop_test_takes_a_changed_test_out_of_the_folder_and_the_files(
     assert not path.exists() and "holds no figures now" in capsys.readouterr().out
 
 
+def test_drop_figure_takes_one_changed_figure_out_and_keeps_the_tests_others(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A figure whose definition changed leaves the reference (its old runs, and those of the files
+    given with it) while its test's other figures stay; a later build adds its new runs afresh; a
+    figure the folder does not hold is one sentence and changes nothing."""
+    out = tmp_path / "ref"
+    old = [results_file(tmp_path, n, {"fp16_tflops": v, "fp16_sustained_tflops": v - 1}) for n, v in
+           (("a", 100.0), ("b", 104.0))]
+    assert main(["reference", *map(str, old), "--out", str(out)]) == 0
+    path = out / "nvidia-h200" / "3g.71gb.json"
+    before = path.read_bytes()
+    capsys.readouterr()
+    assert main(["reference", "--drop-figure", TEST, "fp16_tflop", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--drop-figure {TEST} fp16_tflop: no such figure" in err
+    assert path.read_bytes() == before
+
+    third = results_file(tmp_path, "c", {"fp16_tflops": 90.0, "fp16_sustained_tflops": 101.0})
+    assert main(["reference", str(third), "--drop-figure", TEST, "fp16_tflops", "--out", str(out)]) == 0
+    assert f"dropped {TEST} fp16_tflops: 3 run(s)\n" in capsys.readouterr().out  # two held, one in the file
+    doc = json.loads(path.read_text())["modes"]["normal"][TEST]
+    assert "fp16_tflops" not in doc
+    assert [r["value"] for r in doc["fp16_sustained_tflops"]["runs"]] == [99.0, 103.0, 101.0]
+    assert main(["reference", str(results_file(tmp_path, "d", {"fp16_tflops": 95.0})), "--out", str(out)]) == 0
+    doc = json.loads(path.read_text())["modes"]["normal"][TEST]
+    assert [r["value"] for r in doc["fp16_tflops"]["runs"]] == [95.0]
+
+
 def test_devices_lists_the_shipped_references_without_a_gpu(capsys: pytest.CaptureFixture[str],
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     import pytest_mig.device.nvml as nvml

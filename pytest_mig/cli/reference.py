@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Sequence, TextIO
 
 from pytest_mig.cli.common import CliError, Command, path_arg
+from pytest_mig.common.text import printable
 from pytest_mig.device.profiles import model_slug
-from pytest_mig.judge.reference import SHIPPED, ReferenceStore, UnknownTestError, build, count_range
+from pytest_mig.judge.reference import SHIPPED, Drop, ReferenceStore, UnknownTestError, build, count_range, drop_label
 from pytest_mig.judge.reference_check import check_folder, summary
 from pytest_mig.judge.noise import REFERENCE_FLOOR, REFERENCE_MAX
 
@@ -61,20 +62,23 @@ def reference_lines(gpu_names: Sequence[str], root: Path | None = None,
     return lines
 
 
-def cmd_reference(files: Sequence[Path], out_dir: Path, out: TextIO, drop: Sequence[str] = ()) -> int:
+def cmd_reference(files: Sequence[Path], out_dir: Path, out: TextIO, drop: Sequence[Drop] = ()) -> int:
     """Add the figures of results files to a reference folder (``--mig-reference DIR`` uses it),
-    after taking the figures of the ``drop`` tests out of it."""
+    after taking the ``drop`` tests' figures (or single figures: test id, name) out of it."""
     if not files and not drop:
-        raise CliError("pytest-mig reference needs results files to add, or --drop-test to take a test out")
+        raise CliError("pytest-mig reference needs results files to add, or --drop-test (--drop-figure) to take a "
+                       "test (a figure) out")
     before = judged_by(out_dir) if out_dir.is_dir() else {}
     try:
         built = build(files, out_dir, drop=drop)
     except UnknownTestError as exc:
-        raise CliError(f"--drop-test {exc}: no figure of that test in {out_dir} or the files given, nothing was "
+        gone = exc.args[0]
+        flag, what = ("--drop-test", "no figure of that test") if isinstance(gone, str) else ("--drop-figure", "no such figure")
+        raise CliError(f"{flag} {printable(drop_label(gone))}: {what} in {out_dir} or the files given, nothing was "
                        f"changed (a test id as results files write it, e.g. "
-                       f"'benchmarks/test_gemm.py::test_gemm[bf16]')") from None
-    for test, runs in built.dropped.items():
-        print(f"dropped {test}: {runs} run(s) of its figures", file=out)
+                       f"'benchmarks/test_gemm.py::test_gemm[bf16]', then a figure's name for --drop-figure)") from None
+    for gone, runs in built.dropped.items():
+        print(f"dropped {drop_label(gone)}: {runs} run(s)" + (" of its figures" if isinstance(gone, str) else ""), file=out)
     if not built.files:
         if not files:
             print(f"{out_dir} holds no figures now", file=out)
@@ -108,7 +112,10 @@ class Reference(Command):
         parser.add_argument("--drop-test", action="append", default=[], metavar="TEST",
                             help="take this test's figures out of the folder and leave them out of the files (a test "
                                  "whose definition changed); its id as results files write it; may be repeated")
+        parser.add_argument("--drop-figure", nargs=2, action="append", default=[], metavar=("TEST", "FIGURE"),
+                            help="the same for one figure of a test (e.g. 'benchmarks/test_gemm.py::test_gemm[bf16]' "
+                                 "bf16_tflops); may be repeated")
 
     @classmethod
     def run(cls, args: argparse.Namespace, out: TextIO) -> int:
-        return cmd_reference(args.files, args.out, out, args.drop_test)
+        return cmd_reference(args.files, args.out, out, [*args.drop_test, *map(tuple, args.drop_figure)])

@@ -37,7 +37,7 @@ import math
 import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Sequence, Union
 
 from pytest_mig.common.files import folder_lock
 from pytest_mig.device.fingerprint import FINGERPRINT_FIELDS, fingerprint_value
@@ -391,32 +391,46 @@ def _as_reference(record: ResultRecord) -> ResultRecord:
 
 
 class UnknownTestError(ValueError):
-    """A test to drop that neither the reference folder nor the files given hold."""
+    """A test (or figure) to drop that neither the reference folder nor the files given hold: the
+    :data:`Drop` is its argument."""
+
+
+#: What a reference build may drop: a test's id (all its figures), or (a test's id, one figure's name).
+Drop = Union[str, tuple[str, str]]
+
+
+def drop_label(drop: Drop) -> str:
+    """A dropped test's id, or a dropped figure's test id and name."""
+    return drop if isinstance(drop, str) else " ".join(drop)
+
+
+def _matching(drops: Sequence[Drop], test: str, metric: str) -> Drop | None:
+    return next((d for d in drops if d == test or d == (test, metric)), None)
 
 
 @dataclass
 class Built:
     """What :func:`build` did: the files written, figures whose run the folder held already, and
-    the figures of dropped tests taken out of the folder or left out of the files, per test."""
+    the runs of dropped tests or figures taken out of the folder or left out of the files, per drop."""
 
     files: list[Path]
     repeated: int = 0
-    dropped: dict[str, int] = field(default_factory=dict)
+    dropped: dict[Drop, int] = field(default_factory=dict)
 
 
-def build(paths: Sequence[Path], out: Path, *, drop: Sequence[str] = ()) -> Built:
+def build(paths: Sequence[Path], out: Path, *, drop: Sequence[Drop] = ()) -> Built:
     """Add the figures of these results files (oldest first) to the reference folder ``out`` and
     recompute every figure's pooled sigma.  A run the folder holds already (the same file given
     again) is not added twice.  The tests named in ``drop`` (their ids as results files write
-    them) are taken out of the folder and left out of the files: a test whose definition changed,
-    so that runs of the old and the new one never share a band.  ResultsFileError or
-    BaselineError on a file that cannot be read."""
-    dropped = dict.fromkeys(drop, 0)
+    them), or single figures of them (test id, figure name), are taken out of the folder and left out
+    of the files: a test or figure whose definition changed, so that runs of the old and the new one
+    never share a band.  ResultsFileError or BaselineError on a file that cannot be read."""
+    dropped: dict[Drop, int] = dict.fromkeys(drop, 0)
     records: list[ResultRecord] = []
     for path in paths:  # every file read and checked whole before anything is written
         for r in sized(read_results(path)):
-            if r.test in dropped:
-                dropped[r.test] += 1
+            if (gone := _matching(drop, r.test, r.metric.name)) is not None:
+                dropped[gone] += 1
                 continue
             if r.metric.compare and abs(r.metric.value) > MAX_NUMBER:  # no GPU measures 1e300: a spoilt file
                 raise ResultsFileError(f"{printable(path)}: {printable(r.test)} {printable(r.metric.name)} is "
@@ -427,9 +441,9 @@ def build(paths: Sequence[Path], out: Path, *, drop: Sequence[str] = ()) -> Buil
         f"a reference keeps {REFERENCE_KEEP} runs per figure and pytest-mig reference never shortens a history: "
         f"give --out a new folder, or move this file out of {printable(out)}"))
     if dropped:  # before anything is written: a mistyped id changes nothing
-        held = {key[0] for path in store.files() for base in [load_baseline_file(path)]
+        held = {key[:2] for path in store.files() for base in [load_baseline_file(path)]
                 for key in [*base.entries, *base.retired]}
-        unknown = [t for t, n in dropped.items() if not n and t not in held]
+        unknown = [d for d, n in dropped.items() if not n and not any(_matching([d], *k) for k in held)]
         if unknown:
             raise UnknownTestError(unknown[0])
     saved = store.save(sorted(records, key=lambda r: r.timestamp), once=True) if records else []
@@ -440,16 +454,18 @@ def build(paths: Sequence[Path], out: Path, *, drop: Sequence[str] = ()) -> Buil
         return Built(_write_sigma(store), sum(s.repeated for s in saved), dropped)
 
 
-def _drop(store: BaselineStore, dropped: dict[str, int]) -> None:
-    """Take the figures of the tests in ``dropped`` out of every file of the folder (a file left
-    with none is removed), counting each figure's runs into ``dropped``."""
+def _drop(store: BaselineStore, dropped: dict[Drop, int]) -> None:
+    """Take the figures of the tests (or the single figures) in ``dropped`` out of every file of the
+    folder (a file left with none is removed), counting each figure's runs into ``dropped``."""
+    drops = list(dropped)
     for path in store.files():
         base = load_baseline_file(path)
-        gone = [(held, key) for held in (base.entries, base.retired) for key in held if key[0] in dropped]
+        gone = [(held, key, d) for held in (base.entries, base.retired) for key in held
+                if (d := _matching(drops, key[0], key[1])) is not None]
         if not gone:
             continue
-        for held, key in gone:
-            dropped[key[0]] += len(held.pop(key).runs)
+        for held, key, d in gone:
+            dropped[d] += len(held.pop(key).runs)
         if not base.entries and not base.retired:
             path.unlink()
             continue
@@ -505,6 +521,6 @@ def _held(sigma: dict[str, dict[str, dict[str, float]]], base: Baseline) -> dict
     return own
 
 
-__all__ = ["NONE", "REFERENCE_KEEP", "Built", "Reference", "ReferenceStore", "SHIPPED", "UnknownTestError", "board_name",
-           "build", "count_range", "fingerprint_beside", "judged_against", "pooled_dof", "pooled_sigma", "sized",
+__all__ = ["NONE", "REFERENCE_KEEP", "Built", "Drop", "Reference", "ReferenceStore", "SHIPPED", "UnknownTestError", "board_name",
+           "build", "count_range", "drop_label", "fingerprint_beside", "judged_against", "pooled_dof", "pooled_sigma", "sized",
            "store_for"]
