@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from pytest_mig.measure.cost import WULVER, SUCoefficients, cost_metrics
-from pytest_mig.measure import Metric, Pace, Telemetry, Timer, Timing, time_fn
+from pytest_mig.measure import Metric, Pace, Telemetry, Timer, Timing, time_fn, timed_repeats
 
 #: A pytest-benchmark round on a GPU lasts at least this long (several calls when one is short).
 MIN_ROUND_S = 0.01
@@ -63,10 +63,10 @@ class BenchTimer(Timer):
         self._benchmark = benchmark
         self._used = False
 
-    def _timed(self, fn: Callable[[], Any], warmup: int, repeats: int) -> list[float]:
+    def _timed(self, fn: Callable[[], Any], warmup: int, repeats: int, min_time_s: float = 0.0) -> list[float]:
         bm = self._benchmark
         if self._used or bm is None or not getattr(bm, "enabled", False):
-            return super()._timed(fn, warmup, repeats)
+            return super()._timed(fn, warmup, repeats, min_time_s)
         self._used = True
         iterations = 1
         if self.device.startswith("cuda"):
@@ -75,12 +75,13 @@ class BenchTimer(Timer):
             est = statistics.median(time_fn(fn, warmup=max(0, warmup), repeats=2, device=self.device,
                                             min_warmup_s=self.min_warmup_s))
             iterations = rounds_iterations(est)
+            repeats = timed_repeats(est * iterations, repeats, min_time_s)
             warmup = 0
         bm.pedantic(fn, rounds=max(1, repeats), warmup_rounds=max(0, warmup), iterations=iterations)
         stats = getattr(bm, "stats", None)
         data = list(getattr(getattr(stats, "stats", None), "data", []) or [])
         if not data:  # pytest-benchmark kept no samples: time it ourselves rather than report nothing
-            return super()._timed(fn, 0, repeats)
+            return super()._timed(fn, 0, repeats, min_time_s)
         return [float(x) for x in data]
 
 

@@ -174,6 +174,36 @@ def test_rounds_last_long_enough_for_the_gpu_clock() -> None:
     assert rounds_iterations(0.0, 0.01) == 1
 
 
+def test_timed_calls_span_at_least_the_time_asked() -> None:
+    from pytest_mig.measure import timed_repeats
+    from pytest_mig.measure.timing import MAX_TIMED_REPEATS
+
+    assert timed_repeats(0.013, 20, 2.0) == 154  # a 13 ms GEMM: 20 calls would span 0.26 s
+    assert timed_repeats(0.15, 20, 2.0) == 20  # 20 calls of 150 ms already span 3 s
+    assert timed_repeats(0.013, 20, 0.0) == 20 and timed_repeats(0.0, 20, 2.0) == 20
+    assert timed_repeats(1e-9, 20, 2.0) == MAX_TIMED_REPEATS
+
+
+def test_pytest_benchmarks_rounds_span_the_time_asked_on_a_gpu(monkeypatch) -> None:
+    import pytest_mig.bench as bench
+
+    class Benchmark:
+        enabled = True
+        rounds = None
+
+        def pedantic(self, fn, rounds, warmup_rounds, iterations):
+            self.rounds, self.iterations = rounds, iterations
+            self.stats = type("S", (), {"stats": type("D", (), {"data": [0.013] * rounds})()})()
+
+    monkeypatch.setattr(bench, "time_fn", lambda fn, **kw: [0.013, 0.013])  # no GPU here: its estimate
+    bm = Benchmark()
+    samples = bench.BenchTimer(bm, "cuda:0", None)._timed(lambda: None, 5, 20, 2.0)
+    assert (bm.rounds, bm.iterations) == (154, 1) and len(samples) == 154
+    bm = Benchmark()
+    bench.BenchTimer(bm, "cuda:0", None)._timed(lambda: None, 5, 20)
+    assert bm.rounds == 20
+
+
 @pytest.mark.parametrize("bad", [57, True, float("nan"), "sw_power_cap", {"a": 1}])
 def test_a_files_throttle_reasons_that_are_not_a_list_are_none(bad: object) -> None:
     from pytest_mig.measure.clocks import throttle_reasons

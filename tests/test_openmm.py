@@ -267,3 +267,11 @@ def test_the_worker_reads_the_kept_system_on_a_second_run(cpu, tmp_path):
     second = {m.name: m for m in om.run_openmm(cpu, quick=True, caches=caches)}["ns_per_day"]
     assert (first.info["system_from_cache"], second.info["system_from_cache"]) == (False, True)
     assert second.value > 0 and second.info["checks"]["force_rel_rms"] <= om.FORCE_LIMIT["mixed"]
+
+
+def test_the_cuda_platform_spin_waits_for_the_gpu(monkeypatch):
+    fake = object()
+    monkeypatch.setattr(openmm.Platform, "getPlatformByName", staticmethod(lambda name: fake if name == "CUDA" else None))
+    platform, properties = om.platform_for("cuda", "mixed")
+    assert platform is fake
+    assert properties == {"Precision": "mixed", "DeviceIndex": "0", "UseBlockingSync": "false"}

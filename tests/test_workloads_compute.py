@@ -71,6 +71,18 @@ def test_gemm_metrics_on_cpu(cpu, timer, dtype):
         assert best.value > 0 and ratio.value == pytest.approx(head.value / best.value)
 
 
+def test_gemm_headline_is_the_work_over_the_timed_calls_gpu_time():
+    prec = gemm.PRECISIONS["bf16"]
+    flops = 2.0 * 1024**3
+    timing = Timing(samples=[1.0, 1.0, 4.0])  # a median would read the two fast calls alone
+    metrics = gemm._metrics(_slice(**H200_FULL), prec, timing, flops, 1024, 0.001, 1.0, "test",
+                            [((1024, 1024, 1024), 1.0, 1.0)], [])
+    head = next(m for m in metrics if m.name == "bf16_tflops")
+    assert head.value == pytest.approx(flops * 3 / 6.0 / 1e12)
+    assert sorted(head.samples) == pytest.approx([flops / 4.0 / 1e12, flops / 1e12, flops / 1e12])
+    assert gemm.EFFORT[("gpu", False)].headline_s >= 2.0 > gemm.EFFORT[("gpu", True)].headline_s > 0
+
+
 @pytest.mark.parametrize("dtype", ["fp8", "tf32", "fp16"])
 def test_gemm_gpu_only_precisions_do_not_fit_the_cpu(cpu, timer, dtype):
     with pytest.raises(DoesNotFit, match="CPU"):

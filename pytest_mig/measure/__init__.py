@@ -34,11 +34,12 @@ from pytest_mig.measure.timing import (
     gpu_clock,
     synchronize,
     time_fn,
+    timed_repeats,
 )
 
 __all__ = [
     "ENERGY_INFIX", "LARGEST_BATCH", "METRIC_KINDS", "POWER_LIMIT_SLACK", "RAMP_S", "RATE_KINDS", "STEP_TIME",
     "SUSTAINED", "Direction", "EnergyTicks", "GpuClock", "Metric", "Pace", "PowerSampler", "PowerTrace", "Stats",
     "Telemetry", "Timer", "Timing", "batch_bound", "energy_metrics", "gpu_clock", "partner_keys", "percentile",
-    "synchronize", "time_fn", "timing_partners", "within_run_noise",
+    "synchronize", "time_fn", "timed_repeats", "timing_partners", "within_run_noise",
 ]

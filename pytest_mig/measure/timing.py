@@ -1,7 +1,7 @@
 """Timing with CUDA events, board power and energy over a window of sustained work.
 
 GPU work is timed with CUDA events on the current stream (under emulation that is the green
-context's stream), after warm-up, over several repeats; the figure reported is the median.
+context's stream), after warm-up, over several repeats (or seconds) of them.
 Nothing here imports pytest.
 """
 
@@ -15,9 +15,7 @@ from typing import Any, Callable, Protocol
 
 from pytest_mig.common.poller import Poller
 from pytest_mig.measure.clocks import TEMPERATURE, temperature_of
-from pytest_mig.measure.metric import (
-    ENERGY_INFIX, Metric, Stats,
-)
+from pytest_mig.measure.metric import ENERGY_INFIX, Metric, Stats
 
 
 def _cuda_ready() -> bool:
@@ -36,19 +34,20 @@ def synchronize() -> None:
 
 
 def time_fn(fn: Callable[[], Any], *, warmup: int = 3, repeats: int = 10, device: str = "cuda",
-            min_warmup_s: float = 0.0) -> list[float]:
+            min_warmup_s: float = 0.0, min_time_s: float = 0.0) -> list[float]:
     """Seconds per call of ``fn``: CUDA events around each call on a GPU, perf_counter on the CPU.
 
     ``min_warmup_s`` (GPU) keeps warming up, back to back, until about that much GPU time has passed:
     a GPU at its power limit lowers its clocks within tens of milliseconds of sustained load, so a
-    short warm-up measures a burst, not the rate the work is done at.
+    short warm-up measures a burst, not the rate the work is done at.  ``min_time_s`` (GPU) times
+    more than ``repeats`` calls where they would take less than that (:func:`timed_repeats`).
     """
     for _ in range(max(0, warmup)):
         fn()
     if device.startswith("cuda"):
         import torch
 
-        if min_warmup_s > 0:
+        if min_warmup_s > 0 or min_time_s > 0:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             fn()
@@ -57,6 +56,7 @@ def time_fn(fn: Callable[[], Any], *, warmup: int = 3, repeats: int = 10, device
             per_call = start.elapsed_time(end) / 1e3
             for _ in range(min(100_000, math.ceil(min_warmup_s / per_call) - 1) if per_call > 0 else 0):
                 fn()
+            repeats = timed_repeats(per_call, repeats, min_time_s)
         torch.cuda.synchronize()
         pairs = []
         for _ in range(repeats):
@@ -73,6 +73,15 @@ def time_fn(fn: Callable[[], Any], *, warmup: int = 3, repeats: int = 10, device
         fn()
         out.append(time.perf_counter() - t0)
     return out
+
+
+MAX_TIMED_REPEATS = 10_000  # the most calls timed_repeats() asks for
+
+
+def timed_repeats(seconds_per_call: float, repeats: int, min_time_s: float) -> int:
+    """``repeats``, or more where that many calls would take under ``min_time_s`` (at most MAX_TIMED_REPEATS)."""
+    ok = min_time_s > 0 and seconds_per_call > 0
+    return max(repeats, min(MAX_TIMED_REPEATS, math.ceil(min_time_s / seconds_per_call))) if ok else repeats
 
 
 class GpuClock:
@@ -328,18 +337,20 @@ class Timer:
     #: GPU warm-up before the timed repeats: long enough to reach the clocks sustained load runs at.
     min_warmup_s = 0.2
 
-    def _timed(self, fn: Callable[[], Any], warmup: int, repeats: int) -> list[float]:
-        return time_fn(fn, warmup=warmup, repeats=repeats, device=self.device, min_warmup_s=self.min_warmup_s)
+    def _timed(self, fn: Callable[[], Any], warmup: int, repeats: int, min_time_s: float = 0.0) -> list[float]:
+        return time_fn(fn, warmup=warmup, repeats=repeats, device=self.device, min_warmup_s=self.min_warmup_s,
+                       min_time_s=min_time_s)
 
     def __call__(self, fn: Callable[[], Any], *, warmup: int = 3, repeats: int = 10, energy: bool = True,
-                 sustained: bool = False) -> Timing:
-        """Time ``fn``; with ``energy`` (and a board to read), then read board energy over a window
-        of sustained work of its own: the telemetry's ``sustained_window_s`` where ``sustained`` (the
+                 sustained: bool = False, min_time_s: float = 0.0) -> Timing:
+        """Time ``fn`` (``repeats`` calls, more on a GPU where they would last under ``min_time_s``); with
+        ``energy`` (and a board to read), then read board energy over a window of sustained work of its own: the
+        telemetry's ``sustained_window_s`` where ``sustained`` (the
         window also times a rate that is judged), else its ``window_s``."""
         if self.pace is not None:
             self.pace.timing()
         before = self.telemetry.clocks()
-        samples = self._timed(fn, warmup, repeats)
+        samples = self._timed(fn, warmup, repeats, min_time_s)
         t = self.telemetry
         seconds = t.sustained_window_s if sustained and t.sustained_window_s is not None else t.window_s
         power, calls, total = self._energy_window(fn, samples, seconds) if energy else (None, 0, 0)
