@@ -160,5 +160,5 @@ class MigBench:
                                             unit_count=unit_count, rate_samples=rate_samples))
 
     def time(self, fn: Callable[[], Any], *, warmup: int = 3, repeats: int = 10, energy: bool = True,
-             sustained: bool = False) -> Timing:
-        return self.timer(fn, warmup=warmup, repeats=repeats, energy=energy, sustained=sustained)
+             sustained: bool = False, min_time_s: float = 0.0) -> Timing:
+        return self.timer(fn, warmup=warmup, repeats=repeats, energy=energy, sustained=sustained, min_time_s=min_time_s)

@@ -182,6 +182,8 @@ def test_timed_calls_span_at_least_the_time_asked() -> None:
     assert timed_repeats(0.15, 20, 2.0) == 20  # 20 calls of 150 ms already span 3 s
     assert timed_repeats(0.013, 20, 0.0) == 20 and timed_repeats(0.0, 20, 2.0) == 20
     assert timed_repeats(1e-9, 20, 2.0) == MAX_TIMED_REPEATS
+    assert timed_repeats(5e-324, 20, 2.0) == timed_repeats(0.013, 20, float("inf")) == MAX_TIMED_REPEATS
+    assert timed_repeats(0.013, 20, float("nan")) == timed_repeats(float("nan"), 20, 2.0) == 20
 
 
 def test_pytest_benchmarks_rounds_span_the_time_asked_on_a_gpu(monkeypatch) -> None:
@@ -202,6 +204,13 @@ def test_pytest_benchmarks_rounds_span_the_time_asked_on_a_gpu(monkeypatch) -> N
     bm = Benchmark()
     bench.BenchTimer(bm, "cuda:0", None)._timed(lambda: None, 5, 20)
     assert bm.rounds == 20
+    # a site's own benchmark asks the same through mig_bench.time
+    from pytest_mig.device.target import Target
+
+    mig = bench.MigBench(Benchmark(), Target(kind="full", profile="full", chosen_by="test", gpu_name="NVIDIA H200"))
+    mig.timer.device = "cuda:0"
+    timing = mig.time(lambda: None, warmup=1, repeats=20, energy=False, min_time_s=2.0)
+    assert mig.timer._benchmark.rounds == 154 and len(timing.samples) == 154
 
 
 @pytest.mark.parametrize("bad", [57, True, float("nan"), "sw_power_cap", {"a": 1}])

@@ -462,6 +462,32 @@ def test_drop_figure_takes_one_changed_figure_out_and_keeps_the_tests_others(
     doc = json.loads(path.read_text())["modes"]["normal"][TEST]
     assert [r["value"] for r in doc["fp16_tflops"]["runs"]] == [95.0]
 
+    # with its test dropped too, each counts its own runs: the figure's file-only runs are not "no such figure"
+    fresh = tmp_path / "fresh"
+    capsys.readouterr()
+    assert main(["reference", str(third), "--drop-test", TEST, "--drop-figure", TEST, "fp16_tflops",
+                 "--out", str(fresh)]) == 0
+    said = capsys.readouterr().out
+    assert f"dropped {TEST}: 2 run(s) of its figures" in said and f"dropped {TEST} fp16_tflops: 1 run(s)\n" in said
+    # the folder's last figure dropped while the file given holds only it: the folder changed, so not "nothing written"
+    assert main(["reference", "--drop-figure", TEST, "fp16_sustained_tflops", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["reference", str(results_file(tmp_path, "e", {"fp16_tflops": 96.0})), "--drop-figure", TEST,
+                 "fp16_tflops", "--out", str(out)]) == 0
+    assert not path.exists() and "holds no figures now" in capsys.readouterr().out
+
+
+def test_a_dropped_figures_line_escapes_what_its_names_hold(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    odd = "benchmarks/test_x.py::test_x[\x1b[2J\n]"
+    path = tmp_path / "odd.json"
+    write_results(path, [replace(record(100.0, fingerprint=dict(BOARD)), test=odd)])
+    out = tmp_path / "ref"
+    assert main(["reference", str(path), "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["reference", "--drop-figure", odd, "fp16_tflops", "--out", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "\x1b" not in said and said.startswith("dropped benchmarks/test_x.py::test_x[") and said.count("\n") == 2
+
 
 def test_devices_lists_the_shipped_references_without_a_gpu(capsys: pytest.CaptureFixture[str],
                                                              monkeypatch: pytest.MonkeyPatch) -> None:

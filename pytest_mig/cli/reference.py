@@ -78,9 +78,10 @@ def cmd_reference(files: Sequence[Path], out_dir: Path, out: TextIO, drop: Seque
                        f"changed (a test id as results files write it, e.g. "
                        f"'benchmarks/test_gemm.py::test_gemm[bf16]', then a figure's name for --drop-figure)") from None
     for gone, runs in built.dropped.items():
-        print(f"dropped {drop_label(gone)}: {runs} run(s)" + (" of its figures" if isinstance(gone, str) else ""), file=out)
+        print(f"dropped {printable(drop_label(gone))}: {runs} run(s)" + (" of its figures" if isinstance(gone, str) else ""),
+              file=out)
     if not built.files:
-        if not files:
+        if not files or any(built.dropped.values()):
             print(f"{out_dir} holds no figures now", file=out)
             return 0
         print(f"no comparable figures in {len(files)} file(s); nothing written", file=out)

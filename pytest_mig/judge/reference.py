@@ -405,7 +405,8 @@ def drop_label(drop: Drop) -> str:
 
 
 def _matching(drops: Sequence[Drop], test: str, metric: str) -> Drop | None:
-    return next((d for d in drops if d == test or d == (test, metric)), None)
+    """The drop a test's figure falls under: the figure's own where one names it, else its test's."""
+    return (test, metric) if (test, metric) in drops else test if test in drops else None
 
 
 @dataclass
@@ -447,6 +448,8 @@ def build(paths: Sequence[Path], out: Path, *, drop: Sequence[Drop] = ()) -> Bui
         if unknown:
             raise UnknownTestError(unknown[0])
     saved = store.save(sorted(records, key=lambda r: r.timestamp), once=True) if records else []
+    if not out.is_dir():  # every figure of the files given dropped, into a folder that is not there yet
+        return Built([], 0, dropped)
     # Read back and rewritten under the folder's lock: another build's runs saved meanwhile are kept.
     with folder_lock(out):
         if dropped:
