@@ -431,7 +431,7 @@ def build(paths: Sequence[Path], out: Path, *, drop: Sequence[Drop] = ()) -> Bui
     for path in paths:  # every file read and checked whole before anything is written
         for r in sized(read_results(path)):
             if (gone := _matching(drop, r.test, r.metric.name)) is not None:
-                dropped[gone] += 1
+                dropped[gone] += int(r.metric.compare)  # the runs a reference would keep: not informational figures
                 continue
             if r.metric.compare and abs(r.metric.value) > MAX_NUMBER:  # no GPU measures 1e300: a spoilt file
                 raise ResultsFileError(f"{printable(path)}: {printable(r.test)} {printable(r.metric.name)} is "
