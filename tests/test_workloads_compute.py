@@ -80,10 +80,13 @@ def test_gemm_headline_is_the_work_over_the_timed_calls_gpu_time():
     head = next(m for m in metrics if m.name == "bf16_tflops")
     assert head.value == pytest.approx(flops * 3 / 6.0 / 1e12)
     assert sorted(head.samples) == pytest.approx([flops / 4.0 / 1e12, flops / 1e12, flops / 1e12])
-    # a sample no call can take (a clock step clamped to zero) counts neither in the rates nor the headline
-    zero = gemm._metrics(_slice(**H200_FULL), prec, Timing(samples=[0.0, 1.0, 1.0]), flops, 1024, 0.001, 1.0, "test",
-                         [((1024, 1024, 1024), 1.0, 1.0)], [])
-    assert next(m for m in zero if m.name == "bf16_tflops").value == pytest.approx(flops / 1e12)
+    # a sample no call can take (a clock step clamped to zero, no finite time) counts neither in the rates nor
+    # the headline
+    for odd in (0.0, float("inf")):
+        got = gemm._metrics(_slice(**H200_FULL), prec, Timing(samples=[odd, 1.0, 1.0]), flops, 1024, 0.001, 1.0,
+                            "test", [((1024, 1024, 1024), 1.0, 1.0)], [])
+        head = next(m for m in got if m.name == "bf16_tflops")
+        assert head.value == pytest.approx(flops / 1e12) and len(head.samples) == 2
     assert gemm.EFFORT[("gpu", False)].headline_s >= 2.0 > gemm.EFFORT[("gpu", True)].headline_s > 0
 
 

@@ -261,8 +261,8 @@ class Timing:
         return info
 
     def rate_samples(self, work: float) -> list[float]:
-        """Work per second for each repeat (e.g. FLOPs/s when ``work`` is FLOPs per call)."""
-        return [work / s for s in self.samples if s > 0]
+        """Work per second for each repeat (FLOPs/s for FLOPs per call); none for a time no call takes (0, inf)."""
+        return [work / s for s in self.samples if s > 0 and math.isfinite(s)]
 
 
 class Telemetry:
