@@ -1,4 +1,4 @@
-"""Energy per unit of work: how its window reads the counter, and whose timing it shares.
+"""Energy per unit of work: how its window reads the counter, and which times the same work.
 
 The window (pytest_mig.measure.counter_instants, EnergyTicks.mean_power_w): an energy counter that
 advances on a fixed period, each step seen by the host late by a varying delay, read through a fake
@@ -17,6 +17,7 @@ the detection analysis and ``devices``' judged counts.  The values are synthetic
 from __future__ import annotations
 
 import random
+import statistics
 import threading
 import time
 from pathlib import Path
@@ -36,6 +37,7 @@ from pytest_mig.device.target import TargetInfo
 from pytest_mig.store import results as results_module
 from pytest_mig.store.results import ResultRecord, read_results, write_results
 from pytest_mig.judge.pipeline import Pipeline, StoreHistories
+from pytest_mig.store.verdicts import Verdict
 
 TRAIN = "benchmarks/test_training.py::test_training[gpt2-small-full-fixed]"
 GEMM = "benchmarks/test_gemm.py::test_gemm[bf16]"
@@ -77,9 +79,24 @@ def test_an_energy_figure_shares_the_timing_of_its_tests_rate_figures_with_its_l
             ("fp16_sustained_tflops", "tensor")]
     assert timing_partners("bf16_energy_j_per_tflop", "energy", gemm) == ["bf16_sustained_tflops"]
     assert timing_partners("bf16_energy_j_per_tflop", "energy", gemm[:2]) == ["bf16_tflops", "bf16_flop_per_sm_cycle"]
-    # only energy figures have partners
+    # a rate with no longer window beside it, and an informational or power figure, have none
     assert timing_partners("tokens_per_s", "training", training) == []
-    assert timing_partners("su_per_1M_tokens", "cost", training) == []
+    assert timing_partners("bf16_sustained_tflops", "tensor", gemm) == []
+    assert timing_partners("bf16_flop_per_sm_cycle", "tensor", gemm) == []
+    assert timing_partners("power_w", "energy", training) == []
+
+
+def test_cost_and_a_headline_share_the_noise_of_the_rate_timed_over_the_same_work() -> None:
+    training = [("tokens_per_s", "training"), ("step_time_s", "training"), ("su_per_1M_tokens", "cost")]
+    assert timing_partners("su_per_1M_tokens", "cost", training) == ["tokens_per_s", "step_time_s"]
+    gemm = [("bf16_tflops", "tensor"), ("bf16_flop_per_sm_cycle", "tensor"), ("bf16_sustained_tflops", "tensor"),
+            ("su_per_1M_TFLOPs", "cost")]
+    # SU per work converts the headline, whose window is short: the sustained rate over the energy window
+    assert timing_partners("su_per_1M_TFLOPs", "cost", gemm) == ["bf16_sustained_tflops"]
+    # the headline of about 2 s of calls beside the rate over the longer window of the same kernel and size
+    assert timing_partners("bf16_tflops", "tensor", gemm) == ["bf16_sustained_tflops"]
+    assert timing_partners("fp16_tflops", "tensor", gemm) == []
+    assert timing_partners("su_per_1M_TFLOPs", "cost", [("su_per_1M_TFLOPs", "cost")]) == []
 
 
 # --------------------------------------------------------------------------- the bands
@@ -121,7 +138,7 @@ def test_a_local_history_does_not_fail_energy_that_moved_with_a_rate_too_noisy_t
     slow = training_run(85.0, 112.0)
     v = {x.metric: x for x in Pipeline(StoreHistories(noisy)).judge(slow)}["energy_j_per_token"]
     assert v.outcome == "noisy" and not v.failed and v.sigma_of in ("tokens_per_s", "step_time_s")
-    assert f"(that of {v.sigma_of}, whose timing it shares)" in v.message
+    assert f"(that of {v.sigma_of}, which times the same work)" in v.message
     # where the rate is steady, the same +12% in energy alone is a regression
     v = {x.metric: x for x in Pipeline(StoreHistories(quiet)).judge(training_run(100.0, 112.0))}[
         "energy_j_per_token"]
@@ -140,6 +157,34 @@ def test_gemm_energy_is_judged_with_the_sustained_rate_not_the_noisier_headline(
     assert energy.outcome == "regressed" and energy.sigma_of is None
 
 
+def test_a_short_history_judges_the_headline_with_the_noise_of_the_sustained_rate(tmp_path: Path) -> None:
+    """An H200's case: a reference whose few headline runs happened to agree (sigma 0.1%, so a 1% band
+    on night 2) while the rate over the longer window of the same calls moved 0.4%; a new board's
+    night 2 then read the headline -1.15% with the sustained rate unmoved."""
+    def run(headline: float, sustained: float) -> list[ResultRecord]:
+        return [rec("bf16_tflops", headline, GEMM), rec("bf16_sustained_tflops", sustained, GEMM)]
+
+    def night2(sustained_runs: list[float]) -> Verdict:
+        ref = tmp_path / f"ref-{len(list(tmp_path.iterdir()))}"
+        files = []
+        for i, (h, s) in enumerate(zip([700.0, 700.7, 699.3, 700.2, 699.8, 700.5], sustained_runs)):
+            files.append(tmp_path / f"{ref.name}-{i}.json")
+            write_results(files[-1], run(h, s))
+        build(files, ref)
+        history = BaselineStore(ref.with_name(ref.name + "-history"))
+        history.save(run(700.0, 700.0))
+        pipeline = Pipeline(StoreHistories(history), references=ReferenceStore(ref))
+        return {v.metric: v for v in pipeline.judge(run(692.0, 700.0))}["bf16_tflops"]
+
+    moved = night2([700.0, 704.0, 696.0, 702.5, 697.5, 701.0])
+    assert moved.outcome == "pass" and moved.threshold > 0.0115
+    sustained = [700.0, 704.0, 696.0, 702.5, 697.5, 701.0]  # the sustained rate's sigma, not the headline's 0.07%
+    assert moved.sigma == pytest.approx(statistics.stdev(sustained) / statistics.mean(sustained), rel=0.02)
+    # where the sustained rate was as steady as the headline, the same -1.15% is beyond the 1% floor
+    steady = night2([700.0, 700.7, 699.3, 700.2, 699.8, 700.5])
+    assert steady.outcome == "regressed" and steady.threshold == pytest.approx(0.01)
+
+
 def test_a_reference_does_not_judge_energy_whose_rate_varies_between_its_runs(tmp_path: Path) -> None:
     files = []
     for i, (tokens, joules) in enumerate(zip(NOISY[:5], QUIET[:5])):
@@ -152,7 +197,7 @@ def test_a_reference_does_not_judge_energy_whose_rate_varies_between_its_runs(tm
     verdicts = {v.metric: v for v in pipeline.judge(training_run(85.0, 112.0))}
     energy = verdicts["energy_j_per_token"]
     assert energy.source == "reference" and energy.outcome == "noisy" and not energy.failed
-    assert "too noisy to judge against another board" in energy.message and "whose timing it shares" in energy.message
+    assert "too noisy to judge against another board" in energy.message and "which times the same work" in energy.message
     (ref,) = [refs.load("nvidia-h100-80gb-hbm3", "4g.40gb-emulated")]
     assert ref is not None and ref.judged_counts()["normal"] == (0, 3)  # devices counts it as not judged
 
@@ -168,7 +213,7 @@ def test_compare_reads_the_partners_history_from_the_old_files(tmp_path: Path,
     write_results(new, training_run(85.0, 112.0))
     assert cli.main(["compare", *old, str(new), "--mig-reference", "none"]) == 0
     out = capsys.readouterr().out
-    assert "energy_j_per_token" in out and "whose timing it shares" in out and "REGRESSED" not in out
+    assert "energy_j_per_token" in out and "which times the same work" in out and "REGRESSED" not in out
 
 
 def test_calibrate_shows_whose_cv_an_energy_figure_took(tmp_path: Path) -> None:

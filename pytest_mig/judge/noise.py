@@ -60,15 +60,19 @@ measures on the GPU):
   ``REFERENCE_FLOOR`` (10%), wider where the figure's run-to-run sigma across the reference's runs
   (``K`` x sigma) is wider, and a figure whose threshold would exceed ``REFERENCE_MAX`` (12%) is too
   noisy to judge against another board: reported, not judged.  A GPU 15% under the reference fails.
-* **Energy shares its timing**: energy per unit of work is power x time / work, so a figure such as
+* **Shared work**: energy per unit of work is power x time / work, so a figure such as
   J/token moves with the step time it divides.  Its runs alone can look quieter than they are (a
   host-bound step that ran slower drew less power in the reference runs, and not in the next one:
   on an H100, small-batch GPT-2 training's J/token had a pooled sigma of 1.9% while its tokens/s had
   5.1%, and an unchanged run then read tokens/s -15.5% and J/token +11.9%, a false alarm at the 10%
-  band).  So its sigma is never below that of the rate figures whose timing it shares
+  band).  So its sigma is never below that of the rate figures that time the same work
   (``partners``: :func:`pytest_mig.measure.timing_partners`), and the band names the one that set it.
   For quiet kernels (GEMM, STREAM, OpenMM) the energy figure's own sigma is the larger and nothing
-  changes; a figure whose throughput is too noisy to gate does not gate its energy either.
+  changes; a figure whose throughput is too noisy to gate does not gate its energy either.  The same
+  holds for cost per unit of work (SU), and for GEMM's headline (about 2 s of calls) beside its
+  sustained rate (the same calls' size over the longer energy window): on four H200s one board's
+  headline moved -1.15% between two nights where three other boards' nights had agreed to 0.15%,
+  which made their prior a 1% band (docs/results/h200x4-nights-2026-11-28.tgz).
 """
 
 from __future__ import annotations
@@ -196,7 +200,7 @@ def band(values: Sequence[float], *, tolerance: float | None = None,
 
     ``tolerance`` is a site's explicit tolerance (it caps the threshold); ``default_tolerance`` is
     what a figure must be able to hold to gate when no tolerance was set.  ``partners`` are the
-    histories of the rate figures whose timing an energy figure shares, by name: its sigma is at
+    histories of the rate figures that time the same work (an energy or cost figure's, a headline's), by name: its sigma is at
     least each one's :func:`spread`.  ``prior`` is the figure's sigma known from elsewhere (a float:
     the shipped reference's): a history of fewer than ``PRIOR_RUNS`` runs is never judged with a
     smaller one, and one of fewer than ``MIN_RUNS`` runs is judged with it (the module docstring).
@@ -261,7 +265,7 @@ def reference_band(values: Sequence[float], sigma: float | None,
     ``sigma`` is the figure's relative run-to-run sigma across the reference's runs (pooled over the
     model's profiles when it was built).  None (a single run: its noise unknown): the figure is
     shown against the reference but not judged, since a noisy figure would raise false alarms.
-    ``partners``: the pooled sigmas of the rate figures whose timing an energy figure shares, by
+    ``partners``: the pooled sigmas of the rate figures that time the same work, by
     name; the larger one is its sigma, and one that is unknown leaves its noise unknown too.
     """
     xs = [float(v) for v in values if math.isfinite(v)]

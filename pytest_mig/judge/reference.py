@@ -84,8 +84,8 @@ class Reference:
         return self.sigma.get((entry.test, entry.metric, entry.mode))
 
     def board_sigma_for(self, entry: BaselineEntry) -> float | None:
-        """The figure's night-to-night sigma on one board, or that of a rate figure whose timing it
-        shares where larger; None where it or a partner has none (then only :meth:`band_for`'s
+        """The figure's night-to-night sigma on one board, or that of a rate figure that times the same
+        work where larger; None where it or a partner has none (then only :meth:`band_for`'s
         sigma, across boards, speaks for its noise)."""
         sigmas = [self.board_sigma.get((e.test, e.metric, e.mode))
                   for e in (entry, *self.baseline.timing_partners(entry))]
@@ -93,7 +93,7 @@ class Reference:
 
     def band_for(self, entry: BaselineEntry) -> Band:
         """The reference band a verdict applies to ``entry`` (:func:`~pytest_mig.judge.noise.reference_band`):
-        its pooled sigma, or that of a rate figure whose timing it shares where larger, about the median
+        its pooled sigma, or that of a rate figure that times the same work where larger, about the median
         of its runs at the size it is judged at."""
         partners = {p.metric: self.sigma_for(p) for p in self.baseline.timing_partners(entry)}
         return reference_band(entry.values_at_size, self.sigma_for(entry), partners)

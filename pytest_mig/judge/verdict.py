@@ -173,7 +173,7 @@ def worse_by(value: float, center: float, direction: str) -> float:
 
 
 def _sigma_text(v: Verdict) -> str:
-    """'0.42%', or '5.1% (that of tokens_per_s, whose timing it shares)' where a partner's sigma was used,
+    """'0.42%', or '5.1% (that of tokens_per_s, which times the same work)' where a partner's sigma was used,
     or the prior's (:class:`~pytest_mig.judge.noise.Prior`) where it was the larger."""
     if v.sigma_of in (PRIOR, PRIOR_BOARD):
         where = "night to night on one board" if v.sigma_of == PRIOR_BOARD else "across nights and boards"
@@ -181,7 +181,7 @@ def _sigma_text(v: Verdict) -> str:
                 f"this history's own until it has {PRIOR_RUNS} runs)")
     if is_prior(v.sigma_of):
         return f"{percent(v.sigma or 0.0)} ({v.sigma_of})"
-    shared = f" (that of {v.sigma_of}, whose timing it shares)" if v.sigma_of else ""
+    shared = f" (that of {v.sigma_of}, which times the same work)" if v.sigma_of else ""
     return f"{percent(v.sigma or 0.0)}{shared}"
 
 
@@ -202,7 +202,7 @@ def _band_text(v: Verdict) -> str:
         if is_prior(v.sigma_of) and (v.threshold or 0.0) > FEW_RUNS_BAND:
             widened = f", widened to {K:g} x sqrt(1 + 1/{v.runs}) x the run-to-run sigma of {v.sigma_of}"
         elif v.sigma_of and (v.threshold or 0.0) > FEW_RUNS_BAND:
-            widened = f", widened to the spread of {v.sigma_of}, whose timing it shares"
+            widened = f", widened to the spread of {v.sigma_of}, which times the same work"
         else:
             widened = ""
         return (f"threshold {threshold}: only {v.runs} run(s) in the baseline, too few to measure its "
@@ -243,8 +243,8 @@ def compare(
     in the baseline file, and caps the threshold.  ``baseline_meta`` says what the baseline file is
     for, so a figure of another GPU model, profile or kind of target is never compared.  A whole
     :class:`Baseline` may be passed instead of the entry: its entry for this test, metric and mode
-    and its meta are used, and, for an energy figure, the histories of the rate figures whose timing
-    it shares (``partners``, by name, given directly otherwise: :func:`pytest_mig.judge.noise.band`).
+    and its meta are used, and the histories of the rate figures that time the same work
+    (``partners``, by name, given directly otherwise: :func:`pytest_mig.judge.noise.band`).
     """
     m = record.metric
     other_mode: str | None = None

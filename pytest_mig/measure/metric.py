@@ -128,31 +128,44 @@ def batch_bound(test: str, metric: str) -> bool:
     return metric == STEP_TIME and test.endswith(LARGEST_BATCH)
 
 
-def timing_partners(energy_metric: str, energy_kind: str, figures: Iterable[tuple[str, str]]) -> list[str]:
-    """Of one test's figures, given as (name, kind) pairs, the rate figures timed over the work
-    that energy figure ``energy_metric`` divides its joules by: those with its label
-    (``fp32_triad_energy_j_per_gb``: ``fp32_triad_gbs``; ``energy_j_per_token``: every rate figure
-    of the test, ``tokens_per_s`` and, at a fixed batch, ``step_time_s``), and where one of them is the
-    rate over the energy window itself (``<label>_sustained_<unit>``, as GEMM reports it beside a
-    headline from short repeats and a per-cycle figure), that one alone.  Empty for a figure that is not energy.
+def timing_partners(metric: str, kind: str, figures: Iterable[tuple[str, str]]) -> list[str]:
+    """Of one test's figures, given as (name, kind) pairs, the rate figures that time the same work as
+    figure ``metric`` (of ``kind``) over a window at least as long, so that ``metric`` is never judged
+    more tightly than they are:
 
-    Energy per unit of work is power x time / work, so it moves with that timing: a training step
-    slowed by the host draws less power but not proportionally less (an H100's 4g.40gb-sized slice:
-    tokens/s -15.5%, power -6%, J/token +11.9%).  The verdict layer never judges it more tightly
-    than the rate figures it shares the timing of.
+    * **energy per unit of work** (``<label>_energy_j_per_<unit>``): the rate figures with its label
+      (``fp32_triad_energy_j_per_gb``: ``fp32_triad_gbs``; ``energy_j_per_token``: every rate figure of
+      the test, ``tokens_per_s`` and, at a fixed batch, ``step_time_s``).  Energy is power x time / work,
+      so it moves with that timing: a training step slowed by the host draws less power but not
+      proportionally less (an H100's 4g.40gb-sized slice: tokens/s -15.5%, power -6%, J/token +11.9%).
+    * **cost per unit of work** (kind ``cost``, ``su_per_1M_tokens``): every rate figure of the test,
+      whose rate it converts to service units.
+    * **a headline rate beside the rate over a longer window of the same work**: ``<label>_<unit>``
+      beside ``<label>_sustained_<unit>`` (GEMM's headline of about 2 s of calls beside its rate over
+      the energy window, at the same size and power cap), that one.
+
+    For energy and cost, where one of the rate figures is the rate over the energy window itself
+    (``<label>_sustained_<unit>``, beside a headline and a per-cycle figure), that one alone.  Empty for
+    any other figure.
     """
-    if energy_kind != "energy" or ENERGY_INFIX not in energy_metric:
+    rates = [name for name, k in figures if k in RATE_KINDS]
+    if kind == "energy" and ENERGY_INFIX in metric:
+        label = metric.split(ENERGY_INFIX, 1)[0]
+    elif kind == "cost":
+        label = ""
+    elif kind in RATE_KINDS and SUSTAINED not in metric:
+        return [name for name in rates if SUSTAINED in name and name.replace(SUSTAINED, "", 1) == metric]
+    else:
         return []
-    label = energy_metric.split(ENERGY_INFIX, 1)[0]
-    rates = [name for name, kind in figures if kind in RATE_KINDS and name.startswith(label)]
-    window = [name for name in rates if name.startswith(label + SUSTAINED)]
+    rates = [name for name in rates if name.startswith(label)]
+    window = [name for name in rates if name.startswith(label + SUSTAINED) or (not label and SUSTAINED in name)]
     return window or rates
 
 
 def partner_keys(key: tuple[str, str, str], kind: str,
                  kinds: Mapping[tuple[str, str, str], str]) -> list[tuple[str, str, str]]:
     """:func:`timing_partners` over figures keyed (test, metric, mode), each with its kind: the keys of
-    the rate figures of ``key``'s test and mode whose timing energy figure ``key`` (of ``kind``) shares."""
+    the rate figures of ``key``'s test and mode that time the same work as figure ``key`` (of ``kind``)."""
     test, metric, mode = key
     same = {k: v for k, v in kinds.items() if k[0] == test and k[2] == mode}
     names = set(timing_partners(metric, kind, ((k[1], v) for k, v in same.items())))

@@ -99,7 +99,7 @@ def _judge_replayed(pipeline: Pipeline, rec: ResultRecord, confirmations: Sequen
 
 @dataclass
 class _Partners:
-    """The rate figures whose timing an energy figure shares (``mates``), read in the runs that
+    """The rate figures that time the same work as a figure (``mates``), read in the runs that
     hold the figure (``at``: indices into ``runs``)."""
 
     runs: Sequence[dict[Key, ResultRecord]]

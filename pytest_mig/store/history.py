@@ -210,8 +210,8 @@ class Baseline:
         return self.entries.get((test, metric, mode))
 
     def timing_partners(self, entry: BaselineEntry) -> list[BaselineEntry]:
-        """The rate figures of the same test and mode whose timing energy figure ``entry`` shares
-        (:func:`pytest_mig.measure.timing_partners`); none for any other figure."""
+        """The rate figures of the same test and mode that time the same work as ``entry`` (an energy or
+        cost figure, or a headline beside a sustained rate: :func:`pytest_mig.measure.timing_partners`)."""
         kinds = {k: e.kind for k, e in self.entries.items()}
         return [self.entries[k] for k in partner_keys((entry.test, entry.metric, entry.mode), entry.kind, kinds)]
 

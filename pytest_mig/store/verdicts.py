@@ -62,7 +62,7 @@ class Verdict:
     basis: str | None = None  # where the threshold came from: noise, floor, few-runs, tolerance, reference
     source: str | None = "baseline"  # against the site's own history ("baseline") or a shipped "reference"; None:
     # read from a results file that did not say
-    sigma_of: str | None = None  # the rate figure whose timing it shares, where its sigma was the larger
+    sigma_of: str | None = None  # the rate figure that times the same work, where its sigma was the larger
     clock: ClockNote | None = None  # what its clock-normalised partner did (a throughput figure beyond its threshold)
     history_fingerprint: dict[str, Any] = field(default_factory=dict)  # the newest run's of the history judged against
     history_throttled: list[str] = field(default_factory=list)  # throttle reasons seen in that history's runs
