@@ -191,7 +191,7 @@ def test_the_verdict_line_names_ceiling_floor_and_why(tmp_path, ceilings, l40s):
     assert f": {fraction * 100:.0f}% of this device's ceiling of " in v.message
     assert f"floor {MARGIN * value / c.value * 100:.0f}% ({MARGIN:g} x {value / c.value * 100:.0f}%" in v.message
     assert "the least the H100 80GB HBM3 and H200 references reached on whole GPUs" in v.message
-    assert "no history or reference for L40S full yet" in v.message
+    assert "no history or reference run of it for L40S full yet" in v.message
     assert v.basis == "ceiling" and v.baseline == pytest.approx(value) and v.threshold == pytest.approx(1 - MARGIN)
 
 

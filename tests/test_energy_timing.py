@@ -1,10 +1,11 @@
-"""Energy per unit of work: how its window reads the counter, and which times the same work.
+"""Energy per unit of work: how its window reads the counter, and which rates time the same work.
 
 The window (pytest_mig.measure.counter_instants, EnergyTicks.mean_power_w): an energy counter that
 advances on a fixed period, each step seen by the host late by a varying delay, read through a fake
 counter and a fake clock; the power comes from the steps' own instants, not from when they were seen.
 
-An energy figure shares the timing of its test's rate figure: it is never judged more tightly.
+An energy or cost figure, and GEMM's headline, are never judged more tightly than the rate that times
+the same work (a headline: its sustained rate).
 
 J/token is power x step time / tokens.  When the steps slow down (a host-bound small batch), power
 drops, but not in proportion, so J/token moves with tokens/s even where its own history happened to
@@ -97,6 +98,11 @@ def test_cost_and_a_headline_share_the_noise_of_the_rate_timed_over_the_same_wor
     assert timing_partners("bf16_tflops", "tensor", gemm) == ["bf16_sustained_tflops"]
     assert timing_partners("fp16_tflops", "tensor", gemm) == []
     assert timing_partners("su_per_1M_TFLOPs", "cost", [("su_per_1M_TFLOPs", "cost")]) == []
+    # an energy figure with no label keeps every rate of its test unless one is its own window
+    fwd = [("tokens_per_s", "training"), ("fwd_sustained_tokens_per_s", "training")]
+    assert timing_partners("energy_j_per_token", "energy", fwd) == ["tokens_per_s", "fwd_sustained_tokens_per_s"]
+    assert timing_partners("energy_j_per_token", "energy", [*fwd, ("sustained_tokens_per_s", "training")]) == [
+        "sustained_tokens_per_s"]
 
 
 # --------------------------------------------------------------------------- the bands

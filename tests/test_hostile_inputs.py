@@ -169,6 +169,25 @@ def test_a_number_no_float_holds_is_one_sentence_naming_its_field_in_every_comma
     assert not (tmp_path / "ref").exists() and not (tmp_path / "t.html").exists()
 
 
+@pytest.mark.parametrize("value", ["NaN", "-5.0", "0.0"])
+def test_an_earlier_results_file_whose_figure_no_history_keeps_is_left_out_of_the_comparison(
+        tmp_path, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A NaN (a results file holds one where a measurement failed) or a value no rate has, in an earlier
+    file: a history never keeps it (store.baselines.saveable), so compare judges without it."""
+    text = _results_text(tmp_path)
+    old, new = tmp_path / "old.json", tmp_path / "new.json"
+    old.write_text(text.replace('"value": 700.0', f'"value": {value}'))
+    new.write_text(text)
+    assert cli.main(["compare", str(old), str(new)]) == 1  # nothing could be compared: no history left
+    out = capsys.readouterr().out
+    assert "no-baseline" in out and "nothing could be compared" in out
+    # beside a good earlier run, the history is that run alone: its value, and the band of one run
+    (tmp_path / "older.json").write_text(text)
+    assert cli.main(["compare", str(tmp_path / "older.json"), str(old), str(new)]) == 0
+    out = capsys.readouterr().out
+    assert "The history holds 1 run(s)" in out and "1 pass" in out
+
+
 def test_an_earlier_results_file_with_a_huge_duration_is_passed_over_with_a_line(pytester: pytest.Pytester) -> None:
     """The night reads earlier results files for its tests' times; one it cannot read is passed over."""
     pytester.makepyfile("def test_x():\n    pass\n")

@@ -103,7 +103,7 @@ def test_a_gpu_model_with_no_reference_borrows_the_largest_sigma_of_the_models_t
     p = Priors(ReferenceStore(SHIPPED)).for_record(rec(250.0, gpu="NVIDIA A100-SXM4-80GB", profile="1g.10gb"))
     expected = max(shipped_sigma("nvidia-h100-80gb-hbm3", "full"), shipped_sigma("nvidia-h200", "full"))
     assert p is not None and p.sigma == expected
-    assert "NVIDIA H100 80GB HBM3 and NVIDIA H200" in p.source and "no reference for this GPU model" in p.source
+    assert "NVIDIA H100 80GB HBM3 and NVIDIA H200" in p.source and "no reference run of it for this GPU model" in p.source
 
 
 def test_a_site_figure_no_reference_holds_has_no_prior() -> None:
@@ -143,7 +143,7 @@ def test_the_second_night_on_an_unknown_gpu_catches_a_5_percent_loss_and_passes_
     pipeline = Pipeline(RecordHistories([[rec(2.8, **a100)]]), references=ReferenceStore(SHIPPED))
     same = pipeline.judge([rec(2.79, **a100)])[0]
     assert same.outcome == "pass" and same.basis == "short" and same.runs == 1
-    assert "for a baseline of 1 run(s)" in same.message and "no reference for this GPU model" in same.message
+    assert "for a baseline of 1 run(s)" in same.message and "no reference run of it for this GPU model" in same.message
     slow = pipeline.judge([rec(2.8 * 0.95, **a100)], remeasure=lambda: {"fp32_fma_tflops": [2.66, 2.661]})[0]
     assert slow.outcome == "regressed" and slow.failed and (slow.threshold or 1) < 0.05
 

@@ -456,7 +456,7 @@ class Ceilings:
                          tolerance=1 - self.margin, threshold=1 - self.margin, detectable=1 - self.margin,
                          runs=sum(p.runs for p in expected.points), gates=True, basis="ceiling", source="ceiling",
                          throttled=throttled, failed=outcome == "regressed")
-        where = "no history or reference for" if device.kind != "emulated" else "no history or reference for emulated"
+        where = "no history or reference run of it for" + (" emulated" if device.kind == "emulated" else "")
         v.message = (f"{head}; floor {_pct(floor)} ({self.margin:g} x {_pct(expected.fraction)}, {_where(expected)}): "
                      f"{'below' if outcome == 'regressed' else 'above'} it; judged against the device's ceiling: "
                      f"{where} {device.gpu_name.replace('NVIDIA ', '')} {device.profile} yet, until a saved baseline "

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
 from pytest_mig.measure.clocks import throttle_reasons
-from pytest_mig.store.baselines import BaselineStore, entry_from_records, meta_from_record
+from pytest_mig.store.baselines import BaselineStore, entry_from_records, meta_from_record, saveable
 from pytest_mig.store.history import Baseline, BaselineEntry, BaselineError, BaselineMeta
 from pytest_mig.device.health import annotate
 from pytest_mig.device.host import SHARED_HOST, shared_host
@@ -108,8 +108,8 @@ class RecordHistories:
         metas: dict[tuple[str, str], BaselineMeta] = {}
         for run in runs:
             for r in run:
-                if shared_host(r.metric.info):  # never saved, so never history (store.baselines.saveable)
-                    continue
+                if r.metric.compare and saveable(r) is not None:  # never saved (copies made while the host's
+                    continue  # other GPUs copied, a NaN, a value not positive), so never history
                 key = (r.test, r.metric.name, r.mode)
                 self._by_key.setdefault(key, []).append(r)
                 meta = meta_from_record(r)

@@ -91,12 +91,12 @@ class Priors:
         if model in others:
             sigma, dof = others[model]
             return Prior(sigma, f"{PRIOR_ELSEWHERE}the noise {where} of {model}'s "
-                                f"other profiles; no reference for this profile", dof)
+                                f"other profiles; no reference run of it for this profile", dof)
         if others:
             name = max(others, key=lambda m: others[m][0])
             sigma, dof = others[name]
             return Prior(sigma, f"{PRIOR_ELSEWHERE}the noise {where} of "
-                                f"{_names(others)}, the largest ({name}); no reference for this GPU model", dof)
+                                f"{_names(others)}, the largest ({name}); no reference run of it for this GPU model", dof)
         return None
 
     def _thin(self, own: Prior, meta: BaselineMeta, key: Figure, one_board: bool,

@@ -144,9 +144,10 @@ def timing_partners(metric: str, kind: str, figures: Iterable[tuple[str, str]]) 
       beside ``<label>_sustained_<unit>`` (GEMM's headline of about 2 s of calls beside its rate over
       the energy window, at the same size and power cap), that one.
 
-    For energy and cost, where one of the rate figures is the rate over the energy window itself
-    (``<label>_sustained_<unit>``, beside a headline and a per-cycle figure), that one alone.  Empty for
-    any other figure.
+    For energy and cost, where one of those rate figures is the rate over the energy window itself
+    (``<label>_sustained_<unit>``, beside a headline and a per-cycle figure), that one alone: GEMM's SU
+    converts its headline, whose sigma is never below the sustained rate's either.  Empty for any
+    other figure.
     """
     rates = [name for name, k in figures if k in RATE_KINDS]
     if kind == "energy" and ENERGY_INFIX in metric:
@@ -158,7 +159,7 @@ def timing_partners(metric: str, kind: str, figures: Iterable[tuple[str, str]]) 
     else:
         return []
     rates = [name for name in rates if name.startswith(label)]
-    window = [name for name in rates if name.startswith(label + SUSTAINED) or (not label and SUSTAINED in name)]
+    window = [name for name in rates if (name.startswith(label + SUSTAINED) if kind == "energy" else SUSTAINED in name)]
     return window or rates
 
 

@@ -209,7 +209,7 @@ def threshold_rows(base: Baseline, default_tolerance: float = DEFAULT_TOLERANCE,
             "test": test.split("::", 1)[-1], "metric": metric, "mode": mode, "runs": b.runs,
             "median": b.center, "unit": e.unit,
             "cv_pct": None if b.sigma is None else round(b.sigma * 100, 3),
-            "cv_of": b.sigma_of,  # an energy figure's CV is its rate figure's where that one's is larger
+            "cv_of": b.sigma_of,  # the CV of a rate timing the same work where that one's is larger
             "threshold_pct": round(b.threshold * 100, 2),
             "detects_pct": round(b.detectable * 100, 2) if b.gates else None,
             "gates": "yes" if b.gates else "no: too noisy",
@@ -232,7 +232,7 @@ def _cell(b: Band, short: bool = False) -> str:
 
 
 def _cv_cell(row: dict[str, object]) -> str:
-    """'0.42%', or '5.10% (of tokens_per_s)' where an energy figure took its rate figure's CV."""
+    """'0.42%', or '5.10% (of tokens_per_s)' where a figure took the CV of a rate timing the same work."""
     if row["cv_pct"] is None:
         return "-"
     return f"{row['cv_pct']:.2f}%" + (f" (of {row['cv_of']})" if row["cv_of"] else "")

@@ -14,7 +14,8 @@ each other board's runs of each profile of the GPU model relative to their own m
 (every replayed series is one board's); with ``--priors across-boards``, each profile's runs over
 all the other boards instead.  Only runs at the size the night was measured at count (GEMM's
 square), at least ``MIN_PRIOR_DOF`` degrees of freedom are asked, as the plugin asks of a prior, and
-an energy figure's is the larger of its own and its timing partners'.  So no night is judged with
+a figure's is the larger of its own and that of the rates timing the same work (an energy or cost
+figure's, a GEMM headline's: :func:`pytest_mig.measure.timing_partners`).  So no night is judged with
 noise measured on its own board.
 
 A false alarm on a figure whose night recorded no re-measurement of it (it passed when it ran, so
@@ -157,8 +158,8 @@ class LeaveOneOut:
         return sigma if thin or dof >= MIN_PRIOR_DOF else None
 
     def _pooled(self, rec: ResultRecord, model: str, within: bool, thin: bool = False) -> float | None:
-        """The figure's sigma on ``model``'s other boards, the larger of its own and its timing
-        partners' (None: one is unknown)."""
+        """The figure's sigma on ``model``'s other boards, the larger of its own and that of the rates
+        timing the same work (None: one is unknown)."""
         key = (rec.test, rec.metric.name, rec.mode)
         size = measured_size(rec.metric.info)
         sigmas = [self._sigma(model, k, size, within, thin)
