@@ -182,9 +182,10 @@ def test_a_short_history_judges_the_headline_with_the_noise_of_the_sustained_rat
         pipeline = Pipeline(StoreHistories(history), references=ReferenceStore(ref))
         return {v.metric: v for v in pipeline.judge(run(692.0, 700.0))}["bf16_tflops"]
 
-    moved = night2([700.0, 704.0, 696.0, 702.5, 697.5, 701.0])
+    sustained = [700.0, 704.0, 696.0, 702.5, 697.5, 701.0]
+    moved = night2(sustained)
     assert moved.outcome == "pass" and moved.threshold > 0.0115
-    sustained = [700.0, 704.0, 696.0, 702.5, 697.5, 701.0]  # the sustained rate's sigma, not the headline's 0.07%
+    # the sustained rate's sigma, not the headline's 0.07%
     assert moved.sigma == pytest.approx(statistics.stdev(sustained) / statistics.mean(sustained), rel=0.02)
     # where the sustained rate was as steady as the headline, the same -1.15% is beyond the 1% floor
     steady = night2([700.0, 700.7, 699.3, 700.2, 699.8, 700.5])

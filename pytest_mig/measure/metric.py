@@ -152,14 +152,14 @@ def timing_partners(metric: str, kind: str, figures: Iterable[tuple[str, str]]) 
     rates = [name for name, k in figures if k in RATE_KINDS]
     if kind == "energy" and ENERGY_INFIX in metric:
         label = metric.split(ENERGY_INFIX, 1)[0]
+        rates = [name for name in rates if name.startswith(label)]
+        window = [name for name in rates if name.startswith(label + SUSTAINED)]
     elif kind == "cost":
-        label = ""
+        window = [name for name in rates if SUSTAINED in name]
     elif kind in RATE_KINDS and SUSTAINED not in metric:
         return [name for name in rates if SUSTAINED in name and name.replace(SUSTAINED, "", 1) == metric]
     else:
         return []
-    rates = [name for name in rates if name.startswith(label)]
-    window = [name for name in rates if (name.startswith(label + SUSTAINED) if kind == "energy" else SUSTAINED in name)]
     return window or rates
 
 

@@ -80,8 +80,8 @@ MAX_TIMED_REPEATS = 10_000  # the most calls timed_repeats() asks for
 
 def timed_repeats(seconds_per_call: float, repeats: int, min_time_s: float) -> int:
     """``repeats``, or more where that many calls would take under ``min_time_s`` (at most MAX_TIMED_REPEATS)."""
-    calls = min_time_s / seconds_per_call if min_time_s > 0 and seconds_per_call > 0 else 0.0
-    return max(repeats, MAX_TIMED_REPEATS if calls >= MAX_TIMED_REPEATS else math.ceil(calls)) if calls > 0 else repeats
+    ok = min_time_s > 0 and seconds_per_call > 0  # False for NaN: no time asked, or none known
+    return max(repeats, math.ceil(min(min_time_s / seconds_per_call, MAX_TIMED_REPEATS))) if ok else repeats
 
 
 class GpuClock:
