@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import replace
 from pathlib import Path
@@ -9,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from pytest_mig import cli
-from pytest_mig.measure import Metric
+from pytest_mig.measure import BEST, Metric, best_rate
 from pytest_mig.night.calibrate import NIGHTS, threshold_rows
-from pytest_mig.night.replay import LeaveOneOut, nights_of, replay
+from pytest_mig.night.replay import LeaveOneOut, as_reported_now, copied_at_once, nights_of, replay
 from pytest_mig.store.baselines import entry_from_records
 from pytest_mig.store.history import Baseline, BaselineMeta
 from pytest_mig.device.target import TargetInfo
@@ -149,6 +150,48 @@ def test_nights_that_shared_the_gpu_or_were_slowed_on_purpose_are_left_out(tmp_p
     write_results(tmp_path / "busy.json", [busy])
     assert nights_of([tmp_path / "busy.json"], open("/dev/null", "w")) == []
     assert cli.main(["replay", str(tmp_path / "busy.json")]) == 1
+
+
+HOST = "benchmarks/test_host_bandwidth.py::test_host_bandwidth"
+
+
+def copy_night(board: str, at: str, samples: list[float], info: dict | None = None) -> ResultRecord:
+    """A host copy's record as the suite wrote it before its figure was the best copy: the median."""
+    rec = night(0.0, board, 1)
+    metric = Metric("h2d_gbs", sorted(samples)[len(samples) // 2], "GB/s", "higher", samples, "memory",
+                    info={"pinned": True, **(info or {})})
+    return replace(rec, test=HOST, metric=metric, timestamp=at)
+
+
+def test_host_copies_are_judged_by_their_best_copy() -> None:
+    rec = copy_night("GPU-1", "2026-01-01T00:00:10+00:00", [50.0, 55.2, 54.9, 40.0, 55.0])
+    now = as_reported_now(rec)
+    assert now.metric.value == 55.2 and now.metric.info["statistic"] == BEST and rec.metric.value == 54.9
+    assert as_reported_now(now) == now  # already the best: left as it is
+    other = night(19.0, "GPU-1", 1)
+    assert as_reported_now(other) is other  # not a host copy
+    assert best_rate([3.0, float("inf"), 0.0, -1.0, float("nan"), 2.0]) == 3.0 and math.isnan(best_rate([0.0]))
+
+
+@pytest.mark.parametrize(("info", "apart_s", "same_board", "left_out"), [
+    ({}, 2, False, True),  # two boards of one node copying at once, before the turn existed
+    ({}, 10, False, False),  # one after the other (the tests take 4 s)
+    ({}, 2, True, False),  # one board's own records
+    ({"host_turn": "held"}, 2, False, False),  # taken in turn: the other's record is the earlier one's
+    ({"neighbours_pcie_gbs": 0.1, "neighbour_readings": 9}, 2, False, False),  # the others watched
+])
+def test_host_copies_made_at_once_on_one_node_without_a_turn_are_left_out(
+        tmp_path: Path, info: dict, apart_s: int, same_board: bool, left_out: bool) -> None:
+    a = copy_night("GPU-1", "2026-01-01T00:00:10+00:00", [55.0] * 3, info)
+    b = copy_night("GPU-1" if same_board else "GPU-2", f"2026-01-01T00:00:{10 + apart_s:02d}+00:00", [55.0] * 3, info)
+    files = []
+    for name, rec in (("a", a), ("b", b)):
+        (tmp_path / name).mkdir()
+        write_results(tmp_path / name / "night.json", [rec], meta={"durations": {HOST: 4.0}})
+        files.append(tmp_path / name / "night.json")
+    nights = nights_of(files, open("/dev/null", "w"))
+    assert len(nights) == (0 if left_out else 2)
+    assert copied_at_once([(Path("x"), [a, b], {HOST: 4.0})]) == ({id(a), id(b)} if left_out else set())
 
 
 def test_a_replaced_workloads_figures_are_left_out_by_their_test_id(tmp_path: Path, capsys) -> None:

@@ -4,6 +4,7 @@ The public names a site's own benchmark uses are imported here (``from pytest_mi
 """
 
 from pytest_mig.measure.metric import (
+    BEST,
     ENERGY_INFIX,
     LARGEST_BATCH,
     METRIC_KINDS,
@@ -14,6 +15,7 @@ from pytest_mig.measure.metric import (
     Metric,
     Stats,
     batch_bound,
+    best_rate,
     partner_keys,
     percentile,
     timing_partners,
@@ -38,8 +40,8 @@ from pytest_mig.measure.timing import (
 )
 
 __all__ = [
-    "ENERGY_INFIX", "LARGEST_BATCH", "METRIC_KINDS", "POWER_LIMIT_SLACK", "RAMP_S", "RATE_KINDS", "STEP_TIME",
+    "BEST", "ENERGY_INFIX", "LARGEST_BATCH", "METRIC_KINDS", "POWER_LIMIT_SLACK", "RAMP_S", "RATE_KINDS", "STEP_TIME",
     "SUSTAINED", "Direction", "EnergyTicks", "GpuClock", "Metric", "Pace", "PowerSampler", "PowerTrace", "Stats",
-    "Telemetry", "Timer", "Timing", "batch_bound", "energy_metrics", "gpu_clock", "partner_keys", "percentile",
+    "Telemetry", "Timer", "Timing", "batch_bound", "best_rate", "energy_metrics", "gpu_clock", "partner_keys", "percentile",
     "synchronize", "time_fn", "timed_repeats", "timing_partners", "within_run_noise",
 ]

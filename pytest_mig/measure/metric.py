@@ -24,6 +24,19 @@ STEP_TIME = "step_time_s"
 #: How the id of a test ends whose case runs at the largest batch its Target holds
 #: (``benchmarks/test_training.py``: ``-maxbatch``, ``-compiled-maxbatch``).
 LARGEST_BATCH = "maxbatch]"
+#: ``info["statistic"]`` of a figure reported as the best of its repeats, not their median.
+BEST = "best"
+
+
+def best_rate(samples: Iterable[float]) -> float:
+    """The best (largest) of a figure's rates per repeat; NaN where none is finite and positive.
+
+    The figure of work that only something outside the GPU can slow and nothing can speed past its
+    limit, as STREAM reports its best iteration: a host-device copy, which a stall of the host's
+    memory or PCIe switch slows now and then (the median of 20 copies moved 1.0% from night to night
+    on H100s where their best moved 0.12%: docs/detection.md)."""
+    good = [float(s) for s in samples if math.isfinite(s) and s > 0]
+    return max(good) if good else float("nan")
 
 
 @dataclass

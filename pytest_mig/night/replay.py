@@ -22,8 +22,11 @@ A false alarm on a figure whose night recorded no re-measurement of it (it passe
 the plugin took none) is counted, and named as unconfirmed: the plugin re-measures a figure before
 it fails it, which the replay cannot.
 
-Runs slowed on purpose (``--mig-slowdown-sms``) and tests that shared the GPU with another
-process (their health note names it) are left out, and so are files matching ``exclude`` (runs of
+Host copies are judged by their best copy, as the suite reports them now (:func:`as_reported_now`).
+Runs slowed on purpose (``--mig-slowdown-sms``), tests that shared the GPU with another process
+(their health note names it), host copies made while the host's other GPUs copied (marked so, or,
+made before the host's turn existed, at the same time as another board's: :func:`copied_at_once`)
+are left out, and so are files matching ``exclude`` (runs of
 another version of a workload kept beside the current one for comparison) and tests whose id
 contains a text of ``exclude_tests`` (a workload the suite has since replaced); a file that cannot
 be read is named and passed over.
@@ -32,7 +35,9 @@ be read is named and passed over.
 from __future__ import annotations
 
 import fnmatch
+import math
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence, TextIO
 
@@ -40,10 +45,10 @@ from pytest_mig.device.host import shared_host
 from pytest_mig.judge.noise import MIN_PRIOR_DOF, PRIOR_ELSEWHERE, Prior
 from pytest_mig.judge.pipeline import Pipeline, RecordHistories
 from pytest_mig.judge.reference import pooled_dof, pooled_sigma, sized
-from pytest_mig.measure import partner_keys
+from pytest_mig.measure import BEST, best_rate, partner_keys
 from pytest_mig.store.baselines import measured_size, measured_value, meta_from_record
 from pytest_mig.store.history import BaselineEntry
-from pytest_mig.store.results import ResultRecord, ResultsFileError, read_results
+from pytest_mig.store.results import ResultRecord, ResultsFileError, read_results_file
 from pytest_mig.store.verdicts import Verdict
 from pytest_mig.common.text import printable
 
@@ -89,21 +94,26 @@ def nights_of(paths: Iterable[Path], out: TextIO, exclude_tests: Sequence[str] =
     # The same night copied into two archives, or in part (its first record kept), is one night:
     # the copy holding the most of it.
     nights: dict[tuple[str, str, str, str], Night] = {}
+    files: list[tuple[Path, list[ResultRecord], Mapping[str, object]]] = []
     for path in paths:
         try:
-            records = sized(read_results(path))
+            records, meta = read_results_file(path)
         except (ResultsFileError, OSError) as exc:
             print(f"passed over {printable(path)}: {exc}", file=out)
             continue
+        durations = meta.get("durations")
+        files.append((path, [as_reported_now(r) for r in sized(records)],
+                      durations if isinstance(durations, dict) else {}))
+    at_once = copied_at_once(files)
+    for path, records, _ in files:
         by_board: dict[tuple[str, str, str], list[ResultRecord]] = {}
         for r in records:
             t = r.target
-            if t.slowed_to_sms or not t.gpu_name or not r.metric.compare or _shared(r):
+            if t.slowed_to_sms or not t.gpu_name or not r.metric.compare or _shared(r) or id(r) in at_once:
                 continue
             if any(text in r.test for text in exclude_tests):
                 continue
-            board = str(t.uuid or (r.fingerprint or {}).get("gpu_uuid") or r.node)
-            by_board.setdefault((board, meta_from_record(r).profile, r.mode), []).append(r)
+            by_board.setdefault((_board(r), meta_from_record(r).profile, r.mode), []).append(r)
         for (board, profile, mode), recs in by_board.items():
             at = min(r.timestamp for r in recs)
             held = nights.get((board, profile, mode, at))
@@ -111,6 +121,55 @@ def nights_of(paths: Iterable[Path], out: TextIO, exclude_tests: Sequence[str] =
                 model = meta_from_record(recs[0]).gpu_model
                 nights[(board, profile, mode, at)] = Night((str(path.parent), board, profile, mode), model, at, recs)
     return sorted(nights.values(), key=lambda n: (n.series, n.at))
+
+
+def as_reported_now(rec: ResultRecord) -> ResultRecord:
+    """A host copy recorded as the median of its copies, judged by their best, as the suite reports it
+    now (:func:`pytest_mig.measure.best_rate`; its re-measurements stay as recorded)."""
+    info = rec.metric.info if isinstance(rec.metric.info, dict) else {}
+    if not info.get("pinned") or info.get("statistic") == BEST or rec.metric.direction != "higher":
+        return rec
+    best = best_rate(rec.metric.samples)
+    if not math.isfinite(best):
+        return rec
+    return replace(rec, metric=replace(rec.metric, value=best, info={**info, "statistic": BEST}))
+
+
+def _board(rec: ResultRecord) -> str:
+    return str(rec.target.uuid or (rec.fingerprint or {}).get("gpu_uuid") or rec.node)
+
+
+#: What a host copy's info holds where the host's other GPUs were watched or waited for.
+WATCHED = ("host_turn", "neighbours", "neighbour_readings")
+
+
+def copied_at_once(files: Iterable[tuple[Path, Sequence[ResultRecord], Mapping[str, object]]]) -> set[int]:
+    """The ids of the host-copy records (``pinned`` in their info) that neither took the host's turn
+    nor read the other GPUs' traffic, whose test ran while another board's such test ran on the same
+    node: copies made before the turn existed, several GPUs of a host at once, are not one GPU's
+    figures.  A test's span is its seconds (the file's ``durations``) up to its record's time."""
+    spans: list[tuple[float, float, str, str, int]] = []
+    for _, records, durations in files:
+        for r in records:
+            info = r.metric.info if isinstance(r.metric.info, dict) else {}
+            seconds = durations.get(r.test)
+            if not info.get("pinned") or any(k in info for k in WATCHED) or isinstance(seconds, bool) \
+                    or not isinstance(seconds, (int, float)) or not 0 <= seconds < math.inf:
+                continue
+            try:
+                end = datetime.fromisoformat(r.timestamp).timestamp()
+            except (ValueError, OverflowError, OSError):  # not a time, or one the platform cannot place
+                continue
+            spans.append((end - float(seconds), end, r.node, _board(r), id(r)))
+    spans.sort()
+    out: set[int] = set()
+    for i, (start, end, node, board, rid) in enumerate(spans):
+        for other in spans[i + 1:]:
+            if other[0] >= end:
+                break
+            if other[2] == node and other[3] != board:
+                out.update((rid, other[4]))
+    return out
 
 
 def _shared(rec: ResultRecord) -> bool:

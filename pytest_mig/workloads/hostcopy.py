@@ -10,7 +10,10 @@ Each figure is put against the PCIe link's theoretical rate per direction from t
 width NVML reports as the link's maximum (:func:`pytest_mig.device.health.link_gbs`), read while copies
 are in flight (links drop generation when idle).  A link trained down to x8 shows as about 50% of
 that, and the link read under load is in each figure's info.  Every copy is checked: the bytes
-that arrive are the bytes that were sent.
+that arrive are the bytes that were sent.  Each figure is the best of its copies
+(:func:`pytest_mig.measure.best_rate`, as STREAM reports its best iteration): the host slows a copy
+now and then, and nothing speeds one past the link, so the best moves far less from night to night
+than the median (docs/detection.md); a link trained down, or a host that slows every copy, moves it.
 
 The host's memory and PCIe switches are shared by its GPUs (:mod:`pytest_mig.device.host`): the
 copies wait for the host's turn, so that pytest-mig runs on the other GPUs of the host copy before
@@ -24,6 +27,7 @@ measures; they neither wait nor measure again (out of step with the others), onl
 from __future__ import annotations
 
 import contextlib
+import math
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -31,7 +35,7 @@ import torch
 
 from pytest_mig.device.health import link_gbs
 from pytest_mig.device.host import SHARED_HOST, SHARED_RETRIES, Neighbours, host_turn, measured_alone
-from pytest_mig.measure import Metric, Timer
+from pytest_mig.measure import BEST, Metric, Timer, best_rate
 from pytest_mig.device.target import Target
 from pytest_mig.workloads import DoesNotFit, WorkloadError
 
@@ -143,8 +147,11 @@ def _copies(target: Target, timer: Timer, quick: bool,
         torch.cuda.synchronize()
         _verify(name, dev_src, dev_dst, host_src, host_dst)
         samples = timing.rate_samples(moved / 1e9)
-        rates[name] = moved / 1e9 / timing.median
-        info: dict[str, Any] = {"bytes": moved, "pinned": True, **timing.clock_info()}
+        rates[name] = best_rate(samples)
+        if not math.isfinite(rates[name]):
+            raise WorkloadError(f"host-device bandwidth: no {name} copy took a time that can be measured")
+        info: dict[str, Any] = {"bytes": moved, "pinned": True, "statistic": BEST, "copies": len(samples),
+                                **timing.clock_info()}
         if link:
             info["link_under_load"] = link
         out.append(Metric(f"{name}_gbs", rates[name], "GB/s", "higher", samples, kind="memory", info=info))
