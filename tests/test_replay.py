@@ -194,6 +194,28 @@ def test_host_copies_made_at_once_on_one_node_without_a_turn_are_left_out(
     assert copied_at_once([(Path("x"), [a, b], {HOST: 4.0})]) == ({id(a), id(b)} if left_out else set())
 
 
+def test_a_copy_whose_file_gives_no_seconds_for_it_is_still_placed_in_time() -> None:
+    """A sweep keeps its seconds under the test id with the profile; a file may keep none (then
+    UNKNOWN_SPAN_S); a time with no zone is UTC, and a duration no test takes is unknown."""
+    a = copy_night("GPU-1", "2026-01-01T00:00:10+00:00", [55.0] * 3)
+    b = copy_night("GPU-2", "2026-01-01T00:00:30", [55.0] * 3)  # no zone: UTC, 20 s after a
+    sweep = {f"{HOST}[{a.target.profile}]": 25.0}
+    assert copied_at_once([(Path("x"), [a, b], sweep)]) == {id(a), id(b)}
+    assert copied_at_once([(Path("x"), [a, b], {})]) == set()  # 20 s apart, 10 s either side of each
+    b5 = replace(b, timestamp="2026-01-01T00:00:15+00:00")
+    assert copied_at_once([(Path("x"), [a, b5], {})]) == {id(a), id(b5)}
+    assert copied_at_once([(Path("x"), [a, b], {HOST: 1e300})]) == set()  # not a test's seconds: unknown
+    theirs = replace(a, metric=replace(a.metric, name="loader_gbs"))  # a site's own figure, pinned too
+    assert copied_at_once([(Path("x"), [theirs, b5], {})]) == set() and as_reported_now(theirs) is theirs
+
+
+def test_a_host_copys_recorded_re_measurements_are_not_kept_beside_its_best() -> None:
+    """They were medians: an alarm on the best copy counts as unconfirmed, never confirmed by them."""
+    rec = copy_night("GPU-1", "2026-01-01T00:00:10+00:00", [50.0, 55.2, 54.9])
+    rec = replace(rec, verdict=Verdict("regressed", "h2d_gbs", 54.9, None, None, None, confirmations=[48.9, 54.5]))
+    assert as_reported_now(rec).verdict.confirmations == []
+
+
 def test_a_replaced_workloads_figures_are_left_out_by_their_test_id(tmp_path: Path, capsys) -> None:
     root = series(tmp_path, slow={(2, 3): 0.9})
     assert cli.main(["replay", str(root), "--exclude-test", "fma[fp32]"]) == 1  # nothing left to judge

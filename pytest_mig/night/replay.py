@@ -37,7 +37,7 @@ from __future__ import annotations
 import fnmatch
 import math
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence, TextIO
 
@@ -123,16 +123,27 @@ def nights_of(paths: Iterable[Path], out: TextIO, exclude_tests: Sequence[str] =
     return sorted(nights.values(), key=lambda n: (n.series, n.at))
 
 
+#: The figures of the suite's host copies (``benchmarks/test_host_bandwidth.py``).
+HOST_COPIES = ("h2d_gbs", "d2h_gbs", "bidir_gbs")
+
+
+def _host_copy(rec: ResultRecord) -> bool:
+    info = rec.metric.info if isinstance(rec.metric.info, dict) else {}
+    return rec.metric.name in HOST_COPIES and bool(info.get("pinned")) and rec.metric.direction == "higher"
+
+
 def as_reported_now(rec: ResultRecord) -> ResultRecord:
     """A host copy recorded as the median of its copies, judged by their best, as the suite reports it
-    now (:func:`pytest_mig.measure.best_rate`; its re-measurements stay as recorded)."""
+    now (:func:`pytest_mig.measure.best_rate`).  Its re-measurements were medians too and are not kept:
+    an alarm on it counts as unconfirmed."""
     info = rec.metric.info if isinstance(rec.metric.info, dict) else {}
-    if not info.get("pinned") or info.get("statistic") == BEST or rec.metric.direction != "higher":
+    if not _host_copy(rec) or info.get("statistic") == BEST:
         return rec
     best = best_rate(rec.metric.samples)
     if not math.isfinite(best):
         return rec
-    return replace(rec, metric=replace(rec.metric, value=best, info={**info, "statistic": BEST}))
+    verdict = None if rec.verdict is None else replace(rec.verdict, confirmations=[])
+    return replace(rec, metric=replace(rec.metric, value=best, info={**info, "statistic": BEST}), verdict=verdict)
 
 
 def _board(rec: ResultRecord) -> str:
@@ -141,26 +152,47 @@ def _board(rec: ResultRecord) -> str:
 
 #: What a host copy's info holds where the host's other GPUs were watched or waited for.
 WATCHED = ("host_turn", "neighbours", "neighbour_readings")
+#: A host-copy test's seconds where its file does not say them: about the longest one takes alone.
+UNKNOWN_SPAN_S = 10.0
+#: The most seconds a test's recorded duration is believed (more is no test's: unknown).
+LONGEST_S = 86400.0
+
+
+def _seconds(rec: ResultRecord, durations: Mapping[str, object]) -> float:
+    """The seconds the record's test took, by its id or its id with the profile (a sweep's), else
+    :data:`UNKNOWN_SPAN_S`."""
+    for key in (rec.test, f"{rec.test}[{rec.target.profile}]"):
+        seconds = durations.get(key)
+        if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and 0 <= seconds <= LONGEST_S:
+            return float(seconds)
+    return UNKNOWN_SPAN_S
+
+
+def _instant(text: str) -> float | None:
+    """Seconds since the epoch of an ISO time (one without a zone read as UTC); None where it is none."""
+    try:
+        at = datetime.fromisoformat(text)
+        return (at if at.tzinfo is not None else at.replace(tzinfo=timezone.utc)).timestamp()
+    except (ValueError, OverflowError, OSError, TypeError):  # not a time, or one the platform cannot place
+        return None
 
 
 def copied_at_once(files: Iterable[tuple[Path, Sequence[ResultRecord], Mapping[str, object]]]) -> set[int]:
-    """The ids of the host-copy records (``pinned`` in their info) that neither took the host's turn
-    nor read the other GPUs' traffic, whose test ran while another board's such test ran on the same
-    node: copies made before the turn existed, several GPUs of a host at once, are not one GPU's
-    figures.  A test's span is its seconds (the file's ``durations``) up to its record's time."""
+    """The ids of the host-copy records that neither took the host's turn nor read the other GPUs'
+    traffic, whose test ran while another board's such test ran on the same node: copies made before
+    the turn existed, several GPUs of a host at once, are not one GPU's figures.  A test's copies lie
+    within its seconds (the file's ``durations``, else :data:`UNKNOWN_SPAN_S`) either side of its
+    record's time (the figure is written after the copies, a re-measurement's copies come after it).
+    The node is the host's name as the record holds it: machines that share one are read as one host."""
     spans: list[tuple[float, float, str, str, int]] = []
     for _, records, durations in files:
         for r in records:
             info = r.metric.info if isinstance(r.metric.info, dict) else {}
-            seconds = durations.get(r.test)
-            if not info.get("pinned") or any(k in info for k in WATCHED) or isinstance(seconds, bool) \
-                    or not isinstance(seconds, (int, float)) or not 0 <= seconds < math.inf:
+            at = _instant(r.timestamp)
+            if not _host_copy(r) or any(k in info for k in WATCHED) or at is None:
                 continue
-            try:
-                end = datetime.fromisoformat(r.timestamp).timestamp()
-            except (ValueError, OverflowError, OSError):  # not a time, or one the platform cannot place
-                continue
-            spans.append((end - float(seconds), end, r.node, _board(r), id(r)))
+            seconds = _seconds(r, durations)
+            spans.append((at - seconds, at + seconds, r.node, _board(r), id(r)))
     spans.sort()
     out: set[int] = set()
     for i, (start, end, node, board, rid) in enumerate(spans):
