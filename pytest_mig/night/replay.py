@@ -37,7 +37,6 @@ from __future__ import annotations
 import fnmatch
 import math
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence, TextIO
 
@@ -46,6 +45,7 @@ from pytest_mig.judge.noise import MIN_PRIOR_DOF, PRIOR_ELSEWHERE, Prior
 from pytest_mig.judge.pipeline import Pipeline, RecordHistories
 from pytest_mig.judge.reference import pooled_dof, pooled_sigma, sized
 from pytest_mig.measure import BEST, best_rate, partner_keys
+from pytest_mig.report.axes import parse_time
 from pytest_mig.store.baselines import measured_size, measured_value, meta_from_record
 from pytest_mig.store.history import BaselineEntry
 from pytest_mig.store.results import ResultRecord, ResultsFileError, read_results_file
@@ -168,15 +168,6 @@ def _seconds(rec: ResultRecord, durations: Mapping[str, object]) -> float:
     return UNKNOWN_SPAN_S
 
 
-def _instant(text: str) -> float | None:
-    """Seconds since the epoch of an ISO time (one without a zone read as UTC); None where it is none."""
-    try:
-        at = datetime.fromisoformat(text)
-        return (at if at.tzinfo is not None else at.replace(tzinfo=timezone.utc)).timestamp()
-    except (ValueError, OverflowError, OSError, TypeError):  # not a time, or one the platform cannot place
-        return None
-
-
 def copied_at_once(files: Iterable[tuple[Path, Sequence[ResultRecord], Mapping[str, object]]]) -> set[int]:
     """The ids of the host-copy records that neither took the host's turn nor read the other GPUs'
     traffic, whose test ran while another board's such test ran on the same node: copies made before
@@ -188,7 +179,7 @@ def copied_at_once(files: Iterable[tuple[Path, Sequence[ResultRecord], Mapping[s
     for _, records, durations in files:
         for r in records:
             info = r.metric.info if isinstance(r.metric.info, dict) else {}
-            at = _instant(r.timestamp)
+            at = parse_time(r.timestamp)
             if not _host_copy(r) or any(k in info for k in WATCHED) or at is None:
                 continue
             seconds = _seconds(r, durations)
