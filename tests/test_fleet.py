@@ -89,6 +89,31 @@ def test_report_names_a_board_whose_host_copies_were_made_while_the_host_was_sha
     assert "HOST COPIES NOT JUDGED" not in capsys.readouterr().out  # a night measured alone: nothing to say
 
 
+def test_a_time_with_no_zone_is_read_as_utc_so_one_run_stays_one_run(
+        tmp_path: Path, night: dict[str, Any], capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A results file whose times name no zone (written by another tool) beside one that does: the
+    same moment, so one run, wherever the report is read (here five hours west of UTC)."""
+    monkeypatch.setenv("TZ", "EST+05")
+    time.tzset()
+    try:
+        doc = copy.deepcopy(night)
+        copies = [r for r in doc["records"]
+                  if r["test"].endswith("test_host_bandwidth") and r["metric"]["unit"] == "GB/s"]
+        assert len(copies) >= 2
+        for i, r in enumerate(copies):
+            r["metric"]["info"]["shared_host"] = "GPU 1 of this host copied meanwhile"
+            r["timestamp"] = "2026-11-26T01:00:00" + ("" if i % 2 else "+00:00")
+        path = tmp_path / "night.json"
+        path.write_text(json.dumps(doc))
+        assert main(["report", str(path), "--out", str(tmp_path / "night.md")]) == 0
+        out = capsys.readouterr().out
+        assert "made while the host was shared in 1 of 1 run(s)" in out
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
+
+
 def test_report_of_a_fleet_prints_the_summary_first_and_keeps_the_rows_in_the_file(
         tmp_path: Path, night: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
     files = fleet_nights.write_fleet(night, tmp_path / "fleet", 6, slow_gpu=SLOW)

@@ -128,15 +128,14 @@ HOST_COPIES = ("h2d_gbs", "d2h_gbs", "bidir_gbs")
 
 
 def _host_copy(rec: ResultRecord) -> bool:
-    info = rec.metric.info if isinstance(rec.metric.info, dict) else {}
-    return rec.metric.name in HOST_COPIES and bool(info.get("pinned")) and rec.metric.direction == "higher"
+    return rec.metric.name in HOST_COPIES and bool(rec.metric.info.get("pinned")) and rec.metric.direction == "higher"
 
 
 def as_reported_now(rec: ResultRecord) -> ResultRecord:
     """A host copy recorded as the median of its copies, judged by their best, as the suite reports it
     now (:func:`pytest_mig.measure.best_rate`).  Its re-measurements were medians too and are not kept:
     an alarm on it counts as unconfirmed."""
-    info = rec.metric.info if isinstance(rec.metric.info, dict) else {}
+    info = rec.metric.info
     if not _host_copy(rec) or info.get("statistic") == BEST:
         return rec
     best = best_rate(rec.metric.samples)
@@ -178,9 +177,8 @@ def copied_at_once(files: Iterable[tuple[Path, Sequence[ResultRecord], Mapping[s
     spans: list[tuple[float, float, str, str, int]] = []
     for _, records, durations in files:
         for r in records:
-            info = r.metric.info if isinstance(r.metric.info, dict) else {}
             at = parse_time(r.timestamp)
-            if not _host_copy(r) or any(k in info for k in WATCHED) or at is None:
+            if not _host_copy(r) or any(k in r.metric.info for k in WATCHED) or at is None:
                 continue
             seconds = _seconds(r, durations)
             spans.append((at - seconds, at + seconds, r.node, _board(r), id(r)))

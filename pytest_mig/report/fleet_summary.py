@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from datetime import datetime
 from typing import TYPE_CHECKING, Iterable, Sequence
 
 from pytest_mig.device.fingerprint import FINGERPRINT_FIELDS, fingerprint_value
 from pytest_mig.device.host import HOST_INFO_KEYS, shared_host
 from pytest_mig.judge.verdict import format_number
+from pytest_mig.report.axes import parse_time
 from pytest_mig.report.fleet import DeviceOutlier, device_key, device_label
 from pytest_mig.store.results import ResultRecord
 
@@ -94,10 +94,10 @@ RUN_GAP_S = 60.0
 
 
 def _seconds(stamp: str) -> float:
-    try:
-        return datetime.fromisoformat(stamp).timestamp()
-    except ValueError:
-        return math.nan
+    """The record's time in seconds since the epoch (:func:`pytest_mig.report.axes.parse_time`), NaN
+    where it does not read."""
+    at = parse_time(stamp)
+    return math.nan if at is None else at
 
 
 def _runs(marks: list[tuple[float, str, ResultRecord, str | None]]) -> list[list[tuple[float, str, ResultRecord, str | None]]]:
