@@ -17,7 +17,7 @@ from pytest_mig.store.baselines import BaselineStore
 from pytest_mig.store.history import BaselineError
 from pytest_mig.cli import main, reference_lines
 from pytest_mig.measure import Metric
-from pytest_mig.judge.noise import DETECT_Z, REFERENCE_FLOOR, REFERENCE_MAX, K, reference_band
+from pytest_mig.judge.noise import DETECT_Z, PRIOR_BOARD, REFERENCE_FLOOR, REFERENCE_MAX, K, reference_band
 from pytest_mig.judge.reference import (
     SHIPPED,
     ReferenceStore,
@@ -26,11 +26,12 @@ from pytest_mig.judge.reference import (
     fingerprint_beside,
     judged_against,
     pooled_sigma,
+    profile_spread,
 )
 from pytest_mig.device.target import TargetInfo
 from pytest_mig.store.verdicts import Verdict
 from pytest_mig.store.results import ResultRecord, write_results
-from pytest_mig.judge.pipeline import Pipeline, StoreHistories
+from pytest_mig.judge.pipeline import Pipeline, RecordHistories, StoreHistories
 from pytest_mig.judge.verdict import compare_reference
 
 BOARD = {**FP_OLD, "gpu_uuid": "GPU-aaaaaaaa-0000-0000-0000-000000000001"}
@@ -120,6 +121,42 @@ def test_the_noise_on_one_board_leaves_out_the_step_between_boards(tmp_path: Pat
     build(files[:2] + files[3:5], tmp_path / "thin")  # two runs a board: 2 degrees of freedom
     thin = ReferenceStore(tmp_path / "thin").load("nvidia-h200", "3g.71gb")
     assert thin is not None and thin.sigma and not thin.board_sigma
+
+
+def test_a_profile_whose_runs_never_repeat_a_board_is_judged_on_one_board_with_its_spread(tmp_path: Path) -> None:
+    """The whole GPU: three boards three nights each, quiet (0.1%); an emulated profile: three boards
+    once each, 2% apart.  Nothing shows the profile's boards agree night to night, so a history of
+    one board of it is judged with no less than that 2%; the whole GPU keeps its 0.1%, and so do
+    a profile whose runs repeat a board and the model's pooled sigma on one board."""
+    files = []
+    for b in range(3):
+        fp = {**FP_OLD, "gpu_uuid": f"GPU-board-{b}"}
+        for n in range(3):
+            r = record(100.0 * (1 + 0.001 * (n - 1)), name="fp16_tflops", fingerprint=fp, profile="full",
+                       target_kind="full")
+            files.append(tmp_path / f"full-b{b}n{n}.json")
+            write_results(files[-1], [replace(r, timestamp=f"2026-01-0{n + 1}T0{b}:00:00+00:00")])
+        r = record((98.0, 100.0, 102.0)[b], name="fp16_tflops", fingerprint=fp, profile="2g.35gb",
+                   target_kind="emulated")
+        files.append(tmp_path / f"2g-b{b}.json")
+        write_results(files[-1], [replace(r, timestamp=f"2026-01-05T0{b}:00:00+00:00")])
+    build(files, tmp_path / "ref")
+    store = ReferenceStore(tmp_path / "ref")
+    full, emulated = store.load("nvidia-h200", "full"), store.load("nvidia-h200", "2g.35gb-emulated")
+    assert full is not None and emulated is not None
+    whole, part = full.get(TEST, "fp16_tflops", "normal"), emulated.get(TEST, "fp16_tflops", "normal")
+    assert whole is not None and part is not None
+    pooled = full.board_sigma_for(whole)
+    assert pooled is not None and pooled < 0.002 and emulated.board_sigma_for(part) == pooled
+    assert full.one_board_sigma_for(whole) == pooled
+    assert emulated.one_board_sigma_for(part) == pytest.approx(pooled_sigma([[98.0, 100.0, 102.0]]))
+    assert profile_spread({"a": [98.0], "b": [102.0, 101.0]}) is None  # a board repeats: its runs show the noise
+    assert profile_spread({"a": [98.0]}) is None  # one board: no spread to read
+    history = [record(100.0, name="fp16_tflops", fingerprint={**FP_OLD, "gpu_uuid": "GPU-board-0"},
+                      profile="2g.35gb", target_kind="emulated")]
+    v = Pipeline(RecordHistories([history]), references=store).judge([replace(history[0])])[0]
+    assert v.sigma_of == PRIOR_BOARD and v.threshold == pytest.approx(K * 0.02 * math.sqrt(2), rel=1e-6)
+    assert "on one board" in v.message  # 5 x 2% x sqrt(2): a band of 14%, not 1% (the floor)
 
 
 def test_a_reference_whose_board_sigma_is_not_a_number_is_an_error_naming_the_file(

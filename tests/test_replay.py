@@ -145,6 +145,33 @@ def test_priors_within_boards_leave_out_the_spread_between_boards(tmp_path: Path
     assert "on one board (leave-one-out)" in within.for_record(rec).source  # type: ignore[union-attr]
 
 
+def test_a_profile_no_other_board_ran_twice_is_judged_with_its_spread_across_them(tmp_path: Path) -> None:
+    """Other boards quiet night to night on the whole GPU, and each once on an emulated profile, 3%
+    apart: a night of that profile is judged with that spread, as the plugin reads an emulated
+    profile's reference; once another board ran it twice, with the pooled noise on one board."""
+    def emulated(r: ResultRecord) -> ResultRecord:
+        t = TargetInfo.from_dict({**r.target.to_dict(), "kind": "emulated", "profile": "2g.20gb",
+                                  "baseline_profile": "2g.20gb-emulated", "emulated": True})
+        return replace(r, target=t)
+
+    runs = [night(19.0 * (1 + 0.001 * (n % 3 - 1)), f"GPU-{b}", n + 1) for b in (1, 2, 3) for n in range(3)]
+    runs += [emulated(night(level, f"GPU-{b}", 9)) for b, level in ((1, 9.0), (2, 9.27), (3, 9.135))]
+    for i, r in enumerate(runs):
+        write_results(tmp_path / f"{i}.json", [r])
+    mine = emulated(night(9.1, "GPU-0", 9))
+    priors = LeaveOneOut(nights_of(sorted(tmp_path.glob("*.json")), open("/dev/null", "w")))
+    priors.board = "GPU-0"
+    whole = priors.for_record(night(19.0, "GPU-0", 9))
+    assert whole is not None and whole.sigma == pytest.approx(0.001, rel=0.1)
+    spread = priors.for_record(mine)
+    assert spread is not None and spread.sigma > 0.01  # the 3% between boards, not the whole GPU's 0.1%
+    write_results(tmp_path / "again.json", [emulated(night(9.001, "GPU-1", 10))])  # GPU-1 ran it twice
+    priors = LeaveOneOut(nights_of(sorted(tmp_path.glob("*.json")), open("/dev/null", "w")))
+    priors.board = "GPU-0"
+    pooled = priors.for_record(mine)
+    assert pooled is not None and pooled.sigma < 0.002
+
+
 def test_nights_that_shared_the_gpu_or_were_slowed_on_purpose_are_left_out(tmp_path: Path) -> None:
     busy = night(10.0, "GPU-9", 1, health={"after": {"others": [1343]}})
     write_results(tmp_path / "busy.json", [busy])

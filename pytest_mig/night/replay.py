@@ -15,8 +15,10 @@ each other board's runs of each profile of the GPU model relative to their own m
 all the other boards instead.  Only runs at the size the night was measured at count (GEMM's
 square), at least ``MIN_PRIOR_DOF`` degrees of freedom are asked, as the plugin asks of a prior, and
 a figure's is the larger of its own and that of the rates timing the same work (an energy or cost
-figure's, a GEMM headline's: :func:`pytest_mig.measure.timing_partners`).  So no night is judged with
-noise measured on its own board.
+figure's, a GEMM headline's: :func:`pytest_mig.measure.timing_partners`).  Where no other board ran
+the night's profile twice, never below that profile's spread across the other boards
+(:func:`pytest_mig.judge.reference.profile_spread`), as the plugin reads an emulated profile's
+reference.  So no night is judged with noise measured on its own board.
 
 A false alarm on a figure whose night recorded no re-measurement of it (it passed when it ran, so
 the plugin took none) is counted, and named as unconfirmed: the plugin re-measures a figure before
@@ -43,7 +45,7 @@ from typing import Iterable, Mapping, Sequence, TextIO
 from pytest_mig.device.host import shared_host
 from pytest_mig.judge.noise import MIN_PRIOR_DOF, PRIOR_ELSEWHERE, Prior
 from pytest_mig.judge.pipeline import Pipeline, RecordHistories
-from pytest_mig.judge.reference import pooled_dof, pooled_sigma, sized
+from pytest_mig.judge.reference import pooled_dof, pooled_sigma, profile_spread, sized
 from pytest_mig.measure import BEST, best_rate, partner_keys
 from pytest_mig.report.axes import parse_time
 from pytest_mig.store.baselines import measured_size, measured_value, meta_from_record
@@ -237,14 +239,29 @@ class LeaveOneOut:
         sigma, dof = self._cache[memo]
         return sigma if thin or dof >= MIN_PRIOR_DOF else None
 
+    def _spread(self, model: str, key: Key, size: int | None, profile: str) -> float | None:
+        """The figure's spread across ``model``'s other boards of ``profile`` where none of them ran it
+        twice (:func:`pytest_mig.judge.reference.profile_spread`)."""
+        by_board = {board: [v for s, v in runs if size is None or s is None or s == size]
+                    for (p, board), runs in self._values.get((model, key), {}).items()
+                    if p == profile and board != self.board}
+        return profile_spread(by_board)
+
     def _pooled(self, rec: ResultRecord, model: str, within: bool, thin: bool = False) -> float | None:
         """The figure's sigma on ``model``'s other boards, the larger of its own and that of the rates
-        timing the same work (None: one is unknown)."""
+        timing the same work (None: one is unknown); on one board, never below the spread of a profile
+        whose other boards never repeat."""
         key = (rec.test, rec.metric.name, rec.mode)
         size = measured_size(rec.metric.info)
-        sigmas = [self._sigma(model, k, size, within, thin)
-                  for k in [key, *partner_keys(key, rec.metric.kind, self._kinds)]]
-        return None if any(s is None for s in sigmas) else max(s for s in sigmas if s is not None)
+        profile = meta_from_record(rec).profile
+        sigmas = []
+        for k in [key, *partner_keys(key, rec.metric.kind, self._kinds)]:
+            sigma = self._sigma(model, k, size, within, thin)
+            if sigma is None:
+                return None
+            spread = self._spread(model, k, size, profile) if within else None
+            sigmas.append(sigma if spread is None else max(sigma, spread))
+        return max(sigmas)
 
     def _on(self, rec: ResultRecord, model: str) -> tuple[float | None, str]:
         """On one board where ``model``'s other boards show it, else across boards, as the plugin
