@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import math
 import random
 from dataclasses import replace
@@ -12,7 +13,7 @@ import pytest
 from pytest_mig import cli
 from pytest_mig.measure import BEST, Metric, best_rate
 from pytest_mig.night.calibrate import NIGHTS, threshold_rows
-from pytest_mig.night.replay import LeaveOneOut, as_reported_now, copied_at_once, nights_of, replay
+from pytest_mig.night.replay import LeaveOneOut, as_reported_now, copied_at_once, nights_of, replaced_headlines, replay
 from pytest_mig.store.baselines import entry_from_records
 from pytest_mig.store.history import Baseline, BaselineMeta
 from pytest_mig.device.target import TargetInfo
@@ -165,11 +166,50 @@ def test_a_profile_no_other_board_ran_twice_is_judged_with_its_spread_across_the
     assert whole is not None and whole.sigma == pytest.approx(0.001, rel=0.1)
     spread = priors.for_record(mine)
     assert spread is not None and spread.sigma > 0.01  # the 3% between boards, not the whole GPU's 0.1%
+    key = (mine.test, mine.metric.name, mine.mode)
+    assert priors._spread("NVIDIA A100-SXM4-80GB", key, None, "2g.20gb") is None  # a real slice: not floored
+    h200 = replace(mine, target=TargetInfo.from_dict({**mine.target.to_dict(), "gpu_name": "NVIDIA H200",
+                                                      "gpu_slug": "nvidia-h200"}))
+    borrowed = priors.for_record(h200)  # no H200 board: the A100's noise, not its profile's spread
+    assert borrowed is not None and borrowed.sigma < 0.002
     write_results(tmp_path / "again.json", [emulated(night(9.001, "GPU-1", 10))])  # GPU-1 ran it twice
     priors = LeaveOneOut(nights_of(sorted(tmp_path.glob("*.json")), open("/dev/null", "w")))
     priors.board = "GPU-0"
     pooled = priors.for_record(mine)
     assert pooled is not None and pooled.sigma < 0.002
+
+
+def _gemm(name: str, value: float, kind: str, info: dict, mode: str = "normal") -> ResultRecord:
+    r = night(value, "GPU-0", 1)
+    test = "benchmarks/test_gemm.py::test_gemm[bf16]"
+    return replace(r, test=test, mode=mode, metric=Metric(name, value, "TFLOPS", "higher", [value], kind, info))
+
+
+def test_a_gemm_headline_timed_shorter_than_the_suite_times_it_now_is_left_out_with_its_su(
+        tmp_path: Path, capsys) -> None:
+    """20 calls of an 8192 square at 700 TFLOPS span 0.03 s of GPU time, under the 2 s the suite
+    times now: that headline and its SU are a replaced measurement; the sustained rate and the energy
+    figure of the same run stay, and so does a headline of 1300 calls (2.04 s), in quick mode one of
+    340 calls (0.5 s), and one whose info does not say its calls."""
+    short = _gemm("bf16_tflops", 700.0, "tensor", {"dtype": "bf16", "size": 8192, "repeats": 20})
+    su = _gemm("su_per_1M_TFLOPs", 0.01, "cost", {"rate_per_s": 700.0})
+    sustained = _gemm("bf16_sustained_tflops", 690.0, "tensor", {"size": 8192})
+    energy = _gemm("bf16_energy_j_per_tflop", 0.9, "energy", {"size": 8192})
+    run = [short, su, sustained, energy]
+    assert replaced_headlines(run) == {id(short), id(su)}
+    long = replace(short, metric=replace(short.metric, info={**short.metric.info, "repeats": 1300}))
+    assert replaced_headlines([long, su, sustained, energy]) == set()
+    quick = [_gemm("bf16_tflops", 700.0, "tensor", {"dtype": "bf16", "size": 8192, "repeats": n}, "quick")
+             for n in (340, 200)]
+    assert replaced_headlines(quick) == {id(quick[1])}
+    unsaid = replace(short, metric=replace(short.metric, info={"dtype": "bf16", "size": 8192}))
+    assert replaced_headlines([unsaid, su]) == set()
+    write_results(tmp_path / "night.json", run)
+    kept = [r.metric.name for n in nights_of([tmp_path / "night.json"], open("/dev/null", "w")) for r in n.records]
+    assert sorted(kept) == ["bf16_energy_j_per_tflop", "bf16_sustained_tflops"]
+    said = io.StringIO()
+    nights_of([tmp_path / "night.json"], said)
+    assert said.getvalue().startswith("left out 2 GEMM headline record(s), with their SU, timed over less than")
 
 
 def test_nights_that_shared_the_gpu_or_were_slowed_on_purpose_are_left_out(tmp_path: Path) -> None:

@@ -9,11 +9,13 @@ from, most specific first:
    timing partners', :meth:`pytest_mig.judge.reference.Reference.band_for`).  Where every run of
    the history was measured on the board being judged (a site's history of one board, the usual
    case), the sigma of each reference board's runs about their own median instead
-   (:meth:`~pytest_mig.judge.reference.Reference.one_board_sigma_for`): the noise a history of one
-   board sees from night to night, without the few percent that boards differ by, which such a
-   history never has to hold; where the profile's own runs never repeat a board (emulated profiles),
-   never below their spread across its boards, since nothing shows that profile's boards agree.  A
-   history that mixes boards (a baseline folder shared between nodes) keeps the sigma across boards.
+   (:meth:`~pytest_mig.judge.reference.Reference.board_sigma_for`): the noise a history of one board
+   sees from night to night, without the few percent that boards differ by, which such a history
+   never has to hold.  A history that mixes boards (a baseline folder shared between nodes) keeps
+   the sigma across boards.  An emulated profile's, either way, is never below the figure's spread
+   across the profile's boards where they ran it once each
+   (:meth:`~pytest_mig.judge.reference.Reference.spread_for`), shown as the noise across boards:
+   nothing shows that profile's boards agree night to night.
 2. **The same figure in the model's other profiles** (a profile with no reference of its own: a
    real MIG slice where the references hold emulated ones): the model's sigma, which is pooled over
    its profiles anyway.
@@ -133,12 +135,14 @@ class Priors:
             entry = ref.get(*key) if ref is not None else None
             if ref is not None and entry is not None:
                 pooled = self._table().get(key, {}).get(meta.gpu_model)
-                board = ref.one_board_sigma_for(entry) if one_board else None
-                if board is not None:
+                spread = ref.spread_for(entry) or 0.0
+                board = ref.board_sigma_for(entry) if one_board else None
+                if board is not None and board >= spread:
                     return Prior(board, PRIOR_BOARD, pooled.board_dof if pooled is not None else None)
                 sigma = ref.band_for(entry).sigma
-                if sigma is not None:
-                    return Prior(sigma, PRIOR, pooled.dof if pooled is not None else None)
+                if sigma is not None or board is not None:
+                    return Prior(max(sigma or 0.0, board or 0.0, spread), PRIOR,
+                                 pooled.dof if pooled is not None else None)
             if store is not None and self.references is not None:
                 break  # a site's own reference folder speaks for its GPU models: the shipped one is not asked
         return None

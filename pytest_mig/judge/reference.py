@@ -91,20 +91,18 @@ class Reference:
                   for e in (entry, *self.baseline.timing_partners(entry))]
         return None if any(s is None for s in sigmas) else max(s for s in sigmas if s is not None)
 
-    def one_board_sigma_for(self, entry: BaselineEntry) -> float | None:
-        """The sigma a history of one board's runs of ``entry`` is judged with: :meth:`board_sigma_for`,
-        but where this profile's runs never repeat a board (each emulated profile: one run per board),
-        never below their spread across its boards (:func:`profile_spread`).  The model's boards agreeing
-        night to night on other profiles does not show this profile's do: in a 16-SM green context one
-        H200's fp64 dot moved 6% between two nights, where a whole GPU's moves 0.1%."""
-        sigmas = []
-        for e in (entry, *self.baseline.timing_partners(entry)):
-            sigma = self.board_sigma.get((e.test, e.metric, e.mode))
-            if sigma is None:
-                return None
-            spread = profile_spread(e.values_by_board)
-            sigmas.append(sigma if spread is None else max(sigma, spread))
-        return max(sigmas)
+    def spread_for(self, entry: BaselineEntry) -> float | None:
+        """For an emulated profile whose runs never repeat a board (the shipped references run each
+        once per board): the figure's spread across its boards, or a timing partner's where larger
+        (:func:`profile_spread`); a prior from this reference is never below it.  The model's boards
+        agreeing on its other profiles does not show an emulated profile's do: in a 16-SM green context
+        one H200's fp64 dot moved 6% between two nights, where a whole GPU's moves 0.1%.  None for
+        any other profile, and where a board repeats."""
+        if not self.baseline.meta.emulated:
+            return None
+        spreads = [profile_spread(e.values_by_board) for e in (entry, *self.baseline.timing_partners(entry))]
+        known = [s for s in spreads if s is not None]
+        return max(known) if known else None
 
     def band_for(self, entry: BaselineEntry) -> Band:
         """The reference band a verdict applies to ``entry`` (:func:`~pytest_mig.judge.noise.reference_band`):
@@ -365,9 +363,8 @@ def pooled_sigma(groups: Iterable[Sequence[float]]) -> float | None:
 
 def profile_spread(by_board: Mapping[str, Sequence[float]]) -> float | None:
     """The spread across boards of one profile's runs of a figure (``{board: values}``), where no
-    board ran it twice: then nothing tells its night-to-night noise from the boards' differences, and
-    a history of one board is judged with no less.  None where a board repeats (its own runs show
-    the noise) or fewer than two boards ran it."""
+    board ran it twice: then nothing tells its night-to-night noise from the boards' differences.
+    None where a board repeats (its own runs show the noise) or fewer than two boards ran it."""
     if any(len(values) > 1 for values in by_board.values()):
         return None
     return pooled_sigma([[v for values in by_board.values() for v in values]])

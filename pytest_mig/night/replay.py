@@ -15,8 +15,8 @@ each other board's runs of each profile of the GPU model relative to their own m
 all the other boards instead.  Only runs at the size the night was measured at count (GEMM's
 square), at least ``MIN_PRIOR_DOF`` degrees of freedom are asked, as the plugin asks of a prior, and
 a figure's is the larger of its own and that of the rates timing the same work (an energy or cost
-figure's, a GEMM headline's: :func:`pytest_mig.measure.timing_partners`).  Where no other board ran
-the night's profile twice, never below that profile's spread across the other boards
+figure's, a GEMM headline's: :func:`pytest_mig.measure.timing_partners`).  For an emulated profile
+no other board ran twice, never below its spread across the other boards
 (:func:`pytest_mig.judge.reference.profile_spread`), as the plugin reads an emulated profile's
 reference.  So no night is judged with noise measured on its own board.
 
@@ -27,11 +27,11 @@ it fails it, which the replay cannot.
 Host copies are judged by their best copy, as the suite reports them now (:func:`as_reported_now`).
 Runs slowed on purpose (``--mig-slowdown-sms``), tests that shared the GPU with another process
 (their health note names it), host copies made while the host's other GPUs copied (marked so, or,
-made before the host's turn existed, at the same time as another board's: :func:`copied_at_once`)
-are left out, and so are files matching ``exclude`` (runs of
-another version of a workload kept beside the current one for comparison) and tests whose id
-contains a text of ``exclude_tests`` (a workload the suite has since replaced); a file that cannot
-be read is named and passed over.
+made before the host's turn existed, at the same time as another board's: :func:`copied_at_once`),
+GEMM headlines timed over less than the suite times them now (:func:`replaced_headlines`) are left
+out, and so are files matching ``exclude`` (runs of another version of a workload kept beside the
+current one for comparison) and tests whose id contains a text of ``exclude_tests`` (a workload the
+suite has since replaced); a file that cannot be read is named and passed over.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence, TextIO
 
 from pytest_mig.device.host import shared_host
+from pytest_mig.device.target import EMULATED_SUFFIX
 from pytest_mig.judge.noise import MIN_PRIOR_DOF, PRIOR_ELSEWHERE, Prior
 from pytest_mig.judge.pipeline import Pipeline, RecordHistories
 from pytest_mig.judge.reference import pooled_dof, pooled_sigma, profile_spread, sized
@@ -52,6 +53,7 @@ from pytest_mig.store.baselines import measured_size, measured_value, meta_from_
 from pytest_mig.store.history import BaselineEntry
 from pytest_mig.store.results import ResultRecord, ResultsFileError, read_results_file
 from pytest_mig.store.verdicts import Verdict
+from pytest_mig.workloads import HEADLINE_S
 from pytest_mig.common.text import printable
 
 #: Runs a history keeps (the store's default).
@@ -97,6 +99,7 @@ def nights_of(paths: Iterable[Path], out: TextIO, exclude_tests: Sequence[str] =
     # the copy holding the most of it.
     nights: dict[tuple[str, str, str, str], Night] = {}
     files: list[tuple[Path, list[ResultRecord], Mapping[str, object]]] = []
+    left_out = 0
     for path in paths:
         try:
             records, meta = read_results_file(path)
@@ -104,8 +107,14 @@ def nights_of(paths: Iterable[Path], out: TextIO, exclude_tests: Sequence[str] =
             print(f"passed over {printable(path)}: {exc}", file=out)
             continue
         durations = meta.get("durations")
-        files.append((path, [as_reported_now(r) for r in sized(records)],
+        records = sized(records)
+        replaced = replaced_headlines(records)
+        left_out += len(replaced)
+        files.append((path, [as_reported_now(r) for r in records if id(r) not in replaced],
                       durations if isinstance(durations, dict) else {}))
+    if left_out:
+        print(f"left out {left_out} GEMM headline record(s), with their SU, timed over less than the suite times "
+              f"its headline now ({', '.join(f'{s:g} s {m}' for m, s in HEADLINE_S.items())})", file=out)
     at_once = copied_at_once(files)
     for path, records, _ in files:
         by_board: dict[tuple[str, str, str], list[ResultRecord]] = {}
@@ -123,6 +132,31 @@ def nights_of(paths: Iterable[Path], out: TextIO, exclude_tests: Sequence[str] =
                 model = meta_from_record(recs[0]).gpu_model
                 nights[(board, profile, mode, at)] = Night((str(path.parent), board, profile, mode), model, at, recs)
     return sorted(nights.values(), key=lambda n: (n.series, n.at))
+
+
+def replaced_headlines(records: Sequence[ResultRecord]) -> set[int]:
+    """The ids of a results file's GEMM headlines (``<dtype>_tflops`` of a square of ``size``) whose
+    timed calls spanned less GPU time than the suite times its headline now (:data:`HEADLINE_S`: the
+    calls' count times their work over the rate, which is the work over their GPU time), and of the
+    SU figures of those tests, which convert the headline.  20 calls caught one phase of the power
+    cap's clock cycle; those records are of a measurement the suite no longer makes, as a replaced
+    workload's are.  A headline whose info does not say its calls and size is kept."""
+    short: set[tuple[str, str | None, str]] = set()
+    out: set[int] = set()
+    for r in records:
+        info = r.metric.info
+        size, calls = info.get("size"), info.get("repeats")
+        window = HEADLINE_S.get(r.mode)
+        if r.metric.name != f"{info.get('dtype')}_tflops" or window is None or r.target.is_cpu:
+            continue
+        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in (size, calls, r.metric.value)):
+            continue
+        if calls * 2.0 * size ** 3 / (r.metric.value * 1e12) < 0.99 * window:
+            short.add((r.test, r.target.baseline_profile, r.mode))
+            out.add(id(r))
+    out.update(id(r) for r in records
+               if r.metric.kind == "cost" and (r.test, r.target.baseline_profile, r.mode) in short)
+    return out
 
 
 #: The figures of the suite's host copies (``benchmarks/test_host_bandwidth.py``).
@@ -240,8 +274,10 @@ class LeaveOneOut:
         return sigma if thin or dof >= MIN_PRIOR_DOF else None
 
     def _spread(self, model: str, key: Key, size: int | None, profile: str) -> float | None:
-        """The figure's spread across ``model``'s other boards of ``profile`` where none of them ran it
-        twice (:func:`pytest_mig.judge.reference.profile_spread`)."""
+        """The figure's spread across ``model``'s other boards of an emulated ``profile`` where none of
+        them ran it twice (:func:`pytest_mig.judge.reference.profile_spread`)."""
+        if not profile.endswith(EMULATED_SUFFIX):
+            return None
         by_board = {board: [v for s, v in runs if size is None or s is None or s == size]
                     for (p, board), runs in self._values.get((model, key), {}).items()
                     if p == profile and board != self.board}
@@ -249,17 +285,17 @@ class LeaveOneOut:
 
     def _pooled(self, rec: ResultRecord, model: str, within: bool, thin: bool = False) -> float | None:
         """The figure's sigma on ``model``'s other boards, the larger of its own and that of the rates
-        timing the same work (None: one is unknown); on one board, never below the spread of a profile
-        whose other boards never repeat."""
+        timing the same work (None: one is unknown); of the night's own model, never below the spread
+        of an emulated profile whose other boards never repeat, as the plugin reads a reference."""
         key = (rec.test, rec.metric.name, rec.mode)
         size = measured_size(rec.metric.info)
-        profile = meta_from_record(rec).profile
+        meta = meta_from_record(rec)
         sigmas = []
         for k in [key, *partner_keys(key, rec.metric.kind, self._kinds)]:
             sigma = self._sigma(model, k, size, within, thin)
             if sigma is None:
                 return None
-            spread = self._spread(model, k, size, profile) if within else None
+            spread = self._spread(model, k, size, meta.profile) if model == meta.gpu_model else None
             sigmas.append(sigma if spread is None else max(sigma, spread))
         return max(sigmas)
 
@@ -392,4 +428,4 @@ def cmd_replay(paths: Sequence[Path], exclude: Sequence[str], out: TextIO, withi
 
 
 __all__ = ["KEEP", "LOSS", "LeaveOneOut", "Length", "Night", "cmd_replay", "markdown", "nights_of", "replay",
-           "results_files"]
+           "replaced_headlines", "results_files"]

@@ -22,6 +22,11 @@ from pytest_mig.device.target import DoesNotFit as DoesNotFit  # the workloads r
 if TYPE_CHECKING:
     import torch
 
+#: Seconds of GPU time a GEMM headline's timed calls span at least on a GPU, by mode
+#: (:mod:`pytest_mig.workloads.gemm`); kept here, beside no torch import, for the replay to tell a
+#: headline recorded before it was timed so long (:func:`pytest_mig.night.replay.replaced_headlines`).
+HEADLINE_S = {"normal": 2.0, "quick": 0.5}
+
 #: Elements of a result checked for NaN/Inf at a time (see :func:`all_finite`).
 FINITE_BLOCK = 1 << 24
 

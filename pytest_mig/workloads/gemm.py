@@ -27,7 +27,7 @@ import torch
 
 from pytest_mig.measure import SUSTAINED, Metric, Timer, Timing, energy_metrics, time_fn
 from pytest_mig.device.target import Target
-from pytest_mig.workloads import DoesNotFit, WorkloadError, all_finite, check_close
+from pytest_mig.workloads import HEADLINE_S, DoesNotFit, WorkloadError, all_finite, check_close
 
 #: Share of the Target's memory the three matrices may take; the rest is for cuBLAS's workspace,
 #: the verification, the caching allocator's rounding and whatever earlier tests left cached.
@@ -119,8 +119,10 @@ class Effort:
 #: a cycle of a few hundred ms, so 20 calls of 13 ms caught one phase of it or another (H200 bf16, five
 #: processes: CV 0.83% over 20 calls, 0.43% over 240; fp16 0.97% and 0.22%; the 3 s window 0.37% and 0.26%).
 EFFORT = {
-    ("gpu", False): Effort(sweep_warmup=2, sweep_repeats=5, warmup=5, repeats=20, max_call_s=0.25, headline_s=2.0),
-    ("gpu", True): Effort(sweep_warmup=1, sweep_repeats=3, warmup=2, repeats=5, max_call_s=0.08, headline_s=0.5),
+    ("gpu", False): Effort(sweep_warmup=2, sweep_repeats=5, warmup=5, repeats=20, max_call_s=0.25,
+                           headline_s=HEADLINE_S["normal"]),
+    ("gpu", True): Effort(sweep_warmup=1, sweep_repeats=3, warmup=2, repeats=5, max_call_s=0.08,
+                          headline_s=HEADLINE_S["quick"]),
     ("cpu", False): Effort(sweep_warmup=1, sweep_repeats=3, warmup=1, repeats=5, max_call_s=0.5),
     ("cpu", True): Effort(sweep_warmup=1, sweep_repeats=2, warmup=1, repeats=3, max_call_s=0.2),
 }
