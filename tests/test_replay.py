@@ -187,20 +187,21 @@ def _gemm(name: str, value: float, kind: str, info: dict, mode: str = "normal") 
 
 def test_a_gemm_headline_timed_shorter_than_the_suite_times_it_now_is_left_out_with_its_su(
         tmp_path: Path, capsys) -> None:
-    """20 calls of an 8192 square at 700 TFLOPS span 0.03 s of GPU time, under the 2 s the suite
-    times now: that headline and its SU are a replaced measurement; the sustained rate and the energy
-    figure of the same run stay, and so does a headline of 1300 calls (2.04 s), in quick mode one of
-    340 calls (0.5 s), and one whose info does not say its calls."""
+    """An 8192 square at 700 TFLOPS takes 1.57 ms a call, 7 calls a round: 20 rounds span 0.22 s of
+    GPU time, under half the 2 s the suite times now, so that headline and its SU are a replaced
+    measurement; the sustained rate and the energy figure of the same run stay, and so do a headline
+    of 170 rounds (1.87 s, its first calls' estimate a little long), in quick mode one of 50 rounds
+    (0.55 s) but not one of 5, and a headline whose info does not say its rounds."""
     short = _gemm("bf16_tflops", 700.0, "tensor", {"dtype": "bf16", "size": 8192, "repeats": 20})
     su = _gemm("su_per_1M_TFLOPs", 0.01, "cost", {"rate_per_s": 700.0})
     sustained = _gemm("bf16_sustained_tflops", 690.0, "tensor", {"size": 8192})
     energy = _gemm("bf16_energy_j_per_tflop", 0.9, "energy", {"size": 8192})
     run = [short, su, sustained, energy]
     assert replaced_headlines(run) == {id(short), id(su)}
-    long = replace(short, metric=replace(short.metric, info={**short.metric.info, "repeats": 1300}))
+    long = replace(short, metric=replace(short.metric, info={**short.metric.info, "repeats": 170}))
     assert replaced_headlines([long, su, sustained, energy]) == set()
     quick = [_gemm("bf16_tflops", 700.0, "tensor", {"dtype": "bf16", "size": 8192, "repeats": n}, "quick")
-             for n in (340, 200)]
+             for n in (50, 5)]
     assert replaced_headlines(quick) == {id(quick[1])}
     unsaid = replace(short, metric=replace(short.metric, info={"dtype": "bf16", "size": 8192}))
     assert replaced_headlines([unsaid, su]) == set()

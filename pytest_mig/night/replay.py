@@ -28,7 +28,7 @@ Host copies are judged by their best copy, as the suite reports them now (:func:
 Runs slowed on purpose (``--mig-slowdown-sms``), tests that shared the GPU with another process
 (their health note names it), host copies made while the host's other GPUs copied (marked so, or,
 made before the host's turn existed, at the same time as another board's: :func:`copied_at_once`),
-GEMM headlines timed over less than the suite times them now (:func:`replaced_headlines`) are left
+GEMM headlines timed over less than half the suite's window now (:func:`replaced_headlines`) are left
 out, and so are files matching ``exclude`` (runs of another version of a workload kept beside the
 current one for comparison) and tests whose id contains a text of ``exclude_tests`` (a workload the
 suite has since replaced); a file that cannot be read is named and passed over.
@@ -42,6 +42,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence, TextIO
 
+from pytest_mig.bench import rounds_iterations
 from pytest_mig.device.host import shared_host
 from pytest_mig.device.target import EMULATED_SUFFIX
 from pytest_mig.judge.noise import MIN_PRIOR_DOF, PRIOR_ELSEWHERE, Prior
@@ -113,8 +114,8 @@ def nights_of(paths: Iterable[Path], out: TextIO, exclude_tests: Sequence[str] =
         files.append((path, [as_reported_now(r) for r in records if id(r) not in replaced],
                       durations if isinstance(durations, dict) else {}))
     if left_out:
-        print(f"left out {left_out} GEMM headline record(s), with their SU, timed over less than the suite times "
-              f"its headline now ({', '.join(f'{s:g} s {m}' for m, s in HEADLINE_S.items())})", file=out)
+        print(f"left out {left_out} GEMM headline record(s), with their SU, timed over less than half the suite's "
+              f"headline window now ({', '.join(f'{s:g} s {m}' for m, s in HEADLINE_S.items())})", file=out)
     at_once = copied_at_once(files)
     for path, records, _ in files:
         by_board: dict[tuple[str, str, str], list[ResultRecord]] = {}
@@ -135,23 +136,27 @@ def nights_of(paths: Iterable[Path], out: TextIO, exclude_tests: Sequence[str] =
 
 
 def replaced_headlines(records: Sequence[ResultRecord]) -> set[int]:
-    """The ids of a results file's GEMM headlines (``<dtype>_tflops`` of a square of ``size``) whose
-    timed calls spanned less GPU time than the suite times its headline now (:data:`HEADLINE_S`: the
-    calls' count times their work over the rate, which is the work over their GPU time), and of the
-    SU figures of those tests, which convert the headline.  20 calls caught one phase of the power
-    cap's clock cycle; those records are of a measurement the suite no longer makes, as a replaced
-    workload's are.  A headline whose info does not say its calls and size is kept."""
+    """The ids of a results file's GEMM headlines (``<dtype>_tflops`` of a square of ``size``) timed
+    over less than half the GPU time the suite times its headline now (:data:`HEADLINE_S`), and of
+    the SU figures of those tests, which convert the headline.  A headline's ``repeats`` are its
+    pytest-benchmark rounds, each of :func:`pytest_mig.bench.rounds_iterations` calls of the work
+    over the rate; 20 rounds of a fast precision's calls (0.2 s) caught one phase of the power cap's
+    clock cycle, a measurement the suite no longer makes, as a replaced workload's.  A headline of
+    the window falls short of it only by its first calls' estimate (a few percent); one whose info
+    does not say its rounds and size is kept."""
     short: set[tuple[str, str | None, str]] = set()
     out: set[int] = set()
     for r in records:
         info = r.metric.info
-        size, calls = info.get("size"), info.get("repeats")
+        size, rounds = info.get("size"), info.get("repeats")
         window = HEADLINE_S.get(r.mode)
         if r.metric.name != f"{info.get('dtype')}_tflops" or window is None or r.target.is_cpu:
             continue
-        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in (size, calls, r.metric.value)):
+        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0
+                   for x in (size, rounds, r.metric.value)):
             continue
-        if calls * 2.0 * size ** 3 / (r.metric.value * 1e12) < 0.99 * window:
+        call_s = 2.0 * size ** 3 / (r.metric.value * 1e12)
+        if rounds * rounds_iterations(call_s) * call_s < 0.5 * window:
             short.add((r.test, r.target.baseline_profile, r.mode))
             out.add(id(r))
     out.update(id(r) for r in records
