@@ -62,6 +62,13 @@ class BenchTimer(Timer):
         super().__init__(device, telemetry, pace)
         self._benchmark = benchmark
         self._used = False
+        self._iterations = 1  # calls a sample of the last _timed averages: a pytest-benchmark round's
+
+    def __call__(self, fn: Callable[[], Any], **kwargs: Any) -> Timing:
+        self._iterations = 1
+        timing = super().__call__(fn, **kwargs)
+        timing.calls_per_sample = self._iterations
+        return timing
 
     def _timed(self, fn: Callable[[], Any], warmup: int, repeats: int, min_time_s: float = 0.0) -> list[float]:
         bm = self._benchmark
@@ -82,6 +89,7 @@ class BenchTimer(Timer):
         data = list(getattr(getattr(stats, "stats", None), "data", []) or [])
         if not data:  # pytest-benchmark kept no samples: time it ourselves rather than report nothing
             return super()._timed(fn, 0, repeats, min_time_s)
+        self._iterations = iterations
         return [float(x) for x in data]
 
 

@@ -210,7 +210,15 @@ def test_pytest_benchmarks_rounds_span_the_time_asked_on_a_gpu(monkeypatch) -> N
     mig = bench.MigBench(Benchmark(), Target(kind="full", profile="full", chosen_by="test", gpu_name="NVIDIA H200"))
     mig.timer.device = "cuda:0"
     timing = mig.time(lambda: None, warmup=1, repeats=20, energy=False, min_time_s=2.0)
-    assert mig.timer._benchmark.rounds == 154 and len(timing.samples) == 154
+    assert mig.timer._benchmark.rounds == 154 and len(timing.samples) == 154 and timing.calls_per_sample == 1
+    monkeypatch.setattr(bench, "time_fn", lambda fn, **kw: [0.0015, 0.0015])  # a 1.5 ms call: 7 a round
+    mig = bench.MigBench(Benchmark(), Target(kind="full", profile="full", chosen_by="test", gpu_name="NVIDIA H200"))
+    mig.timer.device = "cuda:0"
+    timing = mig.time(lambda: None, warmup=1, repeats=20, energy=False, min_time_s=2.0)
+    assert (len(timing.samples), timing.calls_per_sample) == (191, 7)  # 1337 calls, 2.0 s
+    mig.timer.device = "cpu"  # pytest-benchmark times once: the timer's own after
+    again = mig.time(lambda: None, warmup=1, repeats=3, energy=False)
+    assert again.calls_per_sample == 1
 
 
 @pytest.mark.parametrize("bad", [57, True, float("nan"), "sw_power_cap", {"a": 1}])

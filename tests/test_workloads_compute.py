@@ -80,6 +80,9 @@ def test_gemm_headline_is_the_work_over_the_timed_calls_gpu_time():
     head = next(m for m in metrics if m.name == "bf16_tflops")
     assert head.value == pytest.approx(flops * 3 / 6.0 / 1e12)
     assert sorted(head.samples) == pytest.approx([flops / 4.0 / 1e12, flops / 1e12, flops / 1e12])
+    rounds = gemm._metrics(_slice(**H200_FULL), prec, Timing(samples=[1.0, 1.0, 4.0], calls_per_sample=7), flops,
+                           1024, 0.001, 1.0, "test", [((1024, 1024, 1024), 1.0, 1.0)], [])
+    assert next(m for m in rounds if m.name == "bf16_tflops").info["calls"] == 21  # 3 rounds of 7 calls
     # a sample no call can take (a clock step clamped to zero, no finite time) counts neither in the rates nor
     # the headline
     for odd in (0.0, float("inf")):

@@ -221,6 +221,7 @@ class Timing:
     energy_calls: int = 0  # calls made while ``power`` was read (the energy window); 0: the timed repeats
     window_calls: int = 0  # every call the energy window made, those before its first counter tick too
     busy_calls: int = 0  # calls made after all these, untimed, while a pace waited for other processes
+    calls_per_sample: int = 1  # calls each sample is the mean of (a pytest-benchmark round's iterations)
 
     @property
     def window_seconds_per_call(self) -> float | None:
@@ -396,10 +397,9 @@ class Timer:
         J/TFLOP by tens of percent between runs.  Here a thread polls the counter every 2 ms and
         keeps the instants at which it ticked; the mean power is the energy between the first and
         the last tick inside the window over the time between them, each tick at the instant of its
-        counter step (:meth:`EnergyTicks.mean_power_w`: exact at both ends, whatever the length of
-        one call), and the energy of the window is that power times its length,
-        divided by the calls made in it.  Power is also sampled (the fallback where there is no
-        counter), with the SM clock.  Returns the trace, the calls, and the calls made (the same).
+        counter step (:meth:`EnergyTicks.mean_power_w`: exact at both ends, whatever one call's
+        length); the window's energy is that power times its length, over its calls.  Power is also
+        sampled (the fallback with no counter), with the SM clock.  Returns the trace and the calls (twice).
         """
         t = self.telemetry
         if not t.reads_power or not samples:

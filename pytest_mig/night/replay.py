@@ -138,12 +138,12 @@ def nights_of(paths: Iterable[Path], out: TextIO, exclude_tests: Sequence[str] =
 def replaced_headlines(records: Sequence[ResultRecord]) -> set[int]:
     """The ids of a results file's GEMM headlines (``<dtype>_tflops`` of a square of ``size``) timed
     over less than half the GPU time the suite times its headline now (:data:`HEADLINE_S`), and of
-    the SU figures of those tests, which convert the headline.  A headline's ``repeats`` are its
-    pytest-benchmark rounds, each of :func:`pytest_mig.bench.rounds_iterations` calls of the work
-    over the rate; 20 rounds of a fast precision's calls (0.2 s) caught one phase of the power cap's
-    clock cycle, a measurement the suite no longer makes, as a replaced workload's.  A headline of
-    the window falls short of it only by its first calls' estimate (a few percent); one whose info
-    does not say its rounds and size is kept."""
+    the SU figures of those tests, which convert the headline.  Its ``calls`` are the calls timed, each
+    the work over the rate (where not kept: its ``repeats``, pytest-benchmark rounds, each of
+    :func:`pytest_mig.bench.rounds_iterations` calls).  20 rounds of a fast precision's calls (0.2 s)
+    caught one phase of the power cap's clock cycle, a measurement the suite no longer makes, as a
+    replaced workload's.  A headline of the window falls short of it only by its first calls'
+    estimate (a few percent); one whose info does not say its rounds and size is kept."""
     short: set[tuple[str, str | None, str]] = set()
     out: set[int] = set()
     for r in records:
@@ -156,7 +156,10 @@ def replaced_headlines(records: Sequence[ResultRecord]) -> set[int]:
                    for x in (size, rounds, r.metric.value)):
             continue
         call_s = 2.0 * size ** 3 / (r.metric.value * 1e12)
-        if rounds * rounds_iterations(call_s) * call_s < 0.5 * window:
+        calls = info.get("calls")
+        if not isinstance(calls, int) or isinstance(calls, bool) or calls <= 0:
+            calls = rounds * rounds_iterations(call_s)  # recorded before headlines kept their calls
+        if calls * call_s < 0.5 * window:
             short.add((r.test, r.target.baseline_profile, r.mode))
             out.add(id(r))
     out.update(id(r) for r in records

@@ -500,6 +500,7 @@ def _headline_info(prec: GemmPrecision, timing: Timing, best_n: int, rel_err: fl
         "rel_error": rel_err,
         "rel_limit": prec.rel_limit,
         "repeats": len(timing.samples),
+        "calls": len(timing.samples) * timing.calls_per_sample,  # a pytest-benchmark round's several
         "sweep": {str(n[0]): round(t, 4) for n, t, _ in squares},
         "peak_tflops": peak,
         "peak_key": peak_key,
