@@ -10,7 +10,6 @@ to ``benchmark.extra_info`` and to pytest-mig's own results.
 from __future__ import annotations
 
 import gc
-import math
 import statistics
 import sys
 from pathlib import Path
@@ -18,17 +17,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from pytest_mig.measure.cost import WULVER, SUCoefficients, cost_metrics
 from pytest_mig.measure import Metric, Pace, Telemetry, Timer, Timing, time_fn, timed_repeats
+from pytest_mig.measure.rounds import rounds_iterations
 
-#: A pytest-benchmark round on a GPU lasts at least this long (several calls when one is short).
-MIN_ROUND_S = 0.01
-MAX_ITERATIONS = 1000
-
-
-def rounds_iterations(seconds_per_call: float, min_round_s: float = MIN_ROUND_S) -> int:
-    """Calls per pytest-benchmark round so that a round lasts at least ``min_round_s``."""
-    if not seconds_per_call > 0:
-        return 1
-    return max(1, min(MAX_ITERATIONS, math.ceil(min_round_s / seconds_per_call)))
 from pytest_mig.device.target import Target
 from pytest_mig.workloads.caches import Caches
 

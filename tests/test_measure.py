@@ -166,7 +166,7 @@ def test_an_energy_counter_that_did_not_move_gives_no_figure_not_zero() -> None:
 
 
 def test_rounds_last_long_enough_for_the_gpu_clock() -> None:
-    from pytest_mig.bench import MAX_ITERATIONS, rounds_iterations
+    from pytest_mig.measure.rounds import MAX_ITERATIONS, rounds_iterations
 
     assert rounds_iterations(0.0005, 0.01) == 20
     assert rounds_iterations(0.5, 0.01) == 1

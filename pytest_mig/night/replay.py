@@ -42,13 +42,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence, TextIO
 
-from pytest_mig.bench import rounds_iterations
 from pytest_mig.device.host import shared_host
 from pytest_mig.device.target import EMULATED_SUFFIX
 from pytest_mig.judge.noise import MIN_PRIOR_DOF, PRIOR_ELSEWHERE, Prior
 from pytest_mig.judge.pipeline import Pipeline, RecordHistories
 from pytest_mig.judge.reference import pooled_dof, pooled_sigma, profile_spread, sized
 from pytest_mig.measure import BEST, best_rate, partner_keys
+from pytest_mig.measure.rounds import rounds_iterations
 from pytest_mig.report.axes import parse_time
 from pytest_mig.store.baselines import measured_size, measured_value, meta_from_record
 from pytest_mig.store.history import BaselineEntry
@@ -140,7 +140,7 @@ def replaced_headlines(records: Sequence[ResultRecord]) -> set[int]:
     over less than half the GPU time the suite times its headline now (:data:`HEADLINE_S`), and of
     the SU figures of those tests, which convert the headline.  Its ``calls`` are the calls timed, each
     the work over the rate (where not kept: its ``repeats``, pytest-benchmark rounds, each of
-    :func:`pytest_mig.bench.rounds_iterations` calls).  20 rounds of a fast precision's calls (0.2 s)
+    :func:`pytest_mig.measure.rounds.rounds_iterations` calls).  20 rounds of a fast precision's calls (0.2 s)
     caught one phase of the power cap's clock cycle, a measurement the suite no longer makes, as a
     replaced workload's.  A headline of the window falls short of it only by its first calls'
     estimate (a few percent); one whose info does not say its rounds and size is kept."""
