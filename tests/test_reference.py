@@ -17,7 +17,7 @@ from pytest_mig.store.baselines import BaselineStore
 from pytest_mig.store.history import BaselineError
 from pytest_mig.cli import main, reference_lines
 from pytest_mig.measure import Metric
-from pytest_mig.judge.noise import DETECT_Z, PRIOR, PRIOR_BOARD, REFERENCE_FLOOR, REFERENCE_MAX, K, reference_band
+from pytest_mig.judge.noise import DETECT_Z, PRIOR_BOARD, PRIOR_SPREAD, REFERENCE_FLOOR, REFERENCE_MAX, K, reference_band
 from pytest_mig.judge.reference import (
     SHIPPED,
     ReferenceStore,
@@ -123,9 +123,9 @@ def test_the_noise_on_one_board_leaves_out_the_step_between_boards(tmp_path: Pat
     assert thin is not None and thin.sigma and not thin.board_sigma
 
 
-def _two_profiles(tmp_path: Path, once: str, thrice: str) -> ReferenceStore:
+def _two_profiles(tmp_path: Path, once: str, thrice: str, apart: float = 2.0) -> ReferenceStore:
     """A reference of two profiles of one model: ``thrice`` run three nights on each of three boards,
-    quiet (0.1%); ``once`` run once on each of the same boards, 2% apart."""
+    quiet (0.1%); ``once`` run once on each of the same boards, ``apart`` percent apart."""
     files = []
     for b in range(3):
         fp = {**FP_OLD, "gpu_uuid": f"GPU-board-{b}"}
@@ -133,7 +133,7 @@ def _two_profiles(tmp_path: Path, once: str, thrice: str) -> ReferenceStore:
             r = record(100.0 * (1 + 0.001 * (n - 1)), name="fp16_tflops", fingerprint=fp, **_profile(thrice))
             files.append(tmp_path / f"thrice-b{b}n{n}.json")
             write_results(files[-1], [replace(r, timestamp=f"2026-01-0{n + 1}T0{b}:00:00+00:00")])
-        r = record((98.0, 100.0, 102.0)[b], name="fp16_tflops", fingerprint=fp, **_profile(once))
+        r = record(100.0 + apart * (b - 1), name="fp16_tflops", fingerprint=fp, **_profile(once))
         files.append(tmp_path / f"once-b{b}.json")
         write_results(files[-1], [replace(r, timestamp=f"2026-01-05T0{b}:00:00+00:00")])
     build(files, tmp_path / "ref")
@@ -159,7 +159,7 @@ def _judged(store: ReferenceStore, profile: str, boards: tuple[str, ...]) -> Ver
 def test_an_emulated_profile_run_once_a_board_is_judged_with_no_less_than_its_spread(tmp_path: Path) -> None:
     """Nothing shows an emulated profile's boards agree night to night where the reference ran each
     once: a history of one board of it, or of several, is judged with no less than their 2% spread
-    across boards, shown as noise across boards; the whole GPU keeps its 0.1% on one board."""
+    across boards, and the verdict says whose; the whole GPU keeps its 0.1% on one board."""
     store = _two_profiles(tmp_path, "2g.35gb-emulated", "full")
     full, emulated = store.load("nvidia-h200", "full"), store.load("nvidia-h200", "2g.35gb-emulated")
     assert full is not None and emulated is not None
@@ -169,8 +169,11 @@ def test_an_emulated_profile_run_once_a_board_is_judged_with_no_less_than_its_sp
     assert whole.sigma_of == PRIOR_BOARD and whole.threshold == pytest.approx(0.01)  # the floor
     for boards in (("0",), ("1",)):  # this board's night, another board's
         v = _judged(store, "2g.35gb-emulated", boards)
-        assert v.sigma_of == PRIOR and v.threshold == pytest.approx(K * 0.02 * math.sqrt(2), rel=1e-6)
-        assert "on one board" not in v.message
+        assert v.sigma_of == PRIOR_SPREAD and v.threshold == pytest.approx(K * 0.02 * math.sqrt(2), rel=1e-6)
+        assert "x the run-to-run sigma of the reference, across this profile's boards" in v.message
+    quiet = _judged(_two_profiles(tmp_path / "quiet", "2g.35gb-emulated", "full", apart=0.5), "2g.35gb-emulated", ("0",))
+    assert quiet.sigma_of == PRIOR_SPREAD and quiet.gates and (quiet.threshold or 1) < 0.05  # 5 x 0.5% x 1.41
+    assert "(the reference's for this GPU model, this emulated profile's spread across its boards" in quiet.message
     assert profile_spread({"a": [98.0], "b": [102.0, 101.0]}) is None  # a board repeats: its runs show the noise
     assert profile_spread({"a": [98.0]}) is None  # one board: no spread to read
 

@@ -98,6 +98,11 @@ PRIOR_RUNS = 10
 PRIOR = "the reference"
 #: ``Band.sigma_of`` where the reference's sigma on one board (a history of one board's nights) was the larger.
 PRIOR_BOARD = "the reference, on one board"
+#: ``Band.sigma_of`` where an emulated profile's spread across the reference's boards, each run once,
+#: was the larger (:meth:`pytest_mig.judge.reference.Reference.spread_for`).
+PRIOR_SPREAD = "the reference, across this profile's boards"
+#: The priors from the reference of the figure's own GPU model and profile.
+REFERENCE_PRIORS = (PRIOR, PRIOR_BOARD, PRIOR_SPREAD)
 #: Degrees of freedom a prior needs before it judges a short history.
 MIN_PRIOR_DOF = 4
 #: How ``Band.sigma_of`` starts where a prior from other GPU models was the larger (see :class:`Prior`).
@@ -116,7 +121,7 @@ DETECT_Z = 2.2
 class Prior:
     """A figure's run-to-run sigma known before its history can measure it, and whose it is:
     ``PRIOR`` (the reference of its own GPU model and profile), ``PRIOR_BOARD`` (the same, on one
-    board) or a phrase starting with ``PRIOR_ELSEWHERE`` that a verdict shows as it is."""
+    board), ``PRIOR_SPREAD`` (an emulated profile's spread across its boards) or a phrase starting with ``PRIOR_ELSEWHERE`` that a verdict shows as it is."""
 
     sigma: float
     source: str = PRIOR
@@ -132,7 +137,7 @@ class Prior:
 
 def is_prior(sigma_of: str | None) -> bool:
     """Whether ``Band.sigma_of`` names a prior rather than a timing partner."""
-    return sigma_of is not None and (sigma_of in (PRIOR, PRIOR_BOARD) or sigma_of.startswith(PRIOR_ELSEWHERE))
+    return sigma_of is not None and (sigma_of in REFERENCE_PRIORS or sigma_of.startswith(PRIOR_ELSEWHERE))
 
 
 @dataclass(frozen=True)
@@ -279,6 +284,6 @@ def reference_band(values: Sequence[float], sigma: float | None,
                 known and threshold <= REFERENCE_MAX, "reference", REFERENCE_MAX, sigma_of)
 
 
-__all__ = ["Band", "DETECT_Z", "FEW_RUNS_BAND", "FLOOR", "K", "MIN_PRIOR_DOF", "MIN_RUNS", "PRIOR", "PRIOR_BOARD", "PRIOR_ELSEWHERE", "PRIOR_RUNS",
-           "Prior", "REFERENCE_FLOOR", "REFERENCE_MAX", "TRIM_FROM", "band", "is_prior", "reference_band", "run_sigma",
-           "spread"]
+__all__ = ["Band", "DETECT_Z", "FEW_RUNS_BAND", "FLOOR", "K", "MIN_PRIOR_DOF", "MIN_RUNS", "PRIOR", "PRIOR_BOARD",
+           "PRIOR_ELSEWHERE", "PRIOR_RUNS", "PRIOR_SPREAD", "Prior", "REFERENCE_FLOOR", "REFERENCE_MAX",
+           "REFERENCE_PRIORS", "TRIM_FROM", "band", "is_prior", "reference_band", "run_sigma", "spread"]

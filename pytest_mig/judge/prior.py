@@ -14,8 +14,8 @@ from, most specific first:
    never has to hold.  A history that mixes boards (a baseline folder shared between nodes) keeps
    the sigma across boards.  An emulated profile's, either way, is never below the figure's spread
    across the profile's boards where they ran it once each
-   (:meth:`~pytest_mig.judge.reference.Reference.spread_for`), shown as the noise across boards:
-   nothing shows that profile's boards agree night to night.
+   (:meth:`~pytest_mig.judge.reference.Reference.spread_for`, ``PRIOR_SPREAD`` where it is the
+   larger): nothing shows that profile's boards agree night to night.
 2. **The same figure in the model's other profiles** (a profile with no reference of its own: a
    real MIG slice where the references hold emulated ones): the model's sigma, which is pooled over
    its profiles anyway.
@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Iterable, Protocol
 
 from pytest_mig.device.profiles import CPU
-from pytest_mig.judge.noise import MIN_PRIOR_DOF, PRIOR, PRIOR_BOARD, PRIOR_ELSEWHERE, Prior
+from pytest_mig.judge.noise import MIN_PRIOR_DOF, PRIOR, PRIOR_BOARD, PRIOR_ELSEWHERE, PRIOR_SPREAD, Prior
 from pytest_mig.judge.reference import SHIPPED, Reference, ReferenceStore, pooled_dof
 from pytest_mig.store.baselines import meta_from_record
 from pytest_mig.store.history import BaselineEntry, BaselineError, BaselineMeta, board_of
@@ -141,7 +141,8 @@ class Priors:
                     return Prior(board, PRIOR_BOARD, pooled.board_dof if pooled is not None else None)
                 sigma = ref.band_for(entry).sigma
                 if sigma is not None or board is not None:
-                    return Prior(max(sigma or 0.0, board or 0.0, spread), PRIOR,
+                    wider = max(sigma or 0.0, board or 0.0)
+                    return Prior(max(wider, spread), PRIOR if wider >= spread else PRIOR_SPREAD,
                                  pooled.dof if pooled is not None else None)
             if store is not None and self.references is not None:
                 break  # a site's own reference folder speaks for its GPU models: the shipped one is not asked

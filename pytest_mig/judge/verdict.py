@@ -46,9 +46,11 @@ from pytest_mig.judge.noise import (
     PRIOR,
     PRIOR_BOARD,
     PRIOR_RUNS,
+    PRIOR_SPREAD,
     Prior,
     REFERENCE_FLOOR,
     REFERENCE_MAX,
+    REFERENCE_PRIORS,
     Band,
     K,
     band,
@@ -175,8 +177,9 @@ def worse_by(value: float, center: float, direction: str) -> float:
 def _sigma_text(v: Verdict) -> str:
     """'0.42%', or '5.1% (that of tokens_per_s, which times the same work)' where a partner's sigma was used,
     or the prior's (:class:`~pytest_mig.judge.noise.Prior`) where it was the larger."""
-    if v.sigma_of in (PRIOR, PRIOR_BOARD):
-        where = "night to night on one board" if v.sigma_of == PRIOR_BOARD else "across nights and boards"
+    if v.sigma_of in REFERENCE_PRIORS:
+        where = {PRIOR_BOARD: "night to night on one board", PRIOR: "across nights and boards",
+                 PRIOR_SPREAD: "this emulated profile's spread across its boards, each run once"}[v.sigma_of]
         return (f"{percent(v.sigma or 0.0)} (the reference's for this GPU model, {where}: larger than "
                 f"this history's own until it has {PRIOR_RUNS} runs)")
     if is_prior(v.sigma_of):

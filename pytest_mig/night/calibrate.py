@@ -22,7 +22,7 @@ from pytest_mig.store.baselines import BaselineStore, meta_from_record
 from pytest_mig.store.history import Baseline, BaselineError, board_of
 from pytest_mig.store.reader import load_baseline_file
 from pytest_mig.common.files import FileProblem
-from pytest_mig.judge.noise import PRIOR, PRIOR_BOARD, PRIOR_RUNS, Band, band
+from pytest_mig.judge.noise import PRIOR_RUNS, REFERENCE_PRIORS, Band, band
 from pytest_mig.judge.prior import Priors
 from pytest_mig.judge.reference import Reference, ReferenceStore
 from pytest_mig.store.results import ResultsFileError, read_results, read_results_file
@@ -339,7 +339,7 @@ def print_thresholds(bases: Sequence[Baseline], out: TextIO, results: Iterable[P
         if few:
             print(f"{len(few)} figure(s) have fewer than 5 runs: their band is a conservative 10% or more (as wide as "
                   f"their runs differ) until they do.", file=out)
-        borrowed = [r for r in rows if r["cv_of"] in (PRIOR, PRIOR_BOARD)]
+        borrowed = [r for r in rows if r["cv_of"] in REFERENCE_PRIORS]
         if borrowed:
             print(f"{len(borrowed)} figure(s) take the reference's sigma, larger than this history's own, until they "
                   f"have {PRIOR_RUNS} runs: a few runs back to back understate night-to-night noise.", file=out)
