@@ -148,16 +148,13 @@ def replaced_headlines(records: Sequence[ResultRecord]) -> set[int]:
     out: set[int] = set()
     for r in records:
         info = r.metric.info
-        size, rounds = info.get("size"), info.get("repeats")
+        size, rounds, calls = measured_size(info), info.get("repeats"), info.get("calls")
         window = HEADLINE_S.get(r.mode)
-        if r.metric.name != f"{info.get('dtype')}_tflops" or window is None or r.target.is_cpu:
-            continue
-        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0
-                   for x in (size, rounds, r.metric.value)):
+        if (r.metric.name != f"{info.get('dtype')}_tflops" or window is None or r.target.is_cpu
+                or size is None or not _count(rounds) or not r.metric.value > 0):
             continue
         call_s = 2.0 * size ** 3 / (r.metric.value * 1e12)
-        calls = info.get("calls")
-        if not isinstance(calls, int) or isinstance(calls, bool) or calls <= 0:
+        if not _count(calls):
             calls = rounds * rounds_iterations(call_s)  # recorded before headlines kept their calls
         if calls * call_s < 0.5 * window:
             short.add((r.test, r.target.baseline_profile, r.mode))
@@ -165,6 +162,11 @@ def replaced_headlines(records: Sequence[ResultRecord]) -> set[int]:
     out.update(id(r) for r in records
                if r.metric.kind == "cost" and (r.test, r.target.baseline_profile, r.mode) in short)
     return out
+
+
+def _count(value: object) -> bool:
+    """Whether ``value`` is a count of something done: a whole number above 0, not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 #: The figures of the suite's host copies (``benchmarks/test_host_bandwidth.py``).
