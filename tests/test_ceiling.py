@@ -6,6 +6,7 @@ own runs (none of which may fail: the no-false-alarm evidence on real data)."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any, Callable
 
 import pytest
@@ -20,6 +21,8 @@ from pytest_mig.judge.ceiling import (
     MARGIN,
     Ceiling,
     Ceilings,
+    Expectations,
+    Point,
     ceiling,
     device_of_record,
     rule_of,
@@ -291,6 +294,47 @@ def test_no_run_of_the_shipped_references_falls_below_its_floor(tmp_path, ceilin
         worst = min(worst, (rec.metric.value / v.baseline) / MARGIN)  # type: ignore[operator]
     assert worst >= 1 / MARGIN - 1e-9  # each run is at least the least run of its comparable references
     assert {meta_from_record(r).gpu_slug for r in records} == {"nvidia-h100-80gb-hbm3", "nvidia-h200"}
+
+
+def test_a_headline_no_reference_holds_takes_its_sustained_rates_fraction_not_its_familys(l40s):
+    """A GEMM headline with no reference run (references that dropped a redefined headline) is expected to
+    reach what its sustained rate reached, the same kernel and precision, not what the CUDA-core fp32
+    GEMM of its family reached: a tensor-core GEMM reaches less of its ceiling at the power cap."""
+    fp8, fp32 = "benchmarks/test_gemm.py::test_gemm[fp8]", "benchmarks/test_gemm.py::test_gemm[fp32]"
+    exp = Expectations(ReferenceStore(SHIPPED))
+    exp._points = {(fp8, "fp8_sustained_tflops", "quick"): [Point("NVIDIA H200", "full", 1.0, 0.55, 3)],
+                   (fp32, "fp32_tflops", "quick"): [Point("NVIDIA H200", "full", 1.0, 0.71, 3)]}
+    rec = record(l40s, (fp8, "fp8_tflops", "TFLOPS", "tensor"), 100.0, mode="quick")
+    device = device_of_record(rec)
+    assert device is not None
+    got = exp.expected(rec, device, "gemm")
+    assert not isinstance(got, str) and (got.fraction, got.family) == (0.55, "fp8_sustained_tflops")
+    del exp._points[(fp8, "fp8_sustained_tflops", "quick")]  # no sustained rate held: its family speaks
+    got = exp.expected(rec, device, "gemm")
+    assert not isinstance(got, str) and (got.fraction, got.family) == (0.71, "fp32_tflops")
+
+
+def test_a_first_night_catches_a_headline_loss_on_profiles_whose_references_hold_no_headline(tmp_path):
+    """The emulated profiles' references hold the sustained GEMM rate but not the redefined headline: a
+    first night judges the headline against the device's ceiling, expecting what the sustained rate
+    reached on targets of its share (a 16-SM slice about 90% of its ceiling, a whole GPU 61-63%):
+    a headline at the sustained rate's value passes, one at 0.7 of it fails."""
+    pipe, checked = Pipeline(StoreHistories(BaselineStore(tmp_path / "b")), references=REFERENCE,
+                             ceilings=Ceilings(REFERENCE)), 0
+    for rec in _reference_records():
+        name = rec.metric.name
+        if not name.endswith("_sustained_tflops") or rec.target.kind != "emulated":
+            continue
+        ref = REFERENCE.load(meta_from_record(rec).gpu_slug, meta_from_record(rec).profile)
+        headline = name.replace("sustained_", "")
+        if ref is None or ref.get(rec.test, headline, rec.mode) is not None:
+            continue
+        for factor, outcome in ((1.0, "pass"), (0.7, "regressed")):
+            value = rec.metric.value * factor
+            (v,) = pipe.judge([replace(rec, metric=replace(rec.metric, name=headline, value=value, samples=[value]))])
+            assert (v.outcome, v.source) == (outcome, "ceiling"), (rec.target.gpu_name, rec.target.profile, headline, v.message)
+        checked += 1
+    assert checked >= 20
 
 
 @pytest.mark.parametrize(("judged", "by"), [("nvidia-h100-80gb-hbm3", "nvidia-h200"),
