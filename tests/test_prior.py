@@ -18,6 +18,7 @@ from pytest_mig.store.baselines import entry_from_records
 from pytest_mig.store.results import ResultRecord, write_results
 
 GEMM = "benchmarks/test_gemm.py::test_gemm[bf16]"
+SUSTAINED_BF16 = "bf16_sustained_tflops"  # a figure every H100 reference run holds
 FMA = "benchmarks/test_cuda_cores.py::test_cuda_core_fma[fp32]"
 
 
@@ -89,13 +90,13 @@ def shipped_sigma(slug: str, profile: str, name: str = "bf16_tflops", test: str 
 
 
 def test_the_prior_is_the_reference_of_the_figures_own_model_and_profile() -> None:
-    p = Priors(ReferenceStore(SHIPPED)).for_record(rec(700.0))
-    assert p is not None and (p.sigma, p.source) == (shipped_sigma("nvidia-h100-80gb-hbm3", "full"), PRIOR)
+    p = Priors(ReferenceStore(SHIPPED)).for_record(rec(700.0, name=SUSTAINED_BF16))
+    assert p is not None and (p.sigma, p.source) == (shipped_sigma("nvidia-h100-80gb-hbm3", "full", SUSTAINED_BF16), PRIOR)
 
 
 def test_a_real_slice_borrows_its_models_emulated_profiles_sigma_and_says_so() -> None:
-    p = Priors(ReferenceStore(SHIPPED)).for_record(rec(100.0, profile="3g.40gb"))
-    assert p is not None and p.sigma == shipped_sigma("nvidia-h100-80gb-hbm3", "full")
+    p = Priors(ReferenceStore(SHIPPED)).for_record(rec(100.0, profile="3g.40gb", name=SUSTAINED_BF16))
+    assert p is not None and p.sigma == shipped_sigma("nvidia-h100-80gb-hbm3", "full", SUSTAINED_BF16)
     assert p.source.startswith(PRIOR_ELSEWHERE) and "NVIDIA H100 80GB HBM3's other profiles" in p.source
 
 
@@ -125,8 +126,8 @@ def test_a_cpu_run_borrows_no_gpus_noise_so_its_short_history_keeps_the_conserva
 
 
 def test_the_shipped_references_still_give_noise_where_a_site_switched_references_off() -> None:
-    p = Priors(None).for_record(rec(700.0))
-    assert p is not None and (p.sigma, p.source) == (shipped_sigma("nvidia-h100-80gb-hbm3", "full"), PRIOR)
+    p = Priors(None).for_record(rec(700.0, name=SUSTAINED_BF16))
+    assert p is not None and (p.sigma, p.source) == (shipped_sigma("nvidia-h100-80gb-hbm3", "full", SUSTAINED_BF16), PRIOR)
 
 
 def test_a_sites_own_reference_folder_speaks_for_its_models(tmp_path: Path) -> None:
@@ -272,6 +273,41 @@ def test_a_model_whose_reference_holds_a_figure_from_too_few_runs_borrows_a_mode
     slow = pipeline.judge([replace(h200, metric=replace(h200.metric, value=19.0 * 0.91))],
                           remeasure=lambda: {"fp32_fma_tflops": [17.3, 17.29]})[0]
     assert slow.outcome == "regressed" and slow.basis == "short"  # a 9% loss: the flat 10% band missed it
+
+
+def test_a_profile_whose_model_holds_the_figure_thinly_elsewhere_borrows_a_model_that_knows_it(
+        tmp_path: Path) -> None:
+    """No reference run of the figure for this profile, and the model's other profiles hold it from too
+    few runs (a redefined figure: the GEMM headline's new runs): as for its own profile, a model that
+    knows the figure's noise judges the short history."""
+    thin_and_full(tmp_path, 10)
+    real_slice = rec(19.0, gpu="NVIDIA H200", profile="3g.71gb", test=FMA, name="fp32_fma_tflops", kind="compute")
+    p = priors(tmp_path).for_record(real_slice)
+    a100 = priors(tmp_path).for_record(rec(19.0, gpu="NVIDIA A100-SXM4-80GB", test=FMA,
+                                           name="fp32_fma_tflops", kind="compute"))
+    assert p is not None and a100 is not None and p.judges_short and p.sigma == a100.sigma
+    assert "this GPU model's reference holds too few runs of the figure (1 degree of freedom)" in p.source
+
+
+@pytest.mark.parametrize("one_board", [True, False])
+def test_a_headline_its_profile_does_not_hold_takes_no_less_than_its_sustained_rates_prior(one_board: bool) -> None:
+    """The GEMM headline times the same work as its sustained rate: on every shipped profile whose
+    reference holds no run of the redefined headline (the emulated ones), its prior, borrowed from
+    another profile or model, is at least the sustained rate's there, the profile's spread across its
+    boards included."""
+    priors, checked = Priors(ReferenceStore(SHIPPED)), 0
+    for ref in ReferenceStore(SHIPPED).references():
+        meta = ref.baseline.meta
+        for e in ref.baseline.entries.values():
+            name = e.metric.replace("sustained_", "")
+            if not e.metric.endswith("_sustained_tflops") or ref.get(e.test, name, e.mode) is not None:
+                continue
+            headline = priors.for_figure(meta, (e.test, name, e.mode), one_board, e.kind)
+            sustained = priors.for_figure(meta, (e.test, e.metric, e.mode), one_board, e.kind)
+            if headline is not None and sustained is not None and headline.judges_short and sustained.judges_short:
+                assert headline.sigma >= sustained.sigma, (meta.gpu_model, meta.profile, e.metric, e.mode)
+                checked += 1
+    assert checked >= 20
 
 
 def test_a_thin_prior_with_no_model_to_borrow_from_leaves_the_conservative_band(tmp_path: Path) -> None:

@@ -46,6 +46,7 @@ from typing import Iterable, Protocol
 from pytest_mig.device.profiles import CPU
 from pytest_mig.judge.noise import MIN_PRIOR_DOF, PRIOR, PRIOR_BOARD, PRIOR_ELSEWHERE, PRIOR_SPREAD, Prior
 from pytest_mig.judge.reference import SHIPPED, Reference, ReferenceStore, pooled_dof
+from pytest_mig.measure.metric import timing_partners
 from pytest_mig.store.baselines import meta_from_record
 from pytest_mig.store.history import BaselineEntry, BaselineError, BaselineMeta, board_of
 from pytest_mig.store.results import ResultRecord
@@ -75,12 +76,42 @@ class Priors:
         reference's noise on one board speaks for it."""
         board = board_of(rec.fingerprint) or rec.target.gpu_uuid
         one_board = history is not None and history.on_board(board)
-        return self.for_figure(meta_from_record(rec), (rec.test, rec.metric.name, rec.mode), one_board)
+        return self.for_figure(meta_from_record(rec), (rec.test, rec.metric.name, rec.mode), one_board,
+                               rec.metric.kind)
 
-    def for_figure(self, meta: BaselineMeta, key: Figure, one_board: bool = False) -> Prior | None:
+    def for_figure(self, meta: BaselineMeta, key: Figure, one_board: bool = False,
+                   kind: str | None = None) -> Prior | None:
         """The prior of figure ``key`` (test, metric, mode) on the GPU model and profile of ``meta``,
         for a history of one board's runs where ``one_board`` (None for a CPU run: the module
-        docstring)."""
+        docstring).  Where the profile's reference does not hold the figure, never below the prior
+        its reference gives the rates that time the same work (``kind``: the figure's, to find them),
+        as a figure it holds is judged."""
+        prior = self._for_figure(meta, key, one_board)
+        if prior is None or not prior.judges_short or self._own(meta, key, one_board) is not None:
+            return prior
+        floor = self._partners(meta, key, one_board, kind)
+        if floor is None or floor[0] <= prior.sigma:
+            return prior
+        return Prior(floor[0], f"{prior.source}; no less than that of {floor[1]}, which times the same work "
+                               f"(this profile's reference)", prior.dof)
+
+    def _partners(self, meta: BaselineMeta, key: Figure, one_board: bool,
+                  kind: str | None) -> tuple[float, str] | None:
+        """The largest prior, and whose, of the rate figures that time the same work as ``key``
+        (:func:`~pytest_mig.measure.metric.timing_partners`) in the reference of its own profile."""
+        test, metric, mode = key
+        for store in (self.references, self.shipped):
+            ref = _reference(store, meta)
+            if ref is not None and kind is not None:
+                figures = {e.metric: e.kind for e in ref.baseline.entries.values() if e.test == test and e.mode == mode}
+                known = [(p.sigma, name) for name in timing_partners(metric, kind, figures.items())
+                         for p in [self._own(meta, (test, name, mode), one_board)] if p is not None and p.judges_short]
+                return max(known) if known else None
+            if store is not None and self.references is not None:
+                break  # a site's own reference folder speaks for its GPU models
+        return None
+
+    def _for_figure(self, meta: BaselineMeta, key: Figure, one_board: bool) -> Prior | None:
         if meta.gpu_slug == CPU:
             return None
         own = self._own(meta, key, one_board)
@@ -91,10 +122,11 @@ class Priors:
         model = meta.gpu_model
         if own is not None:
             return self._thin(own, meta, key, one_board, others, where)
-        if model in others:
+        if model in others:  # held from too few runs (a redefined figure), as its own profile's would be
             sigma, dof = others[model]
-            return Prior(sigma, f"{PRIOR_ELSEWHERE}the noise {where} of {model}'s "
+            mine = Prior(sigma, f"{PRIOR_ELSEWHERE}the noise {where} of {model}'s "
                                 f"other profiles; no reference run of it for this profile", dof)
+            return mine if mine.judges_short else self._thin(mine, meta, key, one_board, others, where)
         if others:
             name = max(others, key=lambda m: others[m][0])
             sigma, dof = others[name]

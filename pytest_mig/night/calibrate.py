@@ -195,7 +195,7 @@ def threshold_rows(base: Baseline, default_tolerance: float = DEFAULT_TOLERANCE,
         partners = {p.metric: p.values for p in base.timing_partners(e)}
         ref_entry = ref.get(test, metric, mode) if ref is not None else None
         one_board = e.last is not None and e.on_board(board_of(e.last.fingerprint))
-        prior = priors.for_figure(base.meta, (test, metric, mode), one_board)
+        prior = priors.for_figure(base.meta, (test, metric, mode), one_board, e.kind)
         b = band(e.values, tolerance=e.tolerance, default_tolerance=default_tolerance, partners=partners,
                  prior=prior)
         first = ref.band_for(ref_entry) if ref is not None and ref_entry is not None else None
