@@ -310,6 +310,13 @@ def test_a_headline_its_profile_does_not_hold_takes_no_less_than_its_sustained_r
     assert checked >= 20
 
 
+def test_a_model_with_no_reference_names_the_one_model_it_borrows_from_once(tmp_path: Path) -> None:
+    reference_folder(tmp_path, {"NVIDIA A100-SXM4-80GB": [19.0 * (1 + 0.004 * (n % 3 - 1)) for n in range(10)]})
+    p = priors(tmp_path).for_record(rec(19.0, gpu="NVIDIA H200", test=FMA, name="fp32_fma_tflops", kind="compute"))
+    assert p is not None and p.source == (f"{PRIOR_ELSEWHERE}the noise across nights and boards of NVIDIA A100-SXM4-80GB; "
+                                          "no reference run of it for this GPU model")
+
+
 def test_a_thin_prior_with_no_model_to_borrow_from_leaves_the_conservative_band(tmp_path: Path) -> None:
     thin_and_full(tmp_path, 3)  # the A100 too: 2 degrees of freedom
     h200 = rec(19.0, gpu="NVIDIA H200", test=FMA, name="fp32_fma_tflops", kind="compute")

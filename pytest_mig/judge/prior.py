@@ -130,8 +130,9 @@ class Priors:
         if others:
             name = max(others, key=lambda m: others[m][0])
             sigma, dof = others[name]
-            return Prior(sigma, f"{PRIOR_ELSEWHERE}the noise {where} of "
-                                f"{_names(others)}, the largest ({name}); no reference run of it for this GPU model", dof)
+            whose = name if len(others) == 1 else f"{_names(others)}, the largest ({name})"
+            return Prior(sigma, f"{PRIOR_ELSEWHERE}the noise {where} of {whose}; no reference run of it for this GPU model",
+                         dof)
         return None
 
     def _thin(self, own: Prior, meta: BaselineMeta, key: Figure, one_board: bool,
