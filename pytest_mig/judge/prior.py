@@ -86,8 +86,11 @@ class Priors:
         docstring).  Where the profile's reference does not hold the figure, never below the prior
         its reference gives the rates that time the same work (``kind``: the figure's, to find them),
         as a figure it holds is judged."""
-        prior = self._for_figure(meta, key, one_board)
-        if prior is None or not prior.judges_short or self._own(meta, key, one_board) is not None:
+        if meta.gpu_slug == CPU:
+            return None
+        own = self._own(meta, key, one_board)
+        prior = self._for_figure(meta, key, one_board, own)
+        if own is not None or prior is None or not prior.judges_short:
             return prior
         floor = self._partners(meta, key, one_board, kind)
         if floor is None or floor[0] <= prior.sigma:
@@ -100,21 +103,16 @@ class Priors:
         """The largest prior, and whose, of the rate figures that time the same work as ``key``
         (:func:`~pytest_mig.measure.metric.timing_partners`) in the reference of its own profile."""
         test, metric, mode = key
-        for store in (self.references, self.shipped):
-            ref = _reference(store, meta)
-            if ref is not None and kind is not None:
-                figures = {e.metric: e.kind for e in ref.baseline.entries.values() if e.test == test and e.mode == mode}
-                known = [(p.sigma, name) for name in timing_partners(metric, kind, figures.items())
-                         for p in [self._own(meta, (test, name, mode), one_board)] if p is not None and p.judges_short]
-                return max(known) if known else None
-            if store is not None and self.references is not None:
-                break  # a site's own reference folder speaks for its GPU models
-        return None
-
-    def _for_figure(self, meta: BaselineMeta, key: Figure, one_board: bool) -> Prior | None:
-        if meta.gpu_slug == CPU:
+        ref = self._profile_reference(meta)
+        if ref is None or kind is None:
             return None
-        own = self._own(meta, key, one_board)
+        figures = {e.metric: e.kind for e in ref.baseline.entries.values() if e.test == test and e.mode == mode}
+        known = [(p.sigma, name) for name in timing_partners(metric, kind, figures.items())
+                 for p in [self._own(meta, (test, name, mode), one_board)] if p is not None and p.judges_short]
+        return max(known) if known else None
+
+    def _for_figure(self, meta: BaselineMeta, key: Figure, one_board: bool, own: Prior | None) -> Prior | None:
+        """The prior of ``key`` given ``own``, its profile's reference's (:meth:`_own`)."""
         if own is not None and own.judges_short:
             return own
         others = {m: p.on(one_board) for m, p in self._table().get(key, {}).items()}
@@ -163,23 +161,26 @@ class Priors:
 
     def _own(self, meta: BaselineMeta, key: Figure, one_board: bool) -> Prior | None:
         """The prior from the reference of the figure's own GPU model and profile."""
-        for store in (self.references, self.shipped):
-            ref = _reference(store, meta)
-            entry = ref.get(*key) if ref is not None else None
-            if ref is not None and entry is not None:
-                pooled = self._table().get(key, {}).get(meta.gpu_model)
-                spread = ref.spread_for(entry) or 0.0
-                board = ref.board_sigma_for(entry) if one_board else None
-                if board is not None and board >= spread:
-                    return Prior(board, PRIOR_BOARD, pooled.board_dof if pooled is not None else None)
-                sigma = ref.band_for(entry).sigma
-                if sigma is not None or board is not None:
-                    wider = max(sigma or 0.0, board or 0.0)
-                    return Prior(max(wider, spread), PRIOR if wider >= spread else PRIOR_SPREAD,
-                                 pooled.dof if pooled is not None else None)
-            if store is not None and self.references is not None:
-                break  # a site's own reference folder speaks for its GPU models: the shipped one is not asked
-        return None
+        ref = self._profile_reference(meta)
+        entry = ref.get(*key) if ref is not None else None
+        if ref is None or entry is None:
+            return None
+        pooled = self._table().get(key, {}).get(meta.gpu_model)
+        spread = ref.spread_for(entry) or 0.0
+        board = ref.board_sigma_for(entry) if one_board else None
+        if board is not None and board >= spread:
+            return Prior(board, PRIOR_BOARD, pooled.board_dof if pooled is not None else None)
+        sigma = ref.band_for(entry).sigma
+        if sigma is None and board is None:
+            return None
+        wider = max(sigma or 0.0, board or 0.0)
+        return Prior(max(wider, spread), PRIOR if wider >= spread else PRIOR_SPREAD,
+                     pooled.dof if pooled is not None else None)
+
+    def _profile_reference(self, meta: BaselineMeta) -> Reference | None:
+        """The reference of ``meta``'s GPU model and profile: the site's folder where it gave one (it
+        speaks for its GPU models: the shipped one is not asked), else the shipped one."""
+        return _reference(self.references if self.references is not None else self.shipped, meta)
 
     def _table(self, stores: tuple[ReferenceStore | None, ...] | None = None) -> dict[Figure, dict[str, _Pooled]]:
         """Every figure's sigmas in the references of ``stores`` (the site's and the shipped ones where
