@@ -348,3 +348,24 @@ def test_a_night_copied_in_part_into_another_folder_is_counted_once(tmp_path: Pa
     with open("/dev/null", "w") as out:
         found = nights_of(sorted(tmp_path.rglob("*.json")), out)
     assert len(found) == 1 and len(found[0].records) == 2  # the first copy read, whole
+
+
+def test_the_leakage_slope_comes_from_the_other_boards_only(tmp_path: Path) -> None:
+    def energy(value: float, temperature: float, board: str, day: int) -> ResultRecord:
+        r = night(value, board, day)
+        return replace(r, metric=Metric("fp32_fma_energy_j_per_tflop", value, "J/TFLOP", "lower", [], "energy",
+                                        {"temperature_c": temperature}))
+    for b, per_degree in (("GPU-0", 0.005), ("GPU-1", 0.0)):  # only GPU-0's energy follows its temperature
+        folder = tmp_path / "runs" / b
+        folder.mkdir(parents=True)
+        for n in range(8):
+            t = 40.0 + 2 * n
+            write_results(folder / f"night{n}.json", [energy(5.0 * math.exp(per_degree * t), t, b, n + 1)])
+    nights = nights_of(sorted((tmp_path / "runs").rglob("*.json")), open("/dev/null", "w"))
+    priors = LeaveOneOut(nights)
+    rec = nights[0].records[0]
+    priors.board = "GPU-1"  # judging GPU-1: GPU-0's slope
+    assert priors.slope_for(rec) is not None and priors.slope_for(rec).per_degree == pytest.approx(0.005)  # type: ignore[union-attr]
+    priors.board = "GPU-0"  # judging GPU-0: GPU-1 shows no slope, and its own is never used
+    assert priors.slope_for(rec) is None
+    assert priors.slope_for(replace(rec, metric=replace(rec.metric, name="fp32_fma_tflops", kind="compute"))) is None

@@ -243,7 +243,8 @@ class Pipeline:
                 return _why_no_ceiling(self.histories.missing(rec, base), judged)
         history = base.get(rec.test, rec.metric.name, rec.mode) if base is not None else None
         return compare(rec, base, tolerance=tol, improvement_fails=self.improvement_fails,
-                       default_tolerance=self.default_tolerance, prior=self.priors.for_record(rec, history))
+                       default_tolerance=self.default_tolerance, prior=self.priors.for_record(rec, history),
+                       slope=self.priors.slope_for(rec))
 
     def _confirmed(self, rec: ResultRecord, verdict: Verdict, values: Sequence[float],
                    shared: Sequence[float]) -> Verdict:

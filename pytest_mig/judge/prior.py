@@ -33,6 +33,10 @@ the conservative band of :func:`~pytest_mig.judge.noise.band` until they can mea
 nothing known says how noisy a workload of the site's own is.  Nor has a CPU run's figure (a runner
 with no GPU): a CPU's small-size timings move far more than a GPU's, so no GPU's sigma speaks for them.
 
+The reference of the figure's own GPU model and profile also gives an energy figure's leakage slope
+(:meth:`Priors.slope_for`, :mod:`pytest_mig.judge.thermal`), with which its history is brought to the
+run's temperature.
+
 A verdict judged with 2 or 3 says so, naming the models.  The shipped references are always
 consulted for 2 and 3, also where a site replaced or switched off the reference its first nights
 are judged against (``--mig-reference``): what they say about noise holds either way.
@@ -46,6 +50,7 @@ from typing import Iterable, Protocol
 from pytest_mig.device.profiles import CPU
 from pytest_mig.judge.noise import MIN_PRIOR_DOF, PRIOR, PRIOR_BOARD, PRIOR_ELSEWHERE, PRIOR_SPREAD, Prior
 from pytest_mig.judge.reference import SHIPPED, Reference, ReferenceStore, pooled_dof
+from pytest_mig.judge.thermal import Slope, slope_of
 from pytest_mig.measure.metric import timing_partners
 from pytest_mig.store.baselines import meta_from_record
 from pytest_mig.store.history import BaselineEntry, BaselineError, BaselineMeta, board_of
@@ -59,6 +64,9 @@ class PriorSource(Protocol):
 
     def for_record(self, rec: ResultRecord, history: BaselineEntry | None = None) -> Prior | None:
         """The prior of the record's figure, judged against ``history`` (None: none is known)."""
+
+    def slope_for(self, rec: ResultRecord) -> Slope | None:
+        """The leakage slope of the record's energy figure (None: none is known, or it is no energy figure)."""
 
 
 class Priors:
@@ -78,6 +86,26 @@ class Priors:
         one_board = history is not None and history.on_board(board)
         return self.for_figure(meta_from_record(rec), (rec.test, rec.metric.name, rec.mode), one_board,
                                rec.metric.kind)
+
+    def slope_for(self, rec: ResultRecord) -> Slope | None:
+        """The leakage slope of the record's energy figure, fitted within each board's runs of the
+        reference of its GPU model and profile, where significant (:func:`pytest_mig.judge.thermal.slope_of`):
+        what brings its history to this run's temperature.  None for any other figure, a CPU run, or a
+        figure that reference does not hold with temperatures enough to show one."""
+        meta = meta_from_record(rec)
+        if rec.metric.kind != "energy" or meta.gpu_slug == CPU:
+            return None
+        ref = self._profile_reference(meta)
+        entry = ref.get(rec.test, rec.metric.name, rec.mode) if ref is not None else None
+        if entry is None:
+            return None
+        size = entry.size
+        by_board: dict[str, list[tuple[float | None, float]]] = {}
+        for r in entry.runs:
+            board = board_of(r.fingerprint)
+            if board is not None and (size is None or r.size == size):
+                by_board.setdefault(board, []).append((r.temperature_c, r.value))
+        return slope_of(by_board)
 
     def for_figure(self, meta: BaselineMeta, key: Figure, one_board: bool = False,
                    kind: str | None = None) -> Prior | None:

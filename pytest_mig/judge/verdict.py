@@ -57,6 +57,7 @@ from pytest_mig.judge.noise import (
     is_prior,
 )
 from pytest_mig.judge.reference import Reference, fingerprint_beside
+from pytest_mig.judge.thermal import Slope, at_run_temperature
 from pytest_mig.store.results import ResultRecord
 from pytest_mig.store.verdicts import ClockNote, Outcome, Verdict
 from pytest_mig.common.text import SHOWN, quoted
@@ -239,6 +240,7 @@ def compare(
     default_tolerance: float = DEFAULT_TOLERANCE,
     partners: Mapping[str, Sequence[float]] | None = None,
     prior: Prior | float | None = None,
+    slope: Slope | None = None,
 ) -> Verdict:
     """Judge one record against its figure's history (see the module docstring for the rule).
 
@@ -247,7 +249,8 @@ def compare(
     for, so a figure of another GPU model, profile or kind of target is never compared.  A whole
     :class:`Baseline` may be passed instead of the entry: its entry for this test, metric and mode
     and its meta are used, and the histories of the rate figures that time the same work
-    (``partners``, by name, given directly otherwise: :func:`pytest_mig.judge.noise.band`).
+    (``partners``, by name, given directly otherwise: :func:`pytest_mig.judge.noise.band`).  An energy
+    figure's history is brought to this run's temperature with ``slope``: :mod:`pytest_mig.judge.thermal`.
     """
     m = record.metric
     other_mode: str | None = None
@@ -270,13 +273,8 @@ def compare(
             return make_verdict(record, "incomparable", f"{shown} not compared: {reason}", throttled=throttled)
     if baseline_entry is not None and baseline_entry.mode != record.mode:
         other_mode, baseline_entry = baseline_entry.mode, None
-    if other_mode is not None:  # no baseline value shown: a figure of other sizes would read as a change
-        run_mode = "with --mig-quick" if record.mode == "quick" else "without --mig-quick"
-        base_mode = "quick runs (--mig-quick)" if other_mode == "quick" else "normal runs"
-        return make_verdict(record, "incomparable",
-                            f"{shown} not compared: measured {run_mode} but the baseline holds only "
-                        f"{base_mode}, and the workloads' sizes differ; run as the baseline was recorded, or "
-                        f"record this mode's with --mig-save-baseline", throttled=throttled)
+    if other_mode is not None:
+        return _other_mode(record, other_mode, throttled)
     if baseline_entry is None or not baseline_entry.runs:
         where = f" in {meta.path or f'{meta.gpu_model} {meta.profile}'}" if meta else ""
         return make_verdict(record, "no-baseline", f"{shown}: no baseline{where} (record one with --mig-save-baseline)",
@@ -285,10 +283,24 @@ def compare(
     early = _unjudgeable(record, e, throttled)
     if early is not None:
         return early
-    tol = tolerance if tolerance is not None else e.tolerance
-    b = band(e.values, tolerance=tol, default_tolerance=default_tolerance, partners=partners, prior=prior)
+    warm = at_run_temperature(m.info, [(r.value, r.temperature_c) for r in e.runs], slope) \
+        if m.kind == "energy" else None
+    b = band(warm.values if warm else e.values, tolerance=tolerance if tolerance is not None else e.tolerance,
+             default_tolerance=default_tolerance, partners=partners, prior=prior)
     changes = fingerprint_diff(e.fingerprint or (meta.fingerprint if meta else {}), record.fingerprint)
-    return _judged(record, e, b, changes, improvement_fails=improvement_fails)
+    return _judged(record, e, b, changes, improvement_fails=improvement_fails,
+                   at_temperature=warm.text() if warm else None)
+
+
+def _other_mode(record: ResultRecord, other_mode: str, throttled: list[str]) -> Verdict:
+    """A figure whose history holds only the other mode's runs: not compared, and no baseline value
+    shown (a figure of other sizes would read as a change)."""
+    run_mode = "with --mig-quick" if record.mode == "quick" else "without --mig-quick"
+    base_mode = "quick runs (--mig-quick)" if other_mode == "quick" else "normal runs"
+    return make_verdict(record, "incomparable",
+                        f"{value_text(record)} not compared: measured {run_mode} but the baseline holds only "
+                        f"{base_mode}, and the workloads' sizes differ; run as the baseline was recorded, or "
+                        f"record this mode's with --mig-save-baseline", throttled=throttled)
 
 
 def compare_reference(record: ResultRecord, reference: Reference, *, improvement_fails: bool = False) -> Verdict:
@@ -329,7 +341,7 @@ def _unjudgeable(record: ResultRecord, e: BaselineEntry, throttled: list[str]) -
 
 
 def _judged(record: ResultRecord, e: BaselineEntry, b: Band, changes: list[str], *, improvement_fails: bool,
-            source: str = "baseline") -> Verdict:
+            source: str = "baseline", at_temperature: str | None = None) -> Verdict:
     """The verdict of a record against a history whose band is ``b``."""
     m = record.metric
     change = (m.value - b.center) / abs(b.center)
@@ -351,7 +363,7 @@ def _judged(record: ResultRecord, e: BaselineEntry, b: Band, changes: list[str],
                  threshold=b.threshold, sigma=b.sigma, detectable=b.detectable, runs=b.runs, gates=b.gates,
                  basis=b.basis, fingerprint_changes=changes, throttled=throttle_reasons(m.info), failed=failed,
                  source=source, sigma_of=b.sigma_of, history_fingerprint=e.fingerprint,
-                 history_throttled=e.throttled)
+                 history_throttled=e.throttled, at_temperature=at_temperature)
     v.message = _message(v, record)
     return v
 
@@ -363,6 +375,8 @@ def _message(v: Verdict, record: ResultRecord) -> str:
     reference = v.source == "reference"
     if reference:
         runs += " of the reference for this GPU model"
+    if v.at_temperature:
+        runs += f", {v.at_temperature}"
     msg = (f"{value_text(record)}, {v.source} {format_number(v.baseline)} {v.unit}".rstrip()
            + f" ({runs}): {(v.change_pct or 0):+.1f}%, ")
     if v.outcome == "noisy" and reference and v.sigma is None:

@@ -47,6 +47,8 @@ from pytest_mig.device.target import EMULATED_SUFFIX
 from pytest_mig.judge.noise import MIN_PRIOR_DOF, PRIOR_ELSEWHERE, Prior
 from pytest_mig.judge.pipeline import Pipeline, RecordHistories
 from pytest_mig.judge.reference import pooled_dof, pooled_sigma, profile_spread, sized
+from pytest_mig.judge.thermal import Slope, slope_of
+from pytest_mig.measure.clocks import temperature_of
 from pytest_mig.measure import BEST, best_rate, partner_keys
 from pytest_mig.measure.rounds import rounds_iterations
 from pytest_mig.report.axes import parse_time
@@ -256,6 +258,7 @@ class LeaveOneOut:
         self.within_boards = within_boards
         self._values: dict[tuple[str, Key], dict[tuple[str, str], list[tuple[int | None, float]]]] = {}
         self._kinds: dict[Key, str] = {}
+        self._temperatures: dict[tuple[str, Key], dict[tuple[str, str], list[tuple[int | None, float | None, float]]]] = {}
         self._models = {night.model for night in nights}
         for night in nights:
             for r in night.records:
@@ -264,6 +267,10 @@ class LeaveOneOut:
                 groups = self._values.setdefault((night.model, key), {})
                 groups.setdefault((night.series[2], night.series[1]), []).append(
                     (measured_size(r.metric.info), measured_value(r)))
+                if r.metric.kind == "energy":
+                    self._temperatures.setdefault((night.model, key), {}).setdefault(
+                        (night.series[2], night.series[1]), []).append(
+                        (measured_size(r.metric.info), temperature_of(r.metric.info), measured_value(r)))
         self.board: str | None = None
         self._cache: dict[tuple[str | None, str, Key, int | None, bool], tuple[float | None, int]] = {}
 
@@ -329,6 +336,20 @@ class LeaveOneOut:
                 thin = self._pooled(rec, model, False, thin=True)
                 sigma, where = max([*borrowed, *([thin] if thin is not None else [])]), "of other GPU models"
         return None if sigma is None else Prior(sigma, f"{PRIOR_ELSEWHERE}the other boards', {where} (leave-one-out)")
+
+
+    def slope_for(self, rec: ResultRecord) -> Slope | None:
+        """The leakage slope of the record's energy figure within the other boards' runs of its GPU
+        model and profile, as the plugin fits it within the reference's boards."""
+        if rec.metric.kind != "energy":
+            return None
+        meta = meta_from_record(rec)
+        key = (rec.test, rec.metric.name, rec.mode)
+        size = measured_size(rec.metric.info)
+        by_board = {board: [(t, v) for s, t, v in runs if size is None or s is None or s == size]
+                    for (profile, board), runs in self._temperatures.get((meta.gpu_model, key), {}).items()
+                    if profile == meta.profile and board != self.board}
+        return slope_of(by_board)
 
 
 def _worse(rec: ResultRecord, loss: float) -> ResultRecord:

@@ -69,7 +69,7 @@ class Run:
     throttled: list[str] = field(default_factory=list)
     clock_mhz: float | None = None  # the SM clock it ran at (:func:`pytest_mig.measure.clocks.measured_clock`), for scaling checks
     size: int | None = None  # the problem size it was measured at, where its workload chooses one (GEMM's square)
-    temperature_c: float | None = None  # an energy figure's GPU temperature; informs, never sets, thresholds
+    temperature_c: float | None = None  # an energy figure's GPU temperature: brings it to a run's (judge.thermal)
 
     def to_dict(self, fp_id: str | None) -> dict[str, Any]:
         d: dict[str, Any] = {"at": self.recorded_at, "value": round_figure(self.value)}

@@ -66,6 +66,7 @@ class Verdict:
     clock: ClockNote | None = None  # what its clock-normalised partner did (a throughput figure beyond its threshold)
     history_fingerprint: dict[str, Any] = field(default_factory=dict)  # the newest run's of the history judged against
     history_throttled: list[str] = field(default_factory=list)  # throttle reasons seen in that history's runs
+    at_temperature: str | None = None  # an energy figure's history brought to this run's temperature: how
 
     def to_dict(self) -> dict[str, Any]:
         """The ``verdict`` object of a results file."""

@@ -1,0 +1,162 @@
+"""Energy compared at the run's temperature: the leakage slope, and a history brought to this run's temperature."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from pytest_mig.device.target import TargetInfo
+from pytest_mig.judge.noise import Prior
+from pytest_mig.judge.prior import Priors
+from pytest_mig.judge.reference import SHIPPED, ReferenceStore
+from pytest_mig.judge.thermal import (
+    MAX_PER_DEGREE, MIN_SLOPE_DOF, Slope, at_run_temperature, pooled_slope, significant, slope_of,
+)
+from pytest_mig.judge.verdict import compare
+from pytest_mig.measure import Metric
+from pytest_mig.store.baselines import entry_from_records
+from pytest_mig.store.results import ResultRecord, read_results_file, write_results
+from pytest_mig.store.verdicts import Verdict
+
+FMA = "benchmarks/test_cuda_cores.py::test_cuda_core_fma[fp32]"
+ENERGY = "fp32_fma_energy_j_per_tflop"
+SLOPE = Slope(0.005, 0.0005, 20)  # +0.5% per degC, clearly measured
+
+
+def rec(value: float, temperature: float | None, *, name: str = ENERGY, kind: str = "energy",
+        gpu: str = "NVIDIA H200", profile: str = "full", emulated: bool = False, board: str = "GPU-aaaa") -> ResultRecord:
+    slug = gpu.lower().replace(" ", "-")
+    target = {"kind": "emulated" if emulated else "full", "profile": profile, "gpu_name": gpu, "gpu_slug": slug,
+              "emulated": emulated, "baseline_profile": f"{profile}-emulated" if emulated else profile}
+    info: dict[str, Any] = {} if temperature is None else {"temperature_c": temperature}
+    unit, direction = ("J/TFLOP", "lower") if kind == "energy" else ("TFLOPS", "higher")
+    metric = Metric(name, value, unit, direction, [], kind, info)  # type: ignore[arg-type]
+    return ResultRecord(FMA, metric, TargetInfo.from_dict(target), {"driver": "580.159.04", "gpu_uuid": board},
+                        "2026-01-01T00:00:00+00:00", "n1")
+
+
+def history(values_and_temps: list[tuple[float, float | None]]) -> Any:
+    return entry_from_records([rec(v, t) for v, t in values_and_temps])
+
+
+# --------------------------------------------------------------------------- the slope
+
+
+def test_the_pooled_slope_is_fitted_within_boards_so_their_levels_do_not_bias_it() -> None:
+    # two boards 8% apart, each +0.4%/degC; the warmer board is also the higher one, which a fit
+    # across boards would read as a far steeper slope
+    cool = [(t, 5.0 * math.exp(0.004 * t)) for t in (40.0, 42.0, 44.0, 46.0, 48.0)]
+    warm = [(t, 5.4 * math.exp(0.004 * t)) for t in (60.0, 61.0, 63.0, 65.0, 66.0)]
+    s = pooled_slope([cool, warm])
+    assert s is not None and s.per_degree == pytest.approx(0.004) and s.dof == 10 - 2 - 1
+    assert significant(s)
+
+
+def test_no_slope_from_too_few_runs_or_one_temperature() -> None:
+    few = [(40.0 + i, 5.0 + i * 0.02) for i in range(MIN_SLOPE_DOF + 1)]  # one board: dof = points - 2
+    assert pooled_slope([few]) is None
+    assert pooled_slope([few + [(50.0, 5.3)]]) is not None
+    flat = [(45.0, 5.0 + i * 0.01) for i in range(12)]
+    assert pooled_slope([flat]) is None
+
+
+@pytest.mark.parametrize("slope, used", [
+    (Slope(0.004, 0.001, 10), True),
+    (Slope(0.004, 0.0015, 10), False),  # under 3 standard errors
+    (Slope(-0.004, 0.0001, 10), False),  # leakage never lowers energy
+    (Slope(MAX_PER_DEGREE * 1.5, 0.0001, 10), False),  # steeper than leakage
+    (Slope(float("nan"), 0.0001, 10), False),
+    (None, False),
+])
+def test_only_a_positive_clearly_measured_slope_of_leakage_size_is_used(slope: Slope | None, used: bool) -> None:
+    assert significant(slope) is used
+
+
+def test_slope_of_leaves_out_runs_without_a_temperature() -> None:
+    runs = {"a": [(40.0 + i, 5.0 * math.exp(0.005 * (40 + i))) for i in range(6)] + [(None, 99.0)],
+            "b": [(50.0 + i, 5.2 * math.exp(0.005 * (50 + i))) for i in range(4)]}
+    s = slope_of(runs)
+    assert s is not None and s.per_degree == pytest.approx(0.005)
+
+
+# --------------------------------------------------------------------------- a history at the run's temperature
+
+
+def test_a_history_is_brought_to_the_run_temperature() -> None:
+    warm = at_run_temperature({"temperature_c": 50.0}, [(5.0, 40.0), (5.1, 42.0)], SLOPE)
+    assert warm is not None and warm.run_c == 50.0 and warm.history_c == 41.0
+    assert warm.values == pytest.approx([5.0 * math.exp(0.05), 5.1 * math.exp(0.04)])
+    assert "at this run's 50 °C" in warm.text() and "median 41 °C" in warm.text() and "+0.50%/°C" in warm.text()
+
+
+@pytest.mark.parametrize("info, runs, slope", [
+    ({}, [(5.0, 40.0)], SLOPE),  # the run read no temperature
+    ({"temperature_c": 50.0}, [(5.0, 40.0), (5.0, None)], SLOPE),  # a run of the history read none
+    ({"temperature_c": 50.0}, [(5.0, 40.0)], Slope(0.005, 0.01, 20)),  # a slope not clearly measured
+    ({"temperature_c": 50.0}, [(5.0, 40.0)], None),
+    ({"temperature_c": 50.0}, [], SLOPE),
+    ({"temperature_c": float("nan")}, [(5.0, 40.0)], SLOPE),
+    ({"temperature_c": True}, [(5.0, 40.0)], SLOPE),
+])
+def test_otherwise_the_history_is_judged_as_it_read(info: dict[str, Any], runs: list[Any], slope: Slope | None) -> None:
+    assert at_run_temperature(info, runs, slope) is None
+
+
+def test_a_hot_start_passes_at_its_temperature_where_as_read_it_fails() -> None:
+    hist = history([(5.00, 40.0), (5.01, 41.0), (4.99, 40.0)])
+    hot = rec(5.00 * math.exp(0.005 * 10), 50.0)  # +5.1%: leakage of 10 degC, nothing else
+    prior = Prior(0.004)
+    as_read = compare(hot, hist, prior=prior)
+    assert as_read.outcome == "regressed" and as_read.at_temperature is None
+    warm = compare(hot, hist, prior=prior, slope=SLOPE)
+    assert warm.outcome == "pass" and abs(warm.change_pct or 0) < 0.3
+    assert warm.threshold == pytest.approx(as_read.threshold)  # the prior is as the runs read
+    assert warm.at_temperature and "at this run's 50 °C" in warm.message and "(leakage)" in warm.message
+
+
+def test_a_real_loss_at_another_temperature_is_still_caught() -> None:
+    hist = history([(5.00, 40.0), (5.01, 41.0), (4.99, 40.0)])
+    worse = rec(5.00 * math.exp(0.005 * 10) * 1.08, 50.0)  # 8% more energy beyond the leakage
+    v = compare(worse, hist, prior=Prior(0.004), slope=SLOPE)
+    assert v.outcome == "regressed" and v.change_pct == pytest.approx(8.0, abs=0.3)
+    cooler = rec(5.00 * 1.08 * math.exp(-0.005 * 10), 30.0)  # a cool night hides part of it as read
+    v = compare(cooler, hist, prior=Prior(0.004), slope=SLOPE)
+    assert v.outcome == "regressed" and v.change_pct == pytest.approx(8.0, abs=0.3)
+
+
+def test_a_rate_figure_is_never_brought_to_a_temperature() -> None:
+    hist = entry_from_records([rec(v, t, name="fp32_fma_tflops", kind="compute") for v, t in [(60.0, 40.0)] * 3])
+    v = compare(rec(60.0, 50.0, name="fp32_fma_tflops", kind="compute"), hist, prior=Prior(0.004), slope=SLOPE)
+    assert v.at_temperature is None and v.change_pct == pytest.approx(0.0)
+
+
+def test_the_note_survives_a_results_file(tmp_path: Any) -> None:
+    hot = rec(5.25, 50.0)
+    hot.verdict = compare(hot, history([(5.0, 40.0)] * 3), prior=Prior(0.004), slope=SLOPE)
+    path = tmp_path / "r.json"
+    write_results(path, [hot])
+    back = read_results_file(path)[0][0].verdict
+    assert isinstance(back, Verdict) and back.at_temperature == hot.verdict.at_temperature is not None
+
+
+# --------------------------------------------------------------------------- where the slope comes from
+
+
+def test_the_shipped_references_give_the_leakage_slope_of_energy_figures() -> None:
+    priors = Priors(ReferenceStore(SHIPPED))
+    for gpu in ("NVIDIA H200", "NVIDIA H100 80GB HBM3"):
+        s = priors.slope_for(rec(5.0, 50.0, gpu=gpu))
+        assert s is not None and significant(s) and 0.001 < s.per_degree < 0.015, gpu
+    assert priors.slope_for(rec(60.0, 50.0, name="fp32_fma_tflops", kind="compute")) is None  # a rate
+    assert priors.slope_for(rec(5.0, 50.0, profile="1g.18gb", emulated=True)) is None  # no temperatures held
+    assert priors.slope_for(rec(5.0, 50.0, gpu="NVIDIA A100-SXM4-80GB")) is None  # no reference
+
+
+def test_a_gpu_without_a_reference_is_judged_as_read() -> None:
+    a100 = rec(5.25, 50.0, gpu="NVIDIA A100-SXM4-80GB")
+    hist = entry_from_records([rec(5.0, 40.0, gpu="NVIDIA A100-SXM4-80GB")] * 3)
+    priors = Priors(ReferenceStore(SHIPPED))
+    v = compare(a100, hist, prior=priors.for_record(a100, hist), slope=priors.slope_for(a100))
+    assert v.at_temperature is None and v.change_pct == pytest.approx(5.0)
