@@ -33,6 +33,9 @@ class _NoPriors:
     def for_record(self, rec: Any, history: Any = None) -> None:
         return None
 
+    def slope_for(self, rec: Any) -> None:
+        return None
+
 
 NO_PRIORS = _NoPriors()
 

@@ -89,14 +89,16 @@ class Priors:
 
     def slope_for(self, rec: ResultRecord) -> Slope | None:
         """The leakage slope of the record's energy figure, fitted within each board's runs of the
-        reference of its GPU model and profile, where significant (:func:`pytest_mig.judge.thermal.slope_of`):
+        reference of its GPU model and profile (the shipped one where a site's folder does not hold
+        the figure, as its prior is), where significant (:func:`pytest_mig.judge.thermal.slope_of`):
         what brings its history to this run's temperature.  None for any other figure, a CPU run, or a
         figure that reference does not hold with temperatures enough to show one."""
         meta = meta_from_record(rec)
         if rec.metric.kind != "energy" or meta.gpu_slug == CPU:
             return None
-        ref = self._profile_reference(meta)
-        entry = ref.get(rec.test, rec.metric.name, rec.mode) if ref is not None else None
+        key = (rec.test, rec.metric.name, rec.mode)
+        entry = next((e for ref in (self._profile_reference(meta), _reference(self.shipped, meta))
+                      if ref is not None and (e := ref.get(*key)) is not None), None)
         if entry is None:
             return None
         size = entry.size

@@ -3,8 +3,8 @@
 A board's power at a given load is dynamic power plus leakage, and leakage rises with the die's
 temperature.  So an energy figure (kind ``"energy"``: J/TFLOP, J/GB, J/particle-turn, J/token) reads
 higher on a warm night than on a cool one with nothing changed: a night that starts on a GPU just off
-a user's job.  On an H100 whose night started 8 degC warmer, STREAM's and the CUDA-core FMA's energy
-read 3.5-5.2% higher with every rate unchanged (docs/detection.md, "Energy").  The model is linear in
+a user's job.  On an H100 whose night started 7-8 degC warmer, STREAM's and the CUDA-core FMA's energy
+read 2.2-5.2% higher with every rate unchanged (docs/detection.md, "Energy").  The model is linear in
 the temperature on a log scale::
 
     ln(value) = a_board + s * T
@@ -14,14 +14,18 @@ within each board's runs of the reference of its GPU model and profile (:func:`p
 :func:`pytest_mig.judge.reference.pooled_sigma` pools each board's spread about its own median).  A
 slope is used only where it is positive (leakage never lowers energy), clearly measured (``MIN_T``
 standard errors above zero) and of the size leakage has (at most ``MAX_PER_DEGREE``):
-:func:`significant`.
+:func:`significant`; and then at its lower bound, ``CAUTION`` standard errors below the fit
+(:attr:`Slope.cautious`).  Too steep a slope would turn a cool, unchanged night into a regression
+and hide a real loss on a warm one; one too shallow only leaves part of the temperature in, as a
+history judged as read leaves all of it.  Nor is it taken beyond the temperatures it was fitted over
+(``MARGIN_C`` either side): a reading far outside them is no leakage the reference measured.
 
 A figure's history is then compared at this run's temperature: each run's value brought from the
-temperature it read to this run's (:func:`at_run_temperature`); the median and the history's own
-sigma are taken from the values so brought.  The priors are not: a short history is judged with the
-reference's sigma as its runs read, since the noise left after the temperature differs between boards
-more than the reference's few boards show.  Where the record, a run of the history or the reference
-lacks a temperature, the figure is judged as it read.  Pure functions: no files, no pytest.
+temperature it read to this run's (:func:`at_run_temperature`), and the median of the values so
+brought is the baseline.  Its sigma is not: the history's own spread and the priors stay as its runs
+read, since the noise left after the temperature differs between boards more than the reference's
+few boards show.  Where the record, a run of the history or the reference lacks a temperature, the
+figure is judged as it read.  Pure functions: no files, no pytest.
 """
 
 from __future__ import annotations
@@ -39,16 +43,31 @@ MIN_SLOPE_DOF = 6
 MIN_T = 3.0
 #: The steepest slope taken for leakage (2% per degC); a steeper one is something else.
 MAX_PER_DEGREE = 0.02
+#: Standard errors below its fit a slope is used at (a third of it at the least, as ``MIN_T`` is 3).
+CAUTION = 2.0
+#: Degrees C beyond the temperatures a slope was fitted over that a run may read and still be brought.
+MARGIN_C = 5.0
 
 
 @dataclass(frozen=True)
 class Slope:
-    """The relative change of an energy figure per degC, its standard error and the residual degrees
-    of freedom it was fitted with."""
+    """The relative change of an energy figure per degC, its standard error, the residual degrees of
+    freedom it was fitted with and the temperatures it was fitted over."""
 
     per_degree: float
     se: float
     dof: int
+    low_c: float = -math.inf
+    high_c: float = math.inf
+
+    @property
+    def cautious(self) -> float:
+        """The slope used: ``CAUTION`` standard errors below the fit, never below zero."""
+        return max(self.per_degree - CAUTION * self.se, 0.0)
+
+    def covers(self, temperature: float) -> bool:
+        """Whether ``temperature`` lies within the temperatures the slope was fitted over, ``MARGIN_C`` either side."""
+        return self.low_c - MARGIN_C <= temperature <= self.high_c + MARGIN_C
 
 
 def pooled_slope(groups: Iterable[Sequence[tuple[float, float]]]) -> Slope | None:
@@ -57,6 +76,7 @@ def pooled_slope(groups: Iterable[Sequence[tuple[float, float]]]) -> Slope | Non
     or a non-finite or non-positive value are left out, and groups left with fewer than 2 points.
     None with fewer than ``MIN_SLOPE_DOF`` residual degrees of freedom or no spread in temperature."""
     centred: list[tuple[float, float]] = []
+    temps: list[float] = []
     points = used = 0
     for group in groups:
         pts = [(float(t), math.log(v)) for t, v in group if math.isfinite(t) and math.isfinite(v) and v > 0]
@@ -65,6 +85,7 @@ def pooled_slope(groups: Iterable[Sequence[tuple[float, float]]]) -> Slope | Non
         mean_t = math.fsum(t for t, _ in pts) / len(pts)
         mean_y = math.fsum(y for _, y in pts) / len(pts)
         centred.extend((t - mean_t, y - mean_y) for t, y in pts)
+        temps.extend(t for t, _ in pts)
         points += len(pts)
         used += 1
     dof = points - used - 1
@@ -75,7 +96,7 @@ def pooled_slope(groups: Iterable[Sequence[tuple[float, float]]]) -> Slope | Non
         return None
     slope = math.fsum(t * y for t, y in centred) / sxx
     rss = math.fsum((y - slope * t) ** 2 for t, y in centred)
-    return Slope(slope, math.sqrt(rss / dof / sxx), dof)
+    return Slope(slope, math.sqrt(rss / dof / sxx), dof, min(temps), max(temps))
 
 
 def significant(slope: Slope | None) -> bool:
@@ -96,7 +117,8 @@ def slope_of(runs_by_board: Mapping[str, Sequence[tuple[float | None, float]]]) 
 @dataclass(frozen=True)
 class AtRunTemperature:
     """A history brought to this run's temperature: ``values`` (in the history's order), from runs
-    that read ``history_c`` (their median temperature), to ``run_c``, at ``per_degree``."""
+    that read ``history_c`` (their median temperature), to ``run_c``, at ``per_degree`` (the slope's
+    :attr:`~Slope.cautious` value)."""
 
     values: list[float]
     history_c: float
@@ -114,18 +136,18 @@ def at_run_temperature(info: Mapping[str, object], runs: Sequence[tuple[float, f
                        slope: Slope | None) -> AtRunTemperature | None:
     """The history ``runs`` ((value, temperature) pairs) of an energy figure whose record's info is
     ``info``, brought to the temperature the record read, with ``slope``.  None where the slope is not
-    :func:`significant`, the record or a run read no temperature, or there is no run: then the figure
-    is judged as it read."""
-    if not significant(slope) or not runs:
+    :func:`significant`, there is no run, or the record or a run read no temperature or one the slope
+    does not cover (:meth:`Slope.covers`): then the figure is judged as it read."""
+    if slope is None or not significant(slope) or not runs:
         return None
     run_c = temperature_of(info)
     temps = [temperature_of({"temperature_c": t}) for _, t in runs]
-    if run_c is None or any(t is None for t in temps):
+    if run_c is None or any(t is None or not slope.covers(t) for t in temps) or not slope.covers(run_c):
         return None
-    per_degree = slope.per_degree  # type: ignore[union-attr]
+    per_degree = slope.cautious
     values = [v * math.exp(per_degree * (run_c - t)) for (v, _), t in zip(runs, temps)]  # type: ignore[operator]
     return AtRunTemperature(values, float(statistics.median(temps)), run_c, per_degree)  # type: ignore[arg-type]
 
 
-__all__ = ["MAX_PER_DEGREE", "MIN_SLOPE_DOF", "MIN_T", "AtRunTemperature", "Slope", "at_run_temperature",
+__all__ = ["CAUTION", "MARGIN_C", "MAX_PER_DEGREE", "MIN_SLOPE_DOF", "MIN_T", "AtRunTemperature", "Slope", "at_run_temperature",
            "pooled_slope", "significant", "slope_of"]

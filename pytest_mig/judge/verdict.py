@@ -283,13 +283,21 @@ def compare(
     early = _unjudgeable(record, e, throttled)
     if early is not None:
         return early
-    warm = at_run_temperature(m.info, [(r.value, r.temperature_c) for r in e.runs], slope) \
-        if m.kind == "energy" else None
-    b = band(warm.values if warm else e.values, tolerance=tolerance if tolerance is not None else e.tolerance,
-             default_tolerance=default_tolerance, partners=partners, prior=prior)
+    b, warm = _at_run_temperature(record, e, band(e.values, tolerance=tolerance if tolerance is not None else
+                                                  e.tolerance, default_tolerance=default_tolerance,
+                                                  partners=partners, prior=prior), slope)
     changes = fingerprint_diff(e.fingerprint or (meta.fingerprint if meta else {}), record.fingerprint)
-    return _judged(record, e, b, changes, improvement_fails=improvement_fails,
-                   at_temperature=warm.text() if warm else None)
+    return _judged(record, e, b, changes, improvement_fails=improvement_fails, at_temperature=warm)
+
+
+def _at_run_temperature(record: ResultRecord, e: BaselineEntry, b: Band, slope: Slope | None) -> tuple[Band, str | None]:
+    """The band of an energy figure with its baseline at this run's temperature, its sigma as the runs
+    read, and what the verdict says of it (:mod:`pytest_mig.judge.thermal`); else ``b`` as it is."""
+    warm = at_run_temperature(record.metric.info, [(r.value, r.temperature_c) for r in e.runs], slope) \
+        if record.metric.kind == "energy" else None
+    if warm is None:
+        return b, None
+    return replace(b, center=float(statistics.median(warm.values))), warm.text()
 
 
 def _other_mode(record: ResultRecord, other_mode: str, throttled: list[str]) -> Verdict:
