@@ -591,8 +591,7 @@ def _remeasure(item: pytest.Item, bench: MigBench | None, times: int) -> Remeasu
         finally:
             got, bench.remeasured = bench.remeasured or [], None
         for metric in got:
-            into = values.shared if host.shared_host(metric.info) else values
-            into.setdefault(metric.name, []).append(metric.value)
+            values.keep(metric, bool(host.shared_host(metric.info)))
     return values
 
 

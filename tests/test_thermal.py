@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -154,6 +155,7 @@ def test_the_sigma_stays_as_the_runs_read() -> None:
 
 def test_a_rate_figure_is_never_brought_to_a_temperature() -> None:
     hist = entry_from_records([rec(v, t, name="fp32_fma_tflops", kind="compute") for v, t in [(60.0, 40.0)] * 3])
+    hist.runs = [replace(r, temperature_c=40.0) for r in hist.runs]  # as if its runs had read one
     v = compare(rec(60.0, 50.0, name="fp32_fma_tflops", kind="compute"), hist, prior=Prior(0.004), slope=SLOPE)
     assert v.at_temperature is None and v.change_pct == pytest.approx(0.0)
 
@@ -191,3 +193,55 @@ def test_a_gpu_without_a_reference_is_judged_as_read() -> None:
     priors = Priors(ReferenceStore(SHIPPED))
     v = compare(a100, hist, prior=priors.for_record(a100, hist), slope=priors.slope_for(a100))
     assert v.at_temperature is None and v.change_pct == pytest.approx(5.0)
+
+
+# --------------------------------------------------------------------------- through the pipeline
+
+STREAM = "benchmarks/test_bandwidth.py::test_stream[fp32]"
+TRIAD = "fp32_triad_energy_j_per_gb"
+
+
+def triad(value: float, temperature: float | None) -> ResultRecord:
+    r = rec(value, temperature, name=TRIAD)
+    return ResultRecord(STREAM, Metric(TRIAD, value, "J/GB", "lower", [], "energy",  # type: ignore[arg-type]
+                                       {} if temperature is None else {"temperature_c": temperature}),
+                        r.target, r.fingerprint, r.timestamp, r.node)
+
+
+def test_the_pipeline_brings_an_h200_energy_history_to_the_run_temperature() -> None:
+    from pytest_mig.judge.pipeline import Pipeline, RecordHistories
+    slope = Priors(ReferenceStore(SHIPPED)).slope_for(triad(0.12, 50.0))
+    assert slope is not None and slope.covers(45.0) and slope.covers(52.0)
+    pipeline = Pipeline(RecordHistories([[triad(0.1200, 45.0)], [triad(0.1201, 45.0)], [triad(0.1199, 45.0)]]),
+                        references=ReferenceStore(SHIPPED))
+    (v,) = pipeline.judge([triad(0.1200 * math.exp(slope.per_degree * 7), 52.0)])
+    assert v.at_temperature and "at this run's 52 °C" in v.message
+    assert 0 < (v.change_pct or 0) < 100 * (slope.per_degree - slope.cautious) * 7 + 0.1  # what the lower bound leaves
+    (as_read,) = Pipeline(RecordHistories([[triad(0.12, None)]] * 3), references=ReferenceStore(SHIPPED)).judge(
+        [triad(0.1200 * math.exp(slope.per_degree * 7), 52.0)])
+    assert as_read.at_temperature is None and (as_read.change_pct or 0) > (v.change_pct or 0) + 1
+
+
+def test_a_re_measurement_is_brought_back_to_the_first_measurement_temperature() -> None:
+    from pytest_mig.judge.pipeline import Pipeline, RecordHistories, Remeasured
+    slope = Priors(ReferenceStore(SHIPPED)).slope_for(triad(0.12, 47.0))
+    assert slope is not None
+    history = RecordHistories([[triad(v, 47.0)] for v in (0.1200, 0.1201, 0.1199, 0.1200, 0.1201, 0.1199, 0.1200)])
+    pipeline = Pipeline(history, references=ReferenceStore(SHIPPED))
+    s = slope.cautious
+    first = triad(0.1200 * math.exp(s * (38 - 47)) * 1.06, 38.0)  # a blip on a cool start
+
+    def rerun(with_temperatures: bool) -> Remeasured:
+        again = Remeasured()
+        for _ in range(2):  # unchanged, and warmer: 50 degC
+            again.keep(triad(0.1200 * math.exp(s * (50 - 47)), 50.0 if with_temperatures else None).metric, False)
+        return again
+    assert pipeline.judge([first])[0].outcome == "regressed"
+    assert pipeline.judge([first], remeasure=lambda: rerun(True))[0].outcome == "transient"
+    # without the re-measurements' temperatures they read as a loss against the cool baseline
+    assert pipeline.judge([first], remeasure=lambda: rerun(False))[0].outcome == "regressed"
+
+
+def test_a_history_with_a_value_no_measurement_gives_is_judged_as_read() -> None:
+    assert at_run_temperature({"temperature_c": 50.0}, [(5.0, 40.0), (float("inf"), 40.0)], SLOPE) is None
+    assert at_run_temperature({"temperature_c": 50.0}, [(5.0, 40.0), (0.0, 40.0)], SLOPE) is None

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
-from pytest_mig.measure.clocks import throttle_reasons
+from pytest_mig.measure.clocks import temperature_of, throttle_reasons
+from pytest_mig.measure.metric import Metric
 from pytest_mig.store.baselines import BaselineStore, entry_from_records, meta_from_record, saveable
 from pytest_mig.store.history import Baseline, BaselineEntry, BaselineError, BaselineMeta
 from pytest_mig.device.health import annotate
@@ -30,6 +31,7 @@ from pytest_mig.device.host import SHARED_HOST, shared_host
 from pytest_mig.judge.prior import PriorSource, Priors
 from pytest_mig.judge.ceiling import Ceilings
 from pytest_mig.judge.reference import Reference, ReferenceStore
+from pytest_mig.judge.thermal import at_run_temperature
 from pytest_mig.store.results import ResultRecord
 from pytest_mig.judge.verdict import (
     DEFAULT_TOLERANCE,
@@ -51,11 +53,21 @@ Remeasure = Callable[[], Mapping[str, Sequence[float]]]
 
 class Remeasured(dict):  # type: ignore[type-arg]
     """Each metric's re-measured values made alone; ``shared``: those made while the host's other GPUs
-    copied, which judge nothing (:meth:`Pipeline.judge`)."""
+    copied, which judge nothing (:meth:`Pipeline.judge`); ``temperatures``: the GPU temperature each
+    one made alone read (an energy figure's; None where it read none)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.shared: dict[str, list[float]] = {}
+        self.temperatures: dict[str, list[float | None]] = {}
+
+    def keep(self, metric: Metric, shared: bool) -> None:
+        """One re-measured figure: among those made while the host's other GPUs copied where ``shared``."""
+        if shared:
+            self.shared.setdefault(metric.name, []).append(metric.value)
+            return
+        self.setdefault(metric.name, []).append(metric.value)
+        self.temperatures.setdefault(metric.name, []).append(temperature_of(metric.info))
 
 
 class Histories(Protocol):
@@ -165,7 +177,10 @@ class Pipeline:
         if remeasure is not None and any(v.failed for v in verdicts):
             again = remeasure()
             shared: Mapping[str, Sequence[float]] = getattr(again, "shared", {})
-            verdicts = [self._confirmed(rec, v, again.get(rec.metric.name, []), shared.get(rec.metric.name, []))
+            temperatures: Mapping[str, Sequence[float | None]] = getattr(again, "temperatures", {})
+            verdicts = [self._confirmed(rec, v, self._at_first_temperature(rec, v, again.get(rec.metric.name, []),
+                                                                           temperatures.get(rec.metric.name, [])),
+                                        shared.get(rec.metric.name, []))
                         if v.failed else v for rec, v in zip(records, verdicts)]
         explain_clock(records, verdicts)
         health = next((r.health for r in records if r.health), None)
@@ -245,6 +260,17 @@ class Pipeline:
         return compare(rec, base, tolerance=tol, improvement_fails=self.improvement_fails,
                        default_tolerance=self.default_tolerance, prior=self.priors.for_record(rec, history),
                        slope=self.priors.slope_for(rec))
+
+    def _at_first_temperature(self, rec: ResultRecord, verdict: Verdict, values: Sequence[float],
+                              temperatures: Sequence[float | None]) -> Sequence[float]:
+        """An energy figure's re-measurements brought to the temperature of its first measurement, to
+        which its baseline was brought (:mod:`pytest_mig.judge.thermal`): a re-run reads warmer, and
+        would read as a loss against it.  As they are where the verdict was not brought, or a
+        re-measurement's temperature is unknown (a results file keeps none)."""
+        if not verdict.at_temperature or len(temperatures) != len(values):
+            return values
+        warm = at_run_temperature(rec.metric.info, list(zip(values, temperatures)), self.priors.slope_for(rec))
+        return warm.values if warm is not None else values
 
     def _confirmed(self, rec: ResultRecord, verdict: Verdict, values: Sequence[float],
                    shared: Sequence[float]) -> Verdict:

@@ -17,12 +17,15 @@ standard errors above zero) and of the size leakage has (at most ``MAX_PER_DEGRE
 :func:`significant`; and then at its lower bound, ``CAUTION`` standard errors below the fit
 (:attr:`Slope.cautious`).  Too steep a slope would turn a cool, unchanged night into a regression
 and hide a real loss on a warm one; one too shallow only leaves part of the temperature in, as a
-history judged as read leaves all of it.  Nor is it taken beyond the temperatures it was fitted over
-(``MARGIN_C`` either side): a reading far outside them is no leakage the reference measured.
+history judged as read leaves all of it.  Nor is a run brought from or to a temperature outside those
+the reference's runs read (``MARGIN_C`` either side): a sensor's glitch, or a GPU far hotter or cooler
+than the reference's, is judged as read.  Within them a run may still be brought further than any one
+board of the reference moved (each board's nights spanned a few degrees), which the lower bound covers.
 
 A figure's history is then compared at this run's temperature: each run's value brought from the
 temperature it read to this run's (:func:`at_run_temperature`), and the median of the values so
-brought is the baseline.  Its sigma is not: the history's own spread and the priors stay as its runs
+brought is the baseline; a re-measurement, which reads warmer, is brought back to the first's
+(:meth:`pytest_mig.judge.pipeline.Pipeline.judge`).  Its sigma is not: the history's own spread and the priors stay as its runs
 read, since the noise left after the temperature differs between boards more than the reference's
 few boards show.  Where the record, a run of the history or the reference lacks a temperature, the
 figure is judged as it read.  Pure functions: no files, no pytest.
@@ -138,7 +141,7 @@ def at_run_temperature(info: Mapping[str, object], runs: Sequence[tuple[float, f
     ``info``, brought to the temperature the record read, with ``slope``.  None where the slope is not
     :func:`significant`, there is no run, or the record or a run read no temperature or one the slope
     does not cover (:meth:`Slope.covers`): then the figure is judged as it read."""
-    if slope is None or not significant(slope) or not runs:
+    if slope is None or not significant(slope) or not runs or any(not (math.isfinite(v) and v > 0) for v, _ in runs):
         return None
     run_c = temperature_of(info)
     temps = [temperature_of({"temperature_c": t}) for _, t in runs]
