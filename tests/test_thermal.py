@@ -237,9 +237,45 @@ def test_a_re_measurement_is_brought_back_to_the_first_measurement_temperature()
             again.keep(triad(0.1200 * math.exp(s * (50 - 47)), 50.0 if with_temperatures else None).metric, False)
         return again
     assert pipeline.judge([first])[0].outcome == "regressed"
-    assert pipeline.judge([first], remeasure=lambda: rerun(True))[0].outcome == "transient"
-    # without the re-measurements' temperatures they read as a loss against the cool baseline
-    assert pipeline.judge([first], remeasure=lambda: rerun(False))[0].outcome == "regressed"
+    brought = pipeline.judge([first], remeasure=lambda: rerun(True))[0]
+    assert brought.outcome == "transient" and "brought to this run's temperature" in brought.message
+    # without their temperatures they are judged as they read: against the baseline as its runs read it
+    assert pipeline.judge([first], remeasure=lambda: rerun(False))[0].outcome == "transient"
+
+
+def test_each_re_measurement_is_brought_alone_or_judged_as_it_read() -> None:
+    from pytest_mig.judge.pipeline import Pipeline, RecordHistories
+    history = RecordHistories([[triad(v, 47.0)] for v in (0.1200, 0.1201, 0.1199)])
+    pipeline = Pipeline(history, references=ReferenceStore(SHIPPED))
+    first = triad(0.1300, 40.0)
+    (v,) = pipeline.judge([first])
+    s = Priors(ReferenceStore(SHIPPED)).slope_for(first).cautious  # type: ignore[union-attr]
+    assert v.at_temperature and v.baseline == pytest.approx(0.1200 * math.exp(s * (40 - 47)))
+    out = pipeline._at_first_temperature(first, v, [0.121, 0.122, 0.123, 0.124], [50.0, None, 44.0, 80.0])
+    as_read = v.baseline / 0.1200  # what the baseline was moved by
+    assert out == pytest.approx([0.121 * math.exp(s * (40 - 50)), 0.122 * as_read,
+                                 0.123 * math.exp(s * (40 - 44)), 0.124 * as_read])  # 80 degC: not covered
+    assert pipeline._at_first_temperature(first, v, [0.121, 0.122], [50.0]) == pytest.approx(
+        [0.121 * as_read, 0.122 * as_read])  # temperatures that do not line up: none is used
+
+
+def test_a_re_run_keeps_each_temperature_beside_its_value() -> None:
+    from types import SimpleNamespace
+    from pytest_mig.device.host import SHARED_HOST
+    from pytest_mig.session import _remeasure
+    bench = SimpleNamespace(remeasured=None)
+    runs = iter([(0.121, 50.0, False), (0.119, 51.0, True), (0.122, None, False), (0.123, 53.0, False)])
+
+    def runtest() -> None:
+        value, t, shared = next(runs)
+        info: dict[str, Any] = {} if t is None else {"temperature_c": t}
+        if shared:
+            info[SHARED_HOST] = "GPU 3 of this host moved ..."
+        bench.remeasured.append(Metric(TRIAD, value, "J/GB", "lower", [], "energy", info))  # type: ignore[arg-type]
+
+    got = _remeasure(SimpleNamespace(runtest=runtest), bench, 4)  # type: ignore[arg-type]
+    assert got == {TRIAD: [0.121, 0.122, 0.123]} and got.shared == {TRIAD: [0.119]}
+    assert got.temperatures == {TRIAD: [50.0, None, 53.0]}
 
 
 def test_a_history_with_a_value_no_measurement_gives_is_judged_as_read() -> None:

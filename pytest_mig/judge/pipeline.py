@@ -54,7 +54,7 @@ Remeasure = Callable[[], Mapping[str, Sequence[float]]]
 class Remeasured(dict):  # type: ignore[type-arg]
     """Each metric's re-measured values made alone; ``shared``: those made while the host's other GPUs
     copied, which judge nothing (:meth:`Pipeline.judge`); ``temperatures``: the GPU temperature each
-    one made alone read (an energy figure's; None where it read none)."""
+    one made alone read (None where it read none), beside its value."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -262,15 +262,24 @@ class Pipeline:
                        slope=self.priors.slope_for(rec))
 
     def _at_first_temperature(self, rec: ResultRecord, verdict: Verdict, values: Sequence[float],
-                              temperatures: Sequence[float | None]) -> Sequence[float]:
-        """An energy figure's re-measurements brought to the temperature of its first measurement, to
-        which its baseline was brought (:mod:`pytest_mig.judge.thermal`): a re-run reads warmer, and
-        would read as a loss against it.  As they are where the verdict was not brought, or a
-        re-measurement's temperature is unknown (a results file keeps none)."""
-        if not verdict.at_temperature or len(temperatures) != len(values):
-            return values
-        warm = at_run_temperature(rec.metric.info, list(zip(values, temperatures)), self.priors.slope_for(rec))
-        return warm.values if warm is not None else values
+                              temperatures: Sequence[float | None]) -> list[float]:
+        """An energy figure's re-measurements put where its first measurement's baseline was brought
+        (:mod:`pytest_mig.judge.thermal`): each one brought to the first measurement's temperature (a
+        re-run reads warmer, and would read as a loss against it), or, where its temperature is unknown
+        or one the slope does not cover (a results file keeps none), judged as it read: moved by what
+        the baseline was, so that it meets the baseline as the runs read it.  As they are where the
+        verdict's baseline was not brought."""
+        base = self.history(rec) if verdict.at_temperature else None
+        entry = base.get(rec.test, rec.metric.name, rec.mode) if base is not None else None
+        if entry is None or not verdict.baseline or not entry.value:
+            return list(values)
+        slope, as_read = self.priors.slope_for(rec), verdict.baseline / entry.value
+        known = list(temperatures) if len(temperatures) == len(values) else [None] * len(values)
+        out = []
+        for value, t in zip(values, known):
+            warm = at_run_temperature(rec.metric.info, [(value, t)], slope)
+            out.append(warm.values[0] if warm is not None else value * as_read)
+        return out
 
     def _confirmed(self, rec: ResultRecord, verdict: Verdict, values: Sequence[float],
                    shared: Sequence[float]) -> Verdict:

@@ -20,12 +20,14 @@ and hide a real loss on a warm one; one too shallow only leaves part of the temp
 history judged as read leaves all of it.  Nor is a run brought from or to a temperature outside those
 the reference's runs read (``MARGIN_C`` either side): a sensor's glitch, or a GPU far hotter or cooler
 than the reference's, is judged as read.  Within them a run may still be brought further than any one
-board of the reference moved (each board's nights spanned a few degrees), which the lower bound covers.
+board of the reference moved (each board's nights spanned a few degrees): the line is assumed to hold
+across the range its boards read together.
 
 A figure's history is then compared at this run's temperature: each run's value brought from the
 temperature it read to this run's (:func:`at_run_temperature`), and the median of the values so
-brought is the baseline; a re-measurement, which reads warmer, is brought back to the first's
-(:meth:`pytest_mig.judge.pipeline.Pipeline.judge`).  Its sigma is not: the history's own spread and the priors stay as its runs
+brought is the baseline; a re-measurement, which reads warmer, is brought back to the first's, or,
+where its temperature is unknown or not covered, judged as it read
+(:meth:`pytest_mig.judge.pipeline.Pipeline._at_first_temperature`).  Its sigma is not: the history's own spread and the priors stay as its runs
 read, since the noise left after the temperature differs between boards more than the reference's
 few boards show.  Where the record, a run of the history or the reference lacks a temperature, the
 figure is judged as it read.  Pure functions: no files, no pytest.

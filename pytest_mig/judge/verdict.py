@@ -401,14 +401,16 @@ def _message(v: Verdict, record: ResultRecord) -> str:
         msg += _band_text(v)
     if v.confirmations:
         values = [v.value or 0.0] + list(v.confirmations)
-        shown = ", ".join(format_number(x) for x in v.confirmations)
+        shown = ", ".join(format_number(x) for x in v.confirmations) + f" {v.unit}".rstrip()
+        if v.at_temperature:
+            shown += " (brought to this run's temperature, as its baseline)"
         med = statistics.median(values)
         med_change = (med - (v.baseline or 0)) / abs(v.baseline or 1) * 100
         if v.outcome == "transient":
-            msg += (f"; a transient change, not a regression: re-measured {shown} {v.unit}, not every one beyond "
+            msg += (f"; a transient change, not a regression: re-measured {shown}, not every one beyond "
                     f"the threshold (median of the {len(values)} measurements {med_change:+.1f}%)")
         else:
-            msg += (f"; confirmed: every re-measurement is beyond the threshold, {shown} {v.unit} (median of "
+            msg += (f"; confirmed: every re-measurement is beyond the threshold, {shown} (median of "
                     f"{len(values)} {med_change:+.1f}%)")
     if reference:
         msg += f"; the reference's fingerprint: {fingerprint_beside(v.history_fingerprint, record.fingerprint or {})}"
