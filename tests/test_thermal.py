@@ -244,19 +244,24 @@ def test_a_re_measurement_is_brought_back_to_the_first_measurement_temperature()
 
 
 def test_each_re_measurement_is_brought_alone_or_judged_as_it_read() -> None:
-    from pytest_mig.judge.pipeline import Pipeline, RecordHistories
+    from pytest_mig.judge.pipeline import Pipeline, RecordHistories, Remeasured
     history = RecordHistories([[triad(v, 47.0)] for v in (0.1200, 0.1201, 0.1199)])
     pipeline = Pipeline(history, references=ReferenceStore(SHIPPED))
     first = triad(0.1300, 40.0)
     (v,) = pipeline.judge([first])
     s = Priors(ReferenceStore(SHIPPED)).slope_for(first).cautious  # type: ignore[union-attr]
     assert v.at_temperature and v.baseline == pytest.approx(0.1200 * math.exp(s * (40 - 47)))
-    out = pipeline._at_first_temperature(first, v, [0.121, 0.122, 0.123, 0.124], [50.0, None, 44.0, 80.0])
+    again = Remeasured()
+    again[TRIAD], again.temperatures[TRIAD] = [0.121, 0.122, 0.123, 0.124], [50.0, None, 44.0, 80.0]
+    out = pipeline._at_first_temperature(first, v, again)
     as_read = v.baseline / 0.1200  # what the baseline was moved by
     assert out == pytest.approx([0.121 * math.exp(s * (40 - 50)), 0.122 * as_read,
                                  0.123 * math.exp(s * (40 - 44)), 0.124 * as_read])  # 80 degC: not covered
-    assert pipeline._at_first_temperature(first, v, [0.121, 0.122], [50.0]) == pytest.approx(
+    again[TRIAD], again.temperatures[TRIAD] = [0.121, 0.122], [50.0]
+    assert pipeline._at_first_temperature(first, v, again) == pytest.approx(
         [0.121 * as_read, 0.122 * as_read])  # temperatures that do not line up: none is used
+    again.brought.add(TRIAD)
+    assert pipeline._at_first_temperature(first, v, again) == [0.121, 0.122]  # brought already
 
 
 def test_a_re_run_keeps_each_temperature_beside_its_value() -> None:
@@ -281,3 +286,25 @@ def test_a_re_run_keeps_each_temperature_beside_its_value() -> None:
 def test_a_history_with_a_value_no_measurement_gives_is_judged_as_read() -> None:
     assert at_run_temperature({"temperature_c": 50.0}, [(5.0, 40.0), (float("inf"), 40.0)], SLOPE) is None
     assert at_run_temperature({"temperature_c": 50.0}, [(5.0, 40.0), (0.0, 40.0)], SLOPE) is None
+
+
+def test_a_results_file_is_judged_again_as_the_run_judged_it(tmp_path: Any) -> None:
+    from pytest_mig.judge.pipeline import Pipeline, RecordHistories, Remeasured
+    slope = Priors(ReferenceStore(SHIPPED)).slope_for(triad(0.12, 47.0))
+    assert slope is not None
+    s = slope.per_degree  # the physics
+    history = RecordHistories([[triad(v, 47.0)] for v in (0.1200, 0.1201, 0.1199, 0.1200, 0.1201, 0.1199, 0.1200)])
+    pipeline = Pipeline(history, references=ReferenceStore(SHIPPED))
+    first = triad(0.1200 * math.exp(s * (38 - 47)) * 1.06, 38.0)  # a real 6% loss, on a cool start
+
+    def rerun() -> Remeasured:
+        again = Remeasured()
+        for _ in range(2):
+            again.keep(triad(0.1200 * math.exp(s * (50 - 47)) * 1.06, 50.0).metric, False)
+        return again
+    (live,) = pipeline.judge([first], remeasure=rerun)
+    assert live.outcome == "regressed"
+    write_results(tmp_path / "night.json", [first])
+    (back,) = read_results_file(tmp_path / "night.json")[0]
+    (again,) = pipeline.judge_runs([back])  # pytest-mig compare, the replay: the recorded re-measurements
+    assert again.outcome == "regressed" and again.confirmations == pytest.approx(live.confirmations)

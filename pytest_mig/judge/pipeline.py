@@ -54,12 +54,15 @@ Remeasure = Callable[[], Mapping[str, Sequence[float]]]
 class Remeasured(dict):  # type: ignore[type-arg]
     """Each metric's re-measured values made alone; ``shared``: those made while the host's other GPUs
     copied, which judge nothing (:meth:`Pipeline.judge`); ``temperatures``: the GPU temperature each
-    one made alone read (None where it read none), beside its value."""
+    one made alone read (None where it read none), beside its value; ``brought``: the metrics whose
+    values are at their first measurement's temperature already (a results file's, brought as the
+    run judged them: :meth:`Pipeline.judge_runs`)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.shared: dict[str, list[float]] = {}
         self.temperatures: dict[str, list[float | None]] = {}
+        self.brought: set[str] = set()
 
     def keep(self, metric: Metric, shared: bool) -> None:
         """One re-measured figure: among those made while the host's other GPUs copied where ``shared``."""
@@ -177,10 +180,7 @@ class Pipeline:
         if remeasure is not None and any(v.failed for v in verdicts):
             again = remeasure()
             shared: Mapping[str, Sequence[float]] = getattr(again, "shared", {})
-            temperatures: Mapping[str, Sequence[float | None]] = getattr(again, "temperatures", {})
-            verdicts = [self._confirmed(rec, v, self._at_first_temperature(rec, v, again.get(rec.metric.name, []),
-                                                                           temperatures.get(rec.metric.name, [])),
-                                        shared.get(rec.metric.name, []))
+            verdicts = [self._confirmed(rec, v, self._at_first_temperature(rec, v, again), shared.get(rec.metric.name, []))
                         if v.failed else v for rec, v in zip(records, verdicts)]
         explain_clock(records, verdicts)
         health = next((r.health for r in records if r.health), None)
@@ -198,7 +198,11 @@ class Pipeline:
         out: list[Verdict | None] = [None] * len(records)
         for idx in by_test.values():
             mine = [records[i] for i in idx]
-            taken = {r.metric.name: list(r.verdict.confirmations) if r.verdict is not None else [] for r in mine}
+            taken = Remeasured()
+            for r in mine:
+                taken[r.metric.name] = list(r.verdict.confirmations) if r.verdict is not None else []
+                if r.verdict is not None and r.verdict.at_temperature:
+                    taken.brought.add(r.metric.name)
             for i, v in zip(idx, self.judge(mine, tolerance=tolerance, remeasure=lambda taken=taken: taken)):
                 out[i] = v
         return [v for v in out if v is not None]
@@ -261,18 +265,24 @@ class Pipeline:
                        default_tolerance=self.default_tolerance, prior=self.priors.for_record(rec, history),
                        slope=self.priors.slope_for(rec))
 
-    def _at_first_temperature(self, rec: ResultRecord, verdict: Verdict, values: Sequence[float],
-                              temperatures: Sequence[float | None]) -> list[float]:
-        """An energy figure's re-measurements put where its first measurement's baseline was brought
-        (:mod:`pytest_mig.judge.thermal`): each one brought to the first measurement's temperature (a
-        re-run reads warmer, and would read as a loss against it), or, where its temperature is unknown
-        or one the slope does not cover (a results file keeps none), judged as it read: moved by what
-        the baseline was, so that it meets the baseline as the runs read it.  As they are where the
-        verdict's baseline was not brought."""
+    def _at_first_temperature(self, rec: ResultRecord, verdict: Verdict,
+                              again: Mapping[str, Sequence[float]]) -> list[float]:
+        """An energy figure's re-measurements (of ``again``) put where its first measurement's baseline
+        was brought (:mod:`pytest_mig.judge.thermal`): each one brought to the first measurement's
+        temperature (a re-run reads warmer, and would read as a loss against it), or, where its
+        temperature is unknown or one the slope does not cover (a results file written before keeps
+        none), judged as it read: moved by what the baseline was, so that it meets the baseline as the
+        runs read it.  As they are where the verdict's baseline was not brought, or they were brought
+        already (``Remeasured.brought``)."""
+        name = rec.metric.name
+        values = list(again.get(name, []))
+        temperatures: Sequence[float | None] = getattr(again, "temperatures", {}).get(name, [])
+        if name in getattr(again, "brought", ()):
+            return values
         base = self.history(rec) if verdict.at_temperature else None
         entry = base.get(rec.test, rec.metric.name, rec.mode) if base is not None else None
         if entry is None or not verdict.baseline or not entry.value:
-            return list(values)
+            return values
         slope, as_read = self.priors.slope_for(rec), verdict.baseline / entry.value
         known = list(temperatures) if len(temperatures) == len(values) else [None] * len(values)
         out = []
