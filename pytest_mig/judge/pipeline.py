@@ -180,7 +180,8 @@ class Pipeline:
         if remeasure is not None and any(v.failed for v in verdicts):
             again = remeasure()
             shared: Mapping[str, Sequence[float]] = getattr(again, "shared", {})
-            verdicts = [self._confirmed(rec, v, self._at_first_temperature(rec, v, again), shared.get(rec.metric.name, []))
+            verdicts = [self._confirmed(rec, v, self._at_first_temperature(rec, v, again),
+                                        shared.get(rec.metric.name, []))
                         if v.failed else v for rec, v in zip(records, verdicts)]
         explain_clock(records, verdicts)
         health = next((r.health for r in records if r.health), None)

@@ -101,13 +101,8 @@ class Priors:
                       if ref is not None and (e := ref.get(*key)) is not None), None)
         if entry is None:
             return None
-        size = entry.size
-        by_board: dict[str, list[tuple[float | None, float]]] = {}
-        for r in entry.runs:
-            board = board_of(r.fingerprint)
-            if board is not None and (size is None or r.size == size):
-                by_board.setdefault(board, []).append((r.temperature_c, r.value))
-        return slope_of(by_board)
+        return slope_of({board: [(r.temperature_c, r.value) for r in runs]
+                         for board, runs in entry.runs_by_board.items()})
 
     def for_figure(self, meta: BaselineMeta, key: Figure, one_board: bool = False,
                    kind: str | None = None) -> Prior | None:

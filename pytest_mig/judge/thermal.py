@@ -25,12 +25,13 @@ across the range its boards read together.
 
 A figure's history is then compared at this run's temperature: each run's value brought from the
 temperature it read to this run's (:func:`at_run_temperature`), and the median of the values so
-brought is the baseline; a re-measurement, which reads warmer, is brought back to the first's, or,
-where its temperature is unknown or not covered, judged as it read
-(:meth:`pytest_mig.judge.pipeline.Pipeline._at_first_temperature`).  Its sigma is not: the history's own spread and the priors stay as its runs
+brought is the baseline.  Its sigma is not: the history's own spread and the priors stay as its runs
 read, since the noise left after the temperature differs between boards more than the reference's
-few boards show.  Where the record, a run of the history or the reference lacks a temperature, the
-figure is judged as it read.  Pure functions: no files, no pytest.
+few boards show.  A re-measurement, which reads warmer, is brought back to the first's, or, where its
+temperature is unknown or not covered, judged as it read
+(:meth:`pytest_mig.judge.pipeline.Pipeline._at_first_temperature`).  Where the record, a run of the
+history or the reference lacks a temperature, the figure is judged as it read.  Pure functions: no
+files, no pytest.
 """
 
 from __future__ import annotations
@@ -134,7 +135,8 @@ class AtRunTemperature:
         """'at this run's 52 °C: its runs (median 41 °C) brought to it at +0.45%/°C (leakage)'."""
         runs = f"its run ({self.history_c:.0f} °C)" if len(self.values) == 1 else \
             f"its runs (median {self.history_c:.0f} °C)"
-        return f"at this run's {self.run_c:.0f} °C: {runs} brought to it at +{100 * self.per_degree:.2f}%/°C (leakage)"
+        return (f"at this run's {self.run_c:.0f} °C: {runs} brought to it at +{100 * self.per_degree:.2f}%/°C "
+                "(leakage)")
 
 
 def at_run_temperature(info: Mapping[str, object], runs: Sequence[tuple[float, float | None]],
@@ -146,13 +148,13 @@ def at_run_temperature(info: Mapping[str, object], runs: Sequence[tuple[float, f
     if slope is None or not significant(slope) or not runs or any(not (math.isfinite(v) and v > 0) for v, _ in runs):
         return None
     run_c = temperature_of(info)
-    temps = [temperature_of({"temperature_c": t}) for _, t in runs]
-    if run_c is None or any(t is None or not slope.covers(t) for t in temps) or not slope.covers(run_c):
+    temps = [t for _, read in runs if (t := temperature_of({"temperature_c": read})) is not None and slope.covers(t)]
+    if run_c is None or len(temps) != len(runs) or not slope.covers(run_c):
         return None
     per_degree = slope.cautious
-    values = [v * math.exp(per_degree * (run_c - t)) for (v, _), t in zip(runs, temps)]  # type: ignore[operator]
-    return AtRunTemperature(values, float(statistics.median(temps)), run_c, per_degree)  # type: ignore[arg-type]
+    values = [v * math.exp(per_degree * (run_c - t)) for (v, _), t in zip(runs, temps)]
+    return AtRunTemperature(values, float(statistics.median(temps)), run_c, per_degree)
 
 
-__all__ = ["CAUTION", "MARGIN_C", "MAX_PER_DEGREE", "MIN_SLOPE_DOF", "MIN_T", "AtRunTemperature", "Slope", "at_run_temperature",
-           "pooled_slope", "significant", "slope_of"]
+__all__ = ["CAUTION", "MARGIN_C", "MAX_PER_DEGREE", "MIN_SLOPE_DOF", "MIN_T", "AtRunTemperature", "Slope",
+           "at_run_temperature", "pooled_slope", "significant", "slope_of"]

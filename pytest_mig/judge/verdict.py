@@ -290,7 +290,8 @@ def compare(
     return _judged(record, e, b, changes, improvement_fails=improvement_fails, at_temperature=warm)
 
 
-def _at_run_temperature(record: ResultRecord, e: BaselineEntry, b: Band, slope: Slope | None) -> tuple[Band, str | None]:
+def _at_run_temperature(record: ResultRecord, e: BaselineEntry, b: Band,
+                        slope: Slope | None) -> tuple[Band, str | None]:
     """The band of an energy figure with its baseline at this run's temperature, its sigma as the runs
     read, and what the verdict says of it (:mod:`pytest_mig.judge.thermal`); else ``b`` as it is."""
     warm = at_run_temperature(record.metric.info, [(r.value, r.temperature_c) for r in e.runs], slope) \

@@ -256,9 +256,9 @@ class LeaveOneOut:
 
     def __init__(self, nights: Sequence[Night], within_boards: bool = True) -> None:
         self.within_boards = within_boards
-        self._values: dict[tuple[str, Key], dict[tuple[str, str], list[tuple[int | None, float]]]] = {}
+        #: each run's (size, value, temperature) by (model, figure) and (profile, board)
+        self._values: dict[tuple[str, Key], dict[tuple[str, str], list[tuple[int | None, float, float | None]]]] = {}
         self._kinds: dict[Key, str] = {}
-        self._temperatures: dict[tuple[str, Key], dict[tuple[str, str], list[tuple[int | None, float | None, float]]]] = {}
         self._models = {night.model for night in nights}
         for night in nights:
             for r in night.records:
@@ -266,11 +266,7 @@ class LeaveOneOut:
                 self._kinds[key] = r.metric.kind
                 groups = self._values.setdefault((night.model, key), {})
                 groups.setdefault((night.series[2], night.series[1]), []).append(
-                    (measured_size(r.metric.info), measured_value(r)))
-                if r.metric.kind == "energy":
-                    self._temperatures.setdefault((night.model, key), {}).setdefault(
-                        (night.series[2], night.series[1]), []).append(
-                        (measured_size(r.metric.info), temperature_of(r.metric.info), measured_value(r)))
+                    (measured_size(r.metric.info), measured_value(r), temperature_of(r.metric.info)))
         self.board: str | None = None
         self._cache: dict[tuple[str | None, str, Key, int | None, bool], tuple[float | None, int]] = {}
 
@@ -283,7 +279,7 @@ class LeaveOneOut:
             by_group: dict[str | tuple[str, str], list[float]] = {}
             for (profile, board), runs in self._values.get((model, key), {}).items():
                 if board != self.board:
-                    values = [v for s, v in runs if size is None or s is None or s == size]
+                    values = [v for s, v, _ in runs if size is None or s is None or s == size]
                     by_group.setdefault((profile, board) if within else profile, []).extend(values)
             groups = list(by_group.values())
             self._cache[memo] = (pooled_sigma(groups), pooled_dof(groups))
@@ -295,7 +291,7 @@ class LeaveOneOut:
         them ran it twice (:func:`pytest_mig.judge.reference.profile_spread`)."""
         if not profile.endswith(EMULATED_SUFFIX):
             return None
-        by_board = {board: [v for s, v in runs if size is None or s is None or s == size]
+        by_board = {board: [v for s, v, _ in runs if size is None or s is None or s == size]
                     for (p, board), runs in self._values.get((model, key), {}).items()
                     if p == profile and board != self.board}
         return profile_spread(by_board)
@@ -337,7 +333,6 @@ class LeaveOneOut:
                 sigma, where = max([*borrowed, *([thin] if thin is not None else [])]), "of other GPU models"
         return None if sigma is None else Prior(sigma, f"{PRIOR_ELSEWHERE}the other boards', {where} (leave-one-out)")
 
-
     def slope_for(self, rec: ResultRecord) -> Slope | None:
         """The leakage slope of the record's energy figure within the other boards' runs of its GPU
         model and profile, as the plugin fits it within the reference's boards."""
@@ -346,8 +341,8 @@ class LeaveOneOut:
         meta = meta_from_record(rec)
         key = (rec.test, rec.metric.name, rec.mode)
         size = measured_size(rec.metric.info)
-        by_board = {board: [(t, v) for s, t, v in runs if size is None or s is None or s == size]
-                    for (profile, board), runs in self._temperatures.get((meta.gpu_model, key), {}).items()
+        by_board = {board: [(t, v) for s, v, t in runs if size is None or s is None or s == size]
+                    for (profile, board), runs in self._values.get((meta.gpu_model, key), {}).items()
                     if profile == meta.profile and board != self.board}
         return slope_of(by_board)
 

@@ -121,16 +121,21 @@ class BaselineEntry:
         return [r.value for r in self.runs if size is None or r.size == size]
 
     @property
-    def values_by_board(self) -> dict[str, list[float]]:
-        """The values at :attr:`size` by the board each run was measured on (:func:`board_of`); runs
-        that name none are left out."""
+    def runs_by_board(self) -> dict[str, list[Run]]:
+        """The runs at :attr:`size` by the board each was measured on (:func:`board_of`); runs that
+        name none are left out."""
         size = self.size
-        out: dict[str, list[float]] = {}
+        out: dict[str, list[Run]] = {}
         for r in self.runs:
             board = board_of(r.fingerprint)
             if board is not None and (size is None or r.size == size):
-                out.setdefault(board, []).append(r.value)
+                out.setdefault(board, []).append(r)
         return out
+
+    @property
+    def values_by_board(self) -> dict[str, list[float]]:
+        """The values of :attr:`runs_by_board`."""
+        return {board: [r.value for r in runs] for board, runs in self.runs_by_board.items()}
 
     def on_board(self, board: str | None) -> bool:
         """Whether every run was measured on ``board`` (a history of one board's nights, which a
