@@ -129,28 +129,54 @@ def test_a_hot_start_passes_at_its_temperature_where_as_read_it_fails() -> None:
     assert as_read.outcome == "regressed" and as_read.at_temperature is None
     warm = compare(hot, hist, prior=prior, slope=SLOPE)
     assert warm.outcome == "pass" and 0 < (warm.change_pct or 0) < 1.5  # the slope's lower bound leaves a little
-    assert warm.threshold == pytest.approx(as_read.threshold)  # the prior is as the runs read
     assert warm.at_temperature and "at this run's 50 °C" in warm.message and "(leakage)" in warm.message
+    # 10 degC is far to bring it: the slope's uncertainty over them widens the band past gating
+    assert "1.50% for the slope over 10 °C" in warm.message and (warm.threshold or 0) > 0.05
+
+
+def test_the_slope_uncertainty_grows_with_the_degrees_brought() -> None:
+    assert SLOPE.uncertainty(0.0) == 0.0
+    assert SLOPE.uncertainty(-4.0) == SLOPE.uncertainty(4.0) == pytest.approx((0.005 - SLOPE.cautious + 0.0005) * 4)
+    hist = history([(5.00, 45.0), (5.01, 46.0), (4.99, 45.0)])
+    near, far = (compare(rec(5.00 * math.exp(0.005 * d), 45.0 + d), hist, prior=Prior(0.004), slope=SLOPE)
+                 for d in (1.0, 6.0))
+    assert near.at_temperature and far.at_temperature
+    assert near.sigma == pytest.approx(math.hypot(0.004, SLOPE.uncertainty(1.0)))
+    assert (near.threshold or 0) < 0.05 < (far.threshold or 0)
 
 
 def test_a_real_loss_at_another_temperature_is_still_caught() -> None:
     hist = history([(5.00, 40.0), (5.01, 41.0), (4.99, 40.0)])
-    worse = rec(5.00 * math.exp(0.005 * 10) * 1.08, 50.0)  # 8% more energy beyond the leakage
+    worse = rec(5.00 * math.exp(0.005 * 3) * 1.08, 43.0)  # 8% more energy beyond the leakage
     v = compare(worse, hist, prior=Prior(0.004), slope=SLOPE)
-    assert v.outcome == "regressed" and v.change_pct == pytest.approx(9.1, abs=0.3)
-    cooler = rec(5.00 * 1.08 * math.exp(-0.005 * 10), 30.0)  # a cool night hides part of it as read
-    assert compare(cooler, hist, prior=Prior(0.004)).change_pct == pytest.approx(2.7, abs=0.3)
+    assert v.outcome == "regressed" and v.change_pct == pytest.approx(8.3, abs=0.3)
+    cooler = rec(5.00 * 1.08 * math.exp(-0.005 * 3), 37.0)  # a cool night hides part of it as read
+    assert compare(cooler, hist, prior=Prior(0.004)).change_pct == pytest.approx(6.4, abs=0.3)
     v = compare(cooler, hist, prior=Prior(0.004), slope=SLOPE)
-    assert v.outcome == "regressed" and v.change_pct == pytest.approx(6.9, abs=0.3)
+    assert v.outcome == "regressed" and v.change_pct == pytest.approx(7.7, abs=0.3)
 
 
-def test_the_sigma_stays_as_the_runs_read() -> None:
-    # ten runs whose spread is mostly their temperatures: brought to one, they would look quiet
-    runs = [(5.0 * math.exp(0.005 * t), t) for t in (40.0, 55.0, 42.0, 58.0, 45.0, 60.0, 41.0, 52.0, 47.0, 56.0)]
+def test_the_sigma_is_taken_at_one_temperature() -> None:
+    # ten runs whose spread is all their temperatures: brought to one, only the slope's uncertainty is left
+    runs = [(5.0 * math.exp(0.004 * t), t) for t in (40.0, 55.0, 42.0, 58.0, 45.0, 60.0, 41.0, 52.0, 47.0, 56.0)]
     hist = history(runs)
-    night = rec(5.0 * math.exp(0.005 * 50), 50.0)
+    night = rec(5.0 * math.exp(0.004 * 51), 51.0)
     as_read, warm = compare(night, hist), compare(night, hist, slope=SLOPE)
-    assert warm.at_temperature and warm.sigma == as_read.sigma and warm.threshold == as_read.threshold
+    assert as_read.at_temperature is None and (as_read.sigma or 0) > 0.02
+    assert warm.at_temperature and warm.sigma == pytest.approx(SLOPE.uncertainty(51.0 - 49.5))  # median 49.5 degC
+    assert warm.threshold == pytest.approx(5 * SLOPE.uncertainty(1.5)) and (warm.threshold or 1) < 0.2 * (as_read.threshold or 0)
+    assert warm.change_pct == pytest.approx(0.0, abs=1e-6)
+
+
+def test_a_short_history_takes_the_prior_at_one_temperature_where_the_slope_gives_one() -> None:
+    hist = history([(5.00, 45.0), (5.01, 46.0), (4.99, 45.0)])
+    night = rec(5.00 * math.exp(0.005 * 1), 46.0)
+    at_one = replace(SLOPE, prior=Prior(0.003, "the reference, on one board at one temperature", 40))
+    v = compare(night, hist, prior=Prior(0.008), slope=at_one)
+    assert v.sigma == pytest.approx(math.hypot(0.003, SLOPE.uncertainty(1.0)))
+    assert "night to night on one board at one temperature" in v.message
+    assert compare(night, hist, prior=Prior(0.008), slope=SLOPE).sigma == pytest.approx(
+        math.hypot(0.008, SLOPE.uncertainty(1.0)))  # no prior at one temperature: the figure's own
 
 
 def test_a_rate_figure_is_never_brought_to_a_temperature() -> None:
@@ -229,7 +255,7 @@ def test_a_re_measurement_is_brought_back_to_the_first_measurement_temperature()
     history = RecordHistories([[triad(v, 47.0)] for v in (0.1200, 0.1201, 0.1199, 0.1200, 0.1201, 0.1199, 0.1200)])
     pipeline = Pipeline(history, references=ReferenceStore(SHIPPED))
     s = slope.cautious
-    first = triad(0.1200 * math.exp(s * (38 - 47)) * 1.06, 38.0)  # a blip on a cool start
+    first = triad(0.1200 * math.exp(s * (44 - 47)) * 1.06, 44.0)  # a blip on a cool start
 
     def rerun(with_temperatures: bool) -> Remeasured:
         again = Remeasured()
@@ -295,7 +321,7 @@ def test_a_results_file_is_judged_again_as_the_run_judged_it(tmp_path: Any) -> N
     s = slope.per_degree  # the physics
     history = RecordHistories([[triad(v, 47.0)] for v in (0.1200, 0.1201, 0.1199, 0.1200, 0.1201, 0.1199, 0.1200)])
     pipeline = Pipeline(history, references=ReferenceStore(SHIPPED))
-    first = triad(0.1200 * math.exp(s * (38 - 47)) * 1.06, 38.0)  # a real 6% loss, on a cool start
+    first = triad(0.1200 * math.exp(s * (44 - 47)) * 1.06, 44.0)  # a real 6% loss, on a cool start
 
     def rerun() -> Remeasured:
         again = Remeasured()
