@@ -11,7 +11,7 @@ from typing import Sequence, TextIO
 from pytest_mig.cli.common import CliError, Command, path_arg
 from pytest_mig.judge.ceiling import Ceilings
 from pytest_mig.judge.pipeline import Pipeline, RecordHistories
-from pytest_mig.judge.reference import ReferenceStore, store_for
+from pytest_mig.judge.reference import ReferenceStore, store_for, window_temperatures
 from pytest_mig.store.verdicts import Verdict
 from pytest_mig.report.tables import frame_table, records_frame, sharpness_line
 from pytest_mig.options import add_judging_options
@@ -56,8 +56,8 @@ def cmd_compare(paths: Sequence[Path], tolerance: float | None, improvement_fail
     if len(paths) < 2 and references is None:
         raise CliError("compare needs at least two results files: the earlier ones, then the one to judge "
                        "(or one file with --mig-reference shipped)")
-    old = [read_results(p) for p in paths[:-1]]
-    new = read_results(paths[-1])
+    old = [window_temperatures(read_results(p)) for p in paths[:-1]]  # as the replay and reference builds read them
+    new = window_temperatures(read_results(paths[-1]))
     verdicts = compare_records(old, new, tolerance=tolerance, improvement_fails=improvement_fails,
                                references=references)
     frame = records_frame(new)

@@ -98,14 +98,11 @@ PRIOR_RUNS = 10
 PRIOR = "the reference"
 #: ``Band.sigma_of`` where the reference's sigma on one board (a history of one board's nights) was the larger.
 PRIOR_BOARD = "the reference, on one board"
-#: ``Band.sigma_of`` where the reference's sigma on one board with each run brought to one temperature
-#: (an energy figure judged at the run's temperature: :mod:`pytest_mig.judge.thermal`) was the larger.
-PRIOR_ONE_TEMPERATURE = "the reference, on one board at one temperature"
 #: ``Band.sigma_of`` where an emulated profile's spread across the reference's boards, each run once,
 #: was the larger (:meth:`pytest_mig.judge.reference.Reference.spread_for`).
 PRIOR_SPREAD = "the reference, across this profile's boards"
 #: The priors from the reference of the figure's own GPU model and profile.
-REFERENCE_PRIORS = (PRIOR, PRIOR_BOARD, PRIOR_SPREAD, PRIOR_ONE_TEMPERATURE)
+REFERENCE_PRIORS = (PRIOR, PRIOR_BOARD, PRIOR_SPREAD)
 #: Degrees of freedom a prior needs before it judges a short history.
 MIN_PRIOR_DOF = 4
 #: How ``Band.sigma_of`` starts where a prior from other GPU models was the larger (see :class:`Prior`).
@@ -203,7 +200,7 @@ def _as_prior(prior: Prior | float | None) -> Prior | None:
 
 def band(values: Sequence[float], *, tolerance: float | None = None,
          default_tolerance: float = 0.05, partners: Mapping[str, Sequence[float]] | None = None,
-         prior: Prior | float | None = None, extra: float = 0.0) -> Band:
+         prior: Prior | float | None = None) -> Band:
     """The band of a figure whose kept runs are ``values`` (oldest first).
 
     ``tolerance`` is a site's explicit tolerance (it caps the threshold); ``default_tolerance`` is
@@ -212,9 +209,6 @@ def band(values: Sequence[float], *, tolerance: float | None = None,
     least each one's :func:`spread`.  ``prior`` is the figure's sigma known from elsewhere (a float:
     the shipped reference's): a history of fewer than ``PRIOR_RUNS`` runs is never judged with a
     smaller one, and one of fewer than ``MIN_RUNS`` runs is judged with it (the module docstring).
-    ``extra`` is an uncertainty of the baseline itself beside the runs' noise (relative: an energy
-    baseline brought to this run's temperature, :mod:`pytest_mig.judge.thermal`), added to the sigma
-    in quadrature.
     """
     xs = [float(v) for v in values if math.isfinite(v)]
     if not xs:
@@ -225,11 +219,10 @@ def band(values: Sequence[float], *, tolerance: float | None = None,
     shared = {name: spread(v) for name, v in (partners or {}).items()}
     known = _as_prior(prior)
     if n < MIN_RUNS:
-        return _short_band(xs, center, shared, known, tolerance, limit, extra)
+        return _short_band(xs, center, shared, known, tolerance, limit)
     sigma, sigma_of = _widest(run_sigma(xs), shared)
     if n < PRIOR_RUNS and known is not None and known.sigma > sigma:
         sigma, sigma_of = known.sigma, known.source
-    sigma = math.hypot(sigma, extra)
     noise_threshold = K * sigma
     threshold, basis = (noise_threshold, "noise") if noise_threshold > FLOOR else (FLOOR, "floor")
     gates = True
@@ -242,7 +235,7 @@ def band(values: Sequence[float], *, tolerance: float | None = None,
 
 
 def _short_band(xs: list[float], center: float, shared: Mapping[str, float], prior: Prior | None,
-                tolerance: float | None, limit: float, extra: float = 0.0) -> Band:
+                tolerance: float | None, limit: float) -> Band:
     """The band of a history of fewer than MIN_RUNS runs (the module docstring)."""
     n = len(xs)
     own, sigma_of = _widest(spread(xs), shared)
@@ -251,7 +244,6 @@ def _short_band(xs: list[float], center: float, shared: Mapping[str, float], pri
         sigma = own
         if prior.sigma > own:
             sigma, sigma_of = prior.sigma, prior.source
-        sigma = math.hypot(sigma, extra)
         widen = math.sqrt(1.0 + 1.0 / n)
         threshold = max(FLOOR, K * sigma * widen)
         if threshold <= limit or (tolerance is not None and threshold <= FEW_RUNS_BAND):
@@ -293,5 +285,5 @@ def reference_band(values: Sequence[float], sigma: float | None,
 
 
 __all__ = ["Band", "DETECT_Z", "FEW_RUNS_BAND", "FLOOR", "K", "MIN_PRIOR_DOF", "MIN_RUNS", "PRIOR", "PRIOR_BOARD",
-           "PRIOR_ELSEWHERE", "PRIOR_ONE_TEMPERATURE", "PRIOR_RUNS", "PRIOR_SPREAD", "Prior", "REFERENCE_FLOOR", "REFERENCE_MAX",
+           "PRIOR_ELSEWHERE", "PRIOR_RUNS", "PRIOR_SPREAD", "Prior", "REFERENCE_FLOOR", "REFERENCE_MAX",
            "REFERENCE_PRIORS", "TRIM_FROM", "band", "is_prior", "reference_band", "run_sigma", "spread"]

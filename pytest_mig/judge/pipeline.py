@@ -264,7 +264,7 @@ class Pipeline:
         history = base.get(rec.test, rec.metric.name, rec.mode) if base is not None else None
         return compare(rec, base, tolerance=tol, improvement_fails=self.improvement_fails,
                        default_tolerance=self.default_tolerance, prior=self.priors.for_record(rec, history),
-                       slope=self.priors.slope_for(rec, history))
+                       slope=self.priors.slope_for(rec))
 
     def _at_first_temperature(self, rec: ResultRecord, verdict: Verdict,
                               again: Mapping[str, Sequence[float]]) -> list[float]:

@@ -44,12 +44,11 @@ are judged against (``--mig-reference``): what they say about noise holds either
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Iterable, Protocol
 
 from pytest_mig.device.profiles import CPU
-from pytest_mig.judge.noise import (MIN_PRIOR_DOF, PRIOR, PRIOR_BOARD, PRIOR_ELSEWHERE, PRIOR_ONE_TEMPERATURE,
-                                   PRIOR_SPREAD, Prior)
+from pytest_mig.judge.noise import MIN_PRIOR_DOF, PRIOR, PRIOR_BOARD, PRIOR_ELSEWHERE, PRIOR_SPREAD, Prior
 from pytest_mig.judge.reference import SHIPPED, Reference, ReferenceStore, pooled_dof
 from pytest_mig.judge.thermal import Slope, slope_of
 from pytest_mig.measure.metric import timing_partners
@@ -66,9 +65,8 @@ class PriorSource(Protocol):
     def for_record(self, rec: ResultRecord, history: BaselineEntry | None = None) -> Prior | None:
         """The prior of the record's figure, judged against ``history`` (None: none is known)."""
 
-    def slope_for(self, rec: ResultRecord, history: BaselineEntry | None = None) -> Slope | None:
-        """The leakage slope of the record's energy figure, with the prior of ``history`` at one
-        temperature where known (None: none is known, or it is no energy figure)."""
+    def slope_for(self, rec: ResultRecord) -> Slope | None:
+        """The leakage slope of the record's energy figure (None: none is known, or it is no energy figure)."""
 
 
 class Priors:
@@ -89,30 +87,22 @@ class Priors:
         return self.for_figure(meta_from_record(rec), (rec.test, rec.metric.name, rec.mode), one_board,
                                rec.metric.kind)
 
-    def slope_for(self, rec: ResultRecord, history: BaselineEntry | None = None) -> Slope | None:
+    def slope_for(self, rec: ResultRecord) -> Slope | None:
         """The leakage slope of the record's energy figure, fitted within each board's runs of the
         reference of its GPU model and profile (the shipped one where a site's folder does not hold
         the figure, as its prior is), where significant (:func:`pytest_mig.judge.thermal.slope_of`):
-        what brings its history to this run's temperature.  Where every run of ``history`` is of the
-        record's board, with the prior of such a history at one temperature (:attr:`Slope.prior`:
-        :meth:`~pytest_mig.judge.reference.Reference.board_sigma_at`).  None for any other figure, a
-        CPU run, or a figure that reference does not hold with temperatures enough to show one."""
+        what brings its history to this run's temperature.  None for any other figure, a CPU run, or a
+        figure that reference does not hold with temperatures enough to show one."""
         meta = meta_from_record(rec)
         if rec.metric.kind != "energy" or meta.gpu_slug == CPU:
             return None
         key = (rec.test, rec.metric.name, rec.mode)
-        held = next(((ref, e) for ref in (self._profile_reference(meta), _reference(self.shipped, meta))
-                     if ref is not None and (e := ref.get(*key)) is not None), None)
-        if held is None:
+        entry = next((e for ref in (self._profile_reference(meta), _reference(self.shipped, meta))
+                      if ref is not None and (e := ref.get(*key)) is not None), None)
+        if entry is None:
             return None
-        ref, entry = held
-        slope = slope_of({board: [(r.temperature_c, r.value) for r in runs]
-                          for board, runs in entry.runs_by_board.items()})
-        board = board_of(rec.fingerprint) or rec.target.gpu_uuid
-        if slope is None or history is None or not history.on_board(board):
-            return slope
-        at_one = ref.board_sigma_at(entry, slope.cautious)
-        return replace(slope, prior=Prior(at_one[0], PRIOR_ONE_TEMPERATURE, at_one[1])) if at_one else slope
+        return slope_of({board: [(r.temperature_c, r.value) for r in runs]
+                         for board, runs in entry.runs_by_board.items()})
 
     def for_figure(self, meta: BaselineMeta, key: Figure, one_board: bool = False,
                    kind: str | None = None) -> Prior | None:

@@ -47,7 +47,6 @@ from pytest_mig.store.reader import check_baseline_text, load_baseline_file
 from pytest_mig.common.files import MAX_NUMBER, FileProblem, path_problem, validate
 from pytest_mig.measure.clocks import TEMPERATURE, temperature_of
 from pytest_mig.measure.metric import timing_partners
-from pytest_mig.judge.thermal import at_one_temperature
 from pytest_mig.judge.noise import MIN_PRIOR_DOF, REFERENCE_FLOOR, REFERENCE_MAX, Band, reference_band
 from pytest_mig.store.results import ResultRecord, ResultsFileError, atomic_write_text, read_results, utc_now
 from pytest_mig.store.schemas import REFERENCE
@@ -93,19 +92,6 @@ class Reference:
         sigmas = [self.board_sigma.get((e.test, e.metric, e.mode))
                   for e in (entry, *self.baseline.timing_partners(entry))]
         return None if any(s is None for s in sigmas) else max(s for s in sigmas if s is not None)
-
-    def board_sigma_at(self, entry: BaselineEntry, per_degree: float) -> tuple[float, int] | None:
-        """:meth:`board_sigma_for` of an energy figure with each board's runs of it brought to one
-        temperature at ``per_degree`` (:func:`~pytest_mig.judge.thermal.at_one_temperature`), and the
-        degrees of freedom its own is pooled from; None from fewer than ``MIN_PRIOR_DOF``, or where a
-        partner has none."""
-        groups = [at_one_temperature([(r.temperature_c, r.value) for r in runs], per_degree)
-                  for runs in entry.runs_by_board.values()]
-        sigma, dof = pooled_sigma(groups), pooled_dof(groups)
-        partners = [self.board_sigma.get((e.test, e.metric, e.mode)) for e in self.baseline.timing_partners(entry)]
-        if sigma is None or dof < MIN_PRIOR_DOF or any(p is None for p in partners):
-            return None
-        return max([sigma, *(p for p in partners if p is not None)]), dof
 
     def spread_for(self, entry: BaselineEntry) -> float | None:
         """For an emulated profile whose runs never repeat a board (the shipped references run each
@@ -414,14 +400,14 @@ def window_temperatures(records: Sequence[ResultRecord]) -> list[ResultRecord]:
     energy figures kept one) given the temperature its window's timing read as it ended: the clocks'
     ``after`` temperature of the one rate figure of its test's run that times the same work
     (:func:`~pytest_mig.measure.metric.timing_partners`), which is that same read."""
-    runs: dict[tuple[str, str, str], list[ResultRecord]] = {}
+    runs: dict[tuple[object, ...], list[ResultRecord]] = {}
     for r in records:
-        runs.setdefault((r.test, r.mode, r.timestamp), []).append(r)
+        runs.setdefault(_test_run(r), []).append(r)
     out = []
     for r in records:
         m = r.metric
         if m.kind == "energy" and temperature_of(m.info) is None:
-            same = runs[(r.test, r.mode, r.timestamp)]
+            same = runs[_test_run(r)]
             names = set(timing_partners(m.name, m.kind, [(x.metric.name, x.metric.kind) for x in same]))
             read = [t for x in same if x.metric.name in names
                     for t in [temperature_of(_after(x.metric.info.get("clocks")))] if t is not None]
@@ -429,6 +415,12 @@ def window_temperatures(records: Sequence[ResultRecord]) -> list[ResultRecord]:
                 r = replace(r, metric=replace(m, info={**m.info, TEMPERATURE: read[0]}))
         out.append(r)
     return out
+
+
+def _test_run(r: ResultRecord) -> tuple[object, ...]:
+    """What tells one test's run from another's in a results file: the test, mode and start, and the
+    node, GPU and profile it ran on (a layout's slices, or a host's GPUs, start together)."""
+    return (r.test, r.mode, r.timestamp, r.node, r.target.uuid, r.target.profile, r.target.gpu_index)
 
 
 def _after(clocks: object) -> object:

@@ -25,17 +25,13 @@ across the range its boards read together.
 
 A figure's history is then compared at this run's temperature: each run's value brought from the
 temperature it read to this run's (:func:`at_run_temperature`), and the median of the values so
-brought is the baseline.  So is its noise: the history's own spread is that of the values brought,
-and its prior the reference's night-to-night sigma on one board with each run brought to one
-temperature alike (:func:`at_one_temperature`), where every run of the history is of the board
-judged; on one board the temperature is most of an energy figure's night-to-night noise.  The slope
-is known only so well: the sigma takes, in quadrature, the slope's uncertainty over the degrees the
-baseline was brought (:meth:`Slope.uncertainty`), so a night near its history's temperature is judged
-as tightly as its noise allows and one far warmer (a hot start) more widely.  A re-measurement,
-which reads warmer, is brought back to the first's, or, where its temperature is unknown or not
-covered, judged as it read (:meth:`pytest_mig.judge.pipeline.Pipeline._at_first_temperature`).
-Where the record, a run of the history or the reference lacks a temperature, the figure is judged as
-it read, its noise too.  Pure functions: no files, no pytest.
+brought is the baseline.  Its sigma is not: the history's own spread and the priors stay as its runs
+read, since the noise left after the temperature differs between boards more than the reference's
+few boards show.  A re-measurement, which reads warmer, is brought back to the first's, or, where its
+temperature is unknown or not covered, judged as it read
+(:meth:`pytest_mig.judge.pipeline.Pipeline._at_first_temperature`).  Where the record, a run of the
+history or the reference lacks a temperature, the figure is judged as it read.  Pure functions: no
+files, no pytest.
 """
 
 from __future__ import annotations
@@ -45,7 +41,6 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from pytest_mig.judge.noise import Prior
 from pytest_mig.measure.clocks import temperature_of
 
 #: Residual degrees of freedom (points - boards - 1) a pooled slope needs before it is fitted at all.
@@ -70,19 +65,11 @@ class Slope:
     dof: int
     low_c: float = -math.inf
     high_c: float = math.inf
-    #: the reference's night-to-night sigma on one board at one temperature (brought at :attr:`cautious`),
-    #: for a history of the judged board's runs; None where it is not known
-    prior: Prior | None = None
 
     @property
     def cautious(self) -> float:
         """The slope used: ``CAUTION`` standard errors below the fit, never below zero."""
         return max(self.per_degree - CAUTION * self.se, 0.0)
-
-    def uncertainty(self, degrees: float) -> float:
-        """The relative error a value brought ``degrees`` at :attr:`cautious` may carry: the slope may be
-        one standard error steeper than its fit."""
-        return (self.per_degree - self.cautious + self.se) * abs(degrees)
 
     def covers(self, temperature: float) -> bool:
         """Whether ``temperature`` lies within the temperatures the slope was fitted over, ``MARGIN_C`` either side."""
@@ -133,12 +120,6 @@ def slope_of(runs_by_board: Mapping[str, Sequence[tuple[float | None, float]]]) 
     return slope if significant(slope) else None
 
 
-def at_one_temperature(runs: Sequence[tuple[float | None, float]], per_degree: float) -> list[float]:
-    """The values of ``runs`` ((temperature, value) pairs of one board) brought to one temperature at
-    ``per_degree``, each relative to the others as at any one; runs without a temperature are left out."""
-    return [v * math.exp(-per_degree * t) for t, v in runs if t is not None and math.isfinite(t) and math.isfinite(v)]
-
-
 @dataclass(frozen=True)
 class AtRunTemperature:
     """A history brought to this run's temperature: ``values`` (in the history's order), from runs
@@ -149,16 +130,13 @@ class AtRunTemperature:
     history_c: float
     run_c: float
     per_degree: float
-    uncertainty: float = 0.0  # the slope's uncertainty over run_c - history_c (relative): :meth:`Slope.uncertainty`
 
     def text(self) -> str:
-        """'at this run's 52 °C: its runs (median 41 °C) brought to it at +0.45%/°C (leakage), sigma at
-        one temperature and 0.60% for the slope over 11 °C'."""
+        """'at this run's 52 °C: its runs (median 41 °C) brought to it at +0.45%/°C (leakage)'."""
         runs = f"its run ({self.history_c:.0f} °C)" if len(self.values) == 1 else \
             f"its runs (median {self.history_c:.0f} °C)"
         return (f"at this run's {self.run_c:.0f} °C: {runs} brought to it at +{100 * self.per_degree:.2f}%/°C "
-                f"(leakage), sigma at one temperature and {100 * self.uncertainty:.2f}% for the slope over "
-                f"{abs(self.run_c - self.history_c):.0f} °C")
+                "(leakage)")
 
 
 def at_run_temperature(info: Mapping[str, object], runs: Sequence[tuple[float, float | None]],
@@ -173,10 +151,10 @@ def at_run_temperature(info: Mapping[str, object], runs: Sequence[tuple[float, f
     temps = [t for _, read in runs if (t := temperature_of({"temperature_c": read})) is not None and slope.covers(t)]
     if run_c is None or len(temps) != len(runs) or not slope.covers(run_c):
         return None
-    per_degree, history_c = slope.cautious, float(statistics.median(temps))
+    per_degree = slope.cautious
     values = [v * math.exp(per_degree * (run_c - t)) for (v, _), t in zip(runs, temps)]
-    return AtRunTemperature(values, history_c, run_c, per_degree, slope.uncertainty(run_c - history_c))
+    return AtRunTemperature(values, float(statistics.median(temps)), run_c, per_degree)
 
 
 __all__ = ["CAUTION", "MARGIN_C", "MAX_PER_DEGREE", "MIN_SLOPE_DOF", "MIN_T", "AtRunTemperature", "Slope",
-           "at_one_temperature", "at_run_temperature", "pooled_slope", "significant", "slope_of"]
+           "at_run_temperature", "pooled_slope", "significant", "slope_of"]

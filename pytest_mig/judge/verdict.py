@@ -45,7 +45,6 @@ from pytest_mig.judge.noise import (
     MIN_RUNS,
     PRIOR,
     PRIOR_BOARD,
-    PRIOR_ONE_TEMPERATURE,
     PRIOR_RUNS,
     PRIOR_SPREAD,
     Prior,
@@ -181,7 +180,6 @@ def _sigma_text(v: Verdict) -> str:
     or the prior's (:class:`~pytest_mig.judge.noise.Prior`) where it was the larger."""
     if v.sigma_of in REFERENCE_PRIORS:
         where = {PRIOR_BOARD: "night to night on one board", PRIOR: "across nights and boards",
-                 PRIOR_ONE_TEMPERATURE: "night to night on one board at one temperature",
                  PRIOR_SPREAD: "this emulated profile's spread across its boards, each run once"}[v.sigma_of]
         return (f"{percent(v.sigma or 0.0)} (the reference's for this GPU model, {where}: larger than "
                 f"this history's own until it has {PRIOR_RUNS} runs)")
@@ -285,23 +283,22 @@ def compare(
     early = _unjudgeable(record, e, throttled)
     if early is not None:
         return early
-    b, warm = _band_at_temperature(record, e, slope, prior, tolerance=tolerance if tolerance is not None else
-                                   e.tolerance, default_tolerance=default_tolerance, partners=partners)
+    b, warm = _at_run_temperature(record, e, band(e.values, tolerance=tolerance if tolerance is not None else
+                                                  e.tolerance, default_tolerance=default_tolerance,
+                                                  partners=partners, prior=prior), slope)
     changes = fingerprint_diff(e.fingerprint or (meta.fingerprint if meta else {}), record.fingerprint)
     return _judged(record, e, b, changes, improvement_fails=improvement_fails, at_temperature=warm)
 
 
-def _band_at_temperature(record: ResultRecord, e: BaselineEntry, slope: Slope | None, prior: Prior | float | None,
-                         **kw: Any) -> tuple[Band, str | None]:
-    """The band of the history ``e`` (:func:`~pytest_mig.judge.noise.band`, ``kw`` its arguments) and
-    what the verdict says of its temperature: an energy figure's runs brought to this run's temperature,
-    judged with its prior at one temperature and the slope's uncertainty (:mod:`pytest_mig.judge.thermal`),
-    where they can be; else the runs and ``prior`` as they are."""
+def _at_run_temperature(record: ResultRecord, e: BaselineEntry, b: Band,
+                        slope: Slope | None) -> tuple[Band, str | None]:
+    """The band of an energy figure with its baseline at this run's temperature, its sigma as the runs
+    read, and what the verdict says of it (:mod:`pytest_mig.judge.thermal`); else ``b`` as it is."""
     warm = at_run_temperature(record.metric.info, [(r.value, r.temperature_c) for r in e.runs], slope) \
         if record.metric.kind == "energy" else None
-    if warm is None or slope is None:
-        return band(e.values, prior=prior, **kw), None
-    return band(warm.values, prior=slope.prior or prior, extra=warm.uncertainty, **kw), warm.text()
+    if warm is None:
+        return b, None
+    return replace(b, center=float(statistics.median(warm.values))), warm.text()
 
 
 def _other_mode(record: ResultRecord, other_mode: str, throttled: list[str]) -> Verdict:

@@ -47,7 +47,7 @@ from pytest_mig.device.target import EMULATED_SUFFIX
 from pytest_mig.judge.noise import MIN_PRIOR_DOF, PRIOR_ELSEWHERE, Prior
 from pytest_mig.judge.pipeline import Pipeline, RecordHistories
 from pytest_mig.judge.reference import pooled_dof, pooled_sigma, profile_spread, sized, window_temperatures
-from pytest_mig.judge.thermal import Slope, at_one_temperature, slope_of
+from pytest_mig.judge.thermal import Slope, slope_of
 from pytest_mig.measure.clocks import temperature_of
 from pytest_mig.measure import BEST, best_rate, partner_keys
 from pytest_mig.measure.rounds import rounds_iterations
@@ -333,11 +333,9 @@ class LeaveOneOut:
                 sigma, where = max([*borrowed, *([thin] if thin is not None else [])]), "of other GPU models"
         return None if sigma is None else Prior(sigma, f"{PRIOR_ELSEWHERE}the other boards', {where} (leave-one-out)")
 
-    def slope_for(self, rec: ResultRecord, history: BaselineEntry | None = None) -> Slope | None:
+    def slope_for(self, rec: ResultRecord) -> Slope | None:
         """The leakage slope of the record's energy figure within the other boards' runs of its GPU
-        model and profile, as the plugin fits it within the reference's boards; with priors within
-        boards, with the prior at one temperature from those runs brought to one temperature alike
-        (every replayed history is one board's)."""
+        model and profile, as the plugin fits it within the reference's boards."""
         if rec.metric.kind != "energy":
             return None
         meta = meta_from_record(rec)
@@ -346,17 +344,7 @@ class LeaveOneOut:
         by_board = {board: [(t, v) for s, v, t in runs if size is None or s is None or s == size]
                     for (profile, board), runs in self._values.get((meta.gpu_model, key), {}).items()
                     if profile == meta.profile and board != self.board}
-        slope = slope_of(by_board)
-        if slope is None or not self.within_boards:
-            return slope
-        groups = [at_one_temperature(runs, slope.cautious) for runs in by_board.values()]
-        sigma, dof = pooled_sigma(groups), pooled_dof(groups)
-        partners = [self._sigma(meta.gpu_model, k, size, True) for k in partner_keys(key, rec.metric.kind, self._kinds)]
-        if sigma is None or dof < MIN_PRIOR_DOF or any(p is None for p in partners):
-            return slope
-        sigma = max([sigma, *(p for p in partners if p is not None)])
-        return replace(slope, prior=Prior(sigma, f"{PRIOR_ELSEWHERE}the other boards', on one board at one temperature "
-                                                 f"(leave-one-out)", dof))
+        return slope_of(by_board)
 
 
 def _worse(rec: ResultRecord, loss: float) -> ResultRecord:
