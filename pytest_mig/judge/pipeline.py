@@ -20,6 +20,8 @@ files (:class:`StoreHistories`) or earlier results files (:class:`RecordHistorie
 
 from __future__ import annotations
 
+import statistics
+
 from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
 from pytest_mig.measure.clocks import temperature_of, throttle_reasons
@@ -269,8 +271,9 @@ class Pipeline:
     def _at_first_temperature(self, rec: ResultRecord, verdict: Verdict,
                               again: Mapping[str, Sequence[float]]) -> list[float]:
         """An energy figure's re-measurements (of ``again``) put where its first measurement's baseline
-        was brought (:mod:`pytest_mig.judge.thermal`): each one brought to the first measurement's
-        temperature (a re-run reads warmer, and would read as a loss against it), or, where its
+        was brought (:mod:`pytest_mig.judge.thermal`): each one judged against the history brought to
+        its own temperature, as that baseline is to the first measurement's (a re-run reads warmer, and
+        would read as a loss against it; no run moved by more than half the threshold for either), or, where its
         temperature is unknown or one the slope does not cover (a results file written before keeps
         none), judged as it read: moved by what the baseline was, so that it meets the baseline as the
         runs read it.  As they are where the verdict's baseline was not brought, or they were brought
@@ -286,10 +289,11 @@ class Pipeline:
             return values
         slope, as_read = self.priors.slope_for(rec), verdict.baseline / entry.value
         known = list(temperatures) if len(temperatures) == len(values) else [None] * len(values)
+        runs, cap = [(r.value, r.temperature_c) for r in entry.runs], (verdict.threshold or 0.0) / 2
         out = []
         for value, t in zip(values, known):
-            warm = at_run_temperature(rec.metric.info, [(value, t)], slope)
-            out.append(warm.values[0] if warm is not None else value * as_read)
+            own = at_run_temperature({"temperature_c": t}, runs, slope, cap=cap) if t is not None else None
+            out.append(value * verdict.baseline / statistics.median(own.values) if own is not None else value * as_read)
         return out
 
     def _confirmed(self, rec: ResultRecord, verdict: Verdict, values: Sequence[float],

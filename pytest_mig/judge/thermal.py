@@ -14,12 +14,13 @@ within each board's runs of the reference of its GPU model and profile (:func:`p
 :func:`pytest_mig.judge.reference.pooled_sigma` pools each board's spread about its own median).  A
 slope is used only where it is positive (leakage never lowers energy), clearly measured (``MIN_T``
 standard errors above zero) and of the size leakage has (at most ``MAX_PER_DEGREE``):
-:func:`significant`; and then at its lower bound for a board of its own, ``CAUTION`` times its
-standard error and the spread of the boards' own slopes together below the fit (:attr:`Slope.cautious`,
-:func:`board_spread`: on eight archived H100s STREAM's own slopes ran +0.16 to +0.65%/°C).  Too steep a slope
-would turn a cool, unchanged night into a regression and hide a real loss on a warm one; one too
-shallow only leaves part of the temperature in, as a history judged as read leaves all of it.  And no
-run is moved by more than ``MAX_BROUGHT``: the most a board flatter than the slope used can hide.
+:func:`significant`; and then at its lower bound, ``CAUTION`` standard errors below the fit
+(:attr:`Slope.cautious`).  Too steep a slope would turn a cool, unchanged night into a regression
+and hide a real loss on a warm one; one too shallow only leaves part of the temperature in, as a
+history judged as read leaves all of it.  A board's own slope is not the pool's, though (eight
+archived H100s' STREAM ran +0.16 to +0.65%/°C, the pool +0.35 ± 0.02), so no run is moved by more
+than half the figure's threshold (at most ``MAX_BROUGHT``): a slope wrong for the board can neither
+raise a false alarm alone nor hide more than half the threshold of a loss.
 Nor is a run brought from or to a temperature outside those
 the reference's runs read (``MARGIN_C`` either side): a sensor's glitch, or a GPU far hotter or cooler
 than the reference's, is judged as read.  Within them a run may still be brought further than any one
@@ -58,8 +59,7 @@ CAUTION = 2.0
 MARGIN_C = 5.0
 #: The least slope used (0.01%/°C: less moves a run under 0.2% over 20 °C): a flatter one brings nothing.
 MIN_USED = 0.0001
-#: The most a run's value is moved when brought (2%): the most a board whose own slope is flatter
-#: than the one used can hide of a loss.
+#: The most a run's value is moved when brought (2%); never more than half the figure's threshold either.
 MAX_BROUGHT = 0.02
 
 
@@ -73,13 +73,11 @@ class Slope:
     dof: int
     low_c: float = -math.inf
     high_c: float = math.inf
-    spread: float = 0.0  # how far the boards' own slopes spread about it (standard deviation): :func:`board_spread`
 
     @property
     def cautious(self) -> float:
-        """The slope used: ``CAUTION`` times its uncertainty for a board of its own below the fit (its
-        standard error and the boards' spread together), never below zero."""
-        return max(self.per_degree - CAUTION * math.hypot(self.se, self.spread), 0.0)
+        """The slope used: ``CAUTION`` standard errors below the fit, never below zero."""
+        return max(self.per_degree - CAUTION * self.se, 0.0)
 
     def covers(self, temperature: float) -> bool:
         """Whether ``temperature`` lies within the temperatures the slope was fitted over, ``MARGIN_C`` either side."""
@@ -91,7 +89,6 @@ def pooled_slope(groups: Iterable[Sequence[tuple[float, float]]]) -> Slope | Non
     (temperature, value) pairs), each group about its own means.  Points with a non-finite temperature
     or a non-finite or non-positive value are left out, and groups left with fewer than 2 points.
     None with fewer than ``MIN_SLOPE_DOF`` residual degrees of freedom or no spread in temperature."""
-    groups = [list(g) for g in groups]
     centred: list[tuple[float, float]] = []
     temps: list[float] = []
     points = used = 0
@@ -113,39 +110,7 @@ def pooled_slope(groups: Iterable[Sequence[tuple[float, float]]]) -> Slope | Non
         return None
     slope = math.fsum(t * y for t, y in centred) / sxx
     rss = math.fsum((y - slope * t) ** 2 for t, y in centred)
-    return Slope(slope, math.sqrt(rss / dof / sxx), dof, min(temps), max(temps), board_spread(groups))
-
-
-def _own_slope(group: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
-    """One board's own slope of ln(value) on the temperature and its variance, from 3 runs or more
-    that spread in temperature and about the line; else None."""
-    pts = [(float(t), math.log(v)) for t, v in group if math.isfinite(t) and math.isfinite(v) and v > 0]
-    if len(pts) < 3:
-        return None
-    mean_t = math.fsum(t for t, _ in pts) / len(pts)
-    mean_y = math.fsum(y for _, y in pts) / len(pts)
-    sxx = math.fsum((t - mean_t) ** 2 for t, _ in pts)
-    if not (sxx > 0 and math.isfinite(sxx)):
-        return None
-    slope = math.fsum((t - mean_t) * (y - mean_y) for t, y in pts) / sxx
-    variance = math.fsum((y - mean_y - slope * (t - mean_t)) ** 2 for t, y in pts) / (len(pts) - 2) / sxx
-    return (slope, variance) if variance > 0 and math.isfinite(variance) else None
-
-
-def board_spread(groups: Iterable[Sequence[tuple[float, float]]]) -> float:
-    """How far the boards' own slopes spread about their common one beyond what their own errors
-    explain (the standard deviation between them: DerSimonian and Laird's moment estimate, over the
-    boards whose runs give a slope of their own); 0 with fewer than two such boards.  A board's slope
-    is not the pool's: on eight archived H100s STREAM's ran +0.16 to +0.65%/°C."""
-    own = [x for g in groups if (x := _own_slope(list(g))) is not None]
-    if len(own) < 2:
-        return 0.0
-    weights = [1.0 / v for _, v in own]
-    total = math.fsum(weights)
-    common = math.fsum(w * s for w, (s, _) in zip(weights, own)) / total
-    q = math.fsum(w * (s - common) ** 2 for w, (s, _) in zip(weights, own))
-    scale = total - math.fsum(w * w for w in weights) / total
-    return math.sqrt(max(q - (len(own) - 1), 0.0) / scale) if scale > 0 else 0.0
+    return Slope(slope, math.sqrt(rss / dof / sxx), dof, min(temps), max(temps))
 
 
 def significant(slope: Slope | None) -> bool:
@@ -183,12 +148,13 @@ class AtRunTemperature:
 
 
 def at_run_temperature(info: Mapping[str, object], runs: Sequence[tuple[float, float | None]],
-                       slope: Slope | None) -> AtRunTemperature | None:
+                       slope: Slope | None, cap: float = MAX_BROUGHT) -> AtRunTemperature | None:
     """The history ``runs`` ((value, temperature) pairs) of an energy figure whose record's info is
     ``info``, brought to the temperature the record read, with ``slope``.  None where the slope is not
     :func:`significant` or its :attr:`~Slope.cautious` value is under ``MIN_USED``, there is no run,
     or the record or a run read no temperature or one the slope does not cover (:meth:`Slope.covers`):
-    then the figure is judged as it read."""
+    then the figure is judged as it read.  No run is moved by more than ``cap`` (relative; at most
+    ``MAX_BROUGHT``)."""
     if slope is None or not significant(slope) or not slope.cautious >= MIN_USED or not runs or \
             any(not (math.isfinite(v) and v > 0) for v, _ in runs):
         return None
@@ -197,11 +163,11 @@ def at_run_temperature(info: Mapping[str, object], runs: Sequence[tuple[float, f
     if run_c is None or len(temps) != len(runs) or not slope.covers(run_c):
         return None
     per_degree = slope.cautious
-    values = [v * math.exp(min(max(per_degree * (run_c - t), -MAX_BROUGHT), MAX_BROUGHT))
-              for (v, _), t in zip(runs, temps)]
+    most = math.log1p(min(max(cap, 0.0), MAX_BROUGHT)) if math.isfinite(cap) else 0.0
+    values = [v * math.exp(min(max(per_degree * (run_c - t), -most), most)) for (v, _), t in zip(runs, temps)]
     return AtRunTemperature(values, float(statistics.median(temps)), run_c, per_degree)
 
 
 __all__ = ["CAUTION", "MARGIN_C", "MAX_BROUGHT", "MAX_PER_DEGREE", "MIN_SLOPE_DOF", "MIN_T", "MIN_USED",
            "AtRunTemperature", "Slope",
-           "at_run_temperature", "board_spread", "pooled_slope", "significant", "slope_of"]
+           "at_run_temperature", "pooled_slope", "significant", "slope_of"]

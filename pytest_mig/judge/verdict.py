@@ -292,10 +292,11 @@ def compare(
 
 def _at_run_temperature(record: ResultRecord, e: BaselineEntry, b: Band,
                         slope: Slope | None) -> tuple[Band, str | None]:
-    """The band of an energy figure with its baseline at this run's temperature, its sigma as the runs
-    read, and what the verdict says of it (:mod:`pytest_mig.judge.thermal`); else ``b`` as it is."""
-    warm = at_run_temperature(record.metric.info, [(r.value, r.temperature_c) for r in e.runs], slope) \
-        if record.metric.kind == "energy" else None
+    """The band of an energy figure with its baseline at this run's temperature (no run moved by more
+    than half its threshold), its sigma as the runs read, and what the verdict says of it
+    (:mod:`pytest_mig.judge.thermal`); else ``b`` as it is."""
+    warm = at_run_temperature(record.metric.info, [(r.value, r.temperature_c) for r in e.runs], slope,
+                              cap=b.threshold / 2) if record.metric.kind == "energy" else None
     if warm is None:
         return b, None
     return replace(b, center=float(statistics.median(warm.values))), warm.text()
