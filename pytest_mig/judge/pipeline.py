@@ -20,6 +20,7 @@ files (:class:`StoreHistories`) or earlier results files (:class:`RecordHistorie
 
 from __future__ import annotations
 
+import math
 import statistics
 
 from typing import Callable, Iterable, Mapping, Protocol, Sequence
@@ -33,7 +34,7 @@ from pytest_mig.device.host import SHARED_HOST, shared_host
 from pytest_mig.judge.prior import PriorSource, Priors
 from pytest_mig.judge.ceiling import Ceilings
 from pytest_mig.judge.reference import Reference, ReferenceStore
-from pytest_mig.judge.thermal import at_run_temperature
+from pytest_mig.judge.thermal import at_run_temperature, cap_for
 from pytest_mig.store.results import ResultRecord
 from pytest_mig.judge.verdict import (
     DEFAULT_TOLERANCE,
@@ -273,7 +274,7 @@ class Pipeline:
         """An energy figure's re-measurements (of ``again``) put where its first measurement's baseline
         was brought (:mod:`pytest_mig.judge.thermal`): each one judged against the history brought to
         its own temperature, as that baseline is to the first measurement's (a re-run reads warmer, and
-        would read as a loss against it; no run moved by more than half the threshold for either), or, where its
+        would read as a loss against it; no run moved by more than the cap for either), or, where its
         temperature is unknown or one the slope does not cover (a results file written before keeps
         none), judged as it read: moved by what the baseline was, so that it meets the baseline as the
         runs read it.  As they are where the verdict's baseline was not brought, or they were brought
@@ -289,7 +290,8 @@ class Pipeline:
             return values
         slope, as_read = self.priors.slope_for(rec), verdict.baseline / entry.value
         known = list(temperatures) if len(temperatures) == len(values) else [None] * len(values)
-        runs, cap = [(r.value, r.temperature_c) for r in entry.runs], (verdict.threshold or 0.0) / 2
+        runs = [(r.value, r.temperature_c) for r in entry.runs]
+        cap = cap_for(verdict.threshold or 0.0, verdict.detectable or math.inf, verdict.tolerance or 0.0)
         out = []
         for value, t in zip(values, known):
             own = at_run_temperature({"temperature_c": t}, runs, slope, cap=cap) if t is not None else None

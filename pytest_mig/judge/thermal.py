@@ -20,7 +20,8 @@ and hide a real loss on a warm one; one too shallow only leaves part of the temp
 history judged as read leaves all of it.  A board's own slope is not the pool's, though (eight
 archived H100s' STREAM ran +0.16 to +0.65%/°C, the pool +0.35 ± 0.02), so no run is moved by more
 than half the figure's threshold (at most ``MAX_BROUGHT``): a slope wrong for the board can neither
-raise a false alarm alone nor hide more than half the threshold of a loss.
+raise a false alarm alone nor hide more than half the threshold of a loss, nor more than leaves a
+5% loss beyond what the figure says it detects (:func:`cap_for`).
 Nor is a run brought from or to a temperature outside those
 the reference's runs read (``MARGIN_C`` either side): a sensor's glitch, or a GPU far hotter or cooler
 than the reference's, is judged as read.  Within them a run may still be brought further than any one
@@ -138,13 +139,24 @@ class AtRunTemperature:
     history_c: float
     run_c: float
     per_degree: float
+    capped: float | None = None  # the most a run was moved, where that held one back (relative)
 
     def text(self) -> str:
-        """'at this run's 52 °C: its runs (median 41 °C) brought to it at +0.45%/°C (leakage)'."""
+        """'at this run's 52 °C: its runs (median 41 °C) brought to it at +0.45%/°C (leakage)', and
+        ', none moved more than 1.4%' where that held a run back."""
         runs = f"its run ({self.history_c:.0f} °C)" if len(self.values) == 1 else \
             f"its runs (median {self.history_c:.0f} °C)"
+        held = f", none moved more than {100 * self.capped:.1f}%" if self.capped is not None else ""
         return (f"at this run's {self.run_c:.0f} °C: {runs} brought to it at +{100 * self.per_degree:.2f}%/°C "
-                "(leakage)")
+                f"(leakage){held}")
+
+
+def cap_for(threshold: float, detectable: float, limit: float) -> float:
+    """The most a figure's run may be moved when brought (relative): half its ``threshold``, so that a
+    slope wrong for the board never raises a false alarm alone, and no more than leaves a loss of
+    ``limit`` (the tolerance) beyond what it ``detectable`` says it catches; ``MAX_BROUGHT`` at most."""
+    cap = min(threshold / 2, limit - detectable, MAX_BROUGHT)
+    return cap if math.isfinite(cap) and cap > 0 else 0.0
 
 
 def at_run_temperature(info: Mapping[str, object], runs: Sequence[tuple[float, float | None]],
@@ -153,9 +165,9 @@ def at_run_temperature(info: Mapping[str, object], runs: Sequence[tuple[float, f
     ``info``, brought to the temperature the record read, with ``slope``.  None where the slope is not
     :func:`significant` or its :attr:`~Slope.cautious` value is under ``MIN_USED``, there is no run,
     or the record or a run read no temperature or one the slope does not cover (:meth:`Slope.covers`):
-    then the figure is judged as it read.  No run is moved by more than ``cap`` (relative; at most
-    ``MAX_BROUGHT``)."""
-    if slope is None or not significant(slope) or not slope.cautious >= MIN_USED or not runs or \
+    then the figure is judged as it read, as it is where ``cap`` is none.  No run is moved by more
+    than ``cap`` (relative: :func:`cap_for`; at most ``MAX_BROUGHT``)."""
+    if slope is None or not significant(slope) or not slope.cautious >= MIN_USED or not (cap > 0) or not runs or \
             any(not (math.isfinite(v) and v > 0) for v, _ in runs):
         return None
     run_c = temperature_of(info)
@@ -163,11 +175,13 @@ def at_run_temperature(info: Mapping[str, object], runs: Sequence[tuple[float, f
     if run_c is None or len(temps) != len(runs) or not slope.covers(run_c):
         return None
     per_degree = slope.cautious
-    most = math.log1p(min(max(cap, 0.0), MAX_BROUGHT)) if math.isfinite(cap) else 0.0
-    values = [v * math.exp(min(max(per_degree * (run_c - t), -most), most)) for (v, _), t in zip(runs, temps)]
-    return AtRunTemperature(values, float(statistics.median(temps)), run_c, per_degree)
+    most = math.log1p(min(cap, MAX_BROUGHT))
+    moves = [per_degree * (run_c - t) for t in temps]
+    values = [v * math.exp(min(max(move, -most), most)) for (v, _), move in zip(runs, moves)]
+    capped = min(cap, MAX_BROUGHT) if any(abs(m) > most for m in moves) else None
+    return AtRunTemperature(values, float(statistics.median(temps)), run_c, per_degree, capped)
 
 
 __all__ = ["CAUTION", "MARGIN_C", "MAX_BROUGHT", "MAX_PER_DEGREE", "MIN_SLOPE_DOF", "MIN_T", "MIN_USED",
            "AtRunTemperature", "Slope",
-           "at_run_temperature", "pooled_slope", "significant", "slope_of"]
+           "at_run_temperature", "cap_for", "pooled_slope", "significant", "slope_of"]

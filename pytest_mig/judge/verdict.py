@@ -57,7 +57,7 @@ from pytest_mig.judge.noise import (
     is_prior,
 )
 from pytest_mig.judge.reference import Reference, fingerprint_beside
-from pytest_mig.judge.thermal import Slope, at_run_temperature
+from pytest_mig.judge.thermal import Slope, at_run_temperature, cap_for
 from pytest_mig.store.results import ResultRecord
 from pytest_mig.store.verdicts import ClockNote, Outcome, Verdict
 from pytest_mig.common.text import SHOWN, quoted
@@ -293,10 +293,11 @@ def compare(
 def _at_run_temperature(record: ResultRecord, e: BaselineEntry, b: Band,
                         slope: Slope | None) -> tuple[Band, str | None]:
     """The band of an energy figure with its baseline at this run's temperature (no run moved by more
-    than half its threshold), its sigma as the runs read, and what the verdict says of it
-    (:mod:`pytest_mig.judge.thermal`); else ``b`` as it is."""
-    warm = at_run_temperature(record.metric.info, [(r.value, r.temperature_c) for r in e.runs], slope,
-                              cap=b.threshold / 2) if record.metric.kind == "energy" else None
+    than :func:`~pytest_mig.judge.thermal.cap_for` allows), its sigma as the runs read, and what the
+    verdict says of it (:mod:`pytest_mig.judge.thermal`); else ``b`` as it is."""
+    cap = cap_for(b.threshold, b.detectable, b.limit)
+    warm = at_run_temperature(record.metric.info, [(r.value, r.temperature_c) for r in e.runs], slope, cap=cap) \
+        if record.metric.kind == "energy" else None
     if warm is None:
         return b, None
     return replace(b, center=float(statistics.median(warm.values))), warm.text()
