@@ -366,6 +366,8 @@ def test_an_energy_figure_of_an_older_file_takes_its_window_s_read_from_the_rate
     assert _energy_temperatures(_stream_run("GPU-a", 45.0, 47.0)) == [45.0]  # its own, where it kept one
     assert _energy_temperatures(_stream_run("GPU-a", None, None)) == ["none kept"]
     assert _energy_temperatures(_stream_run("GPU-a", None, 999.0)) == ["none kept"]  # no reading a GPU gives
+    from pytest_mig.measure.clocks import after_temperature
+    assert [after_temperature(i) for i in ({"clocks": 57}, {"clocks": {"after": 3}}, None)] == [None, None, None]
 
 
 def test_another_gpu_s_run_of_the_same_test_at_the_same_time_lends_no_temperature() -> None:

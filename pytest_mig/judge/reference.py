@@ -45,7 +45,7 @@ from pytest_mig.store.baselines import BaselineStore, history_exists, measured_s
 from pytest_mig.store.history import Baseline, BaselineEntry, BaselineError, EntryKey
 from pytest_mig.store.reader import check_baseline_text, load_baseline_file
 from pytest_mig.common.files import MAX_NUMBER, FileProblem, path_problem, validate
-from pytest_mig.measure.clocks import TEMPERATURE, temperature_of
+from pytest_mig.measure.clocks import TEMPERATURE, after_temperature, temperature_of
 from pytest_mig.measure.metric import timing_partners
 from pytest_mig.judge.noise import MIN_PRIOR_DOF, REFERENCE_FLOOR, REFERENCE_MAX, Band, reference_band
 from pytest_mig.store.results import ResultRecord, ResultsFileError, atomic_write_text, read_results, utc_now
@@ -409,8 +409,7 @@ def window_temperatures(records: Sequence[ResultRecord]) -> list[ResultRecord]:
         if m.kind == "energy" and temperature_of(m.info) is None:
             same = runs[_test_run(r)]
             names = set(timing_partners(m.name, m.kind, [(x.metric.name, x.metric.kind) for x in same]))
-            read = [t for x in same if x.metric.name in names
-                    for t in [temperature_of(_after(x.metric.info.get("clocks")))] if t is not None]
+            read = [t for x in same if x.metric.name in names if (t := after_temperature(x.metric.info)) is not None]
             if len(names) == 1 and len(read) == 1:
                 r = replace(r, metric=replace(m, info={**m.info, TEMPERATURE: read[0]}))
         out.append(r)
@@ -421,10 +420,6 @@ def _test_run(r: ResultRecord) -> tuple[object, ...]:
     """What tells one test's run from another's in a results file: the test, mode and start, and the
     node, GPU and profile it ran on (a layout's slices, or a host's GPUs, start together)."""
     return (r.test, r.mode, r.timestamp, r.node, r.target.uuid, r.target.profile, r.target.gpu_index)
-
-
-def _after(clocks: object) -> object:
-    return clocks.get("after") if isinstance(clocks, dict) else None
 
 
 def board_name(uuid: str) -> str:

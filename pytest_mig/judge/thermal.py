@@ -174,11 +174,11 @@ def at_run_temperature(info: Mapping[str, object], runs: Sequence[tuple[float, f
     temps = [t for _, read in runs if (t := temperature_of({"temperature_c": read})) is not None and slope.covers(t)]
     if run_c is None or len(temps) != len(runs) or not slope.covers(run_c):
         return None
-    per_degree = slope.cautious
-    most = math.log1p(min(cap, MAX_BROUGHT))
+    per_degree, limit = slope.cautious, min(cap, MAX_BROUGHT)
+    most = math.log1p(limit)
     moves = [per_degree * (run_c - t) for t in temps]
     values = [v * math.exp(min(max(move, -most), most)) for (v, _), move in zip(runs, moves)]
-    capped = min(cap, MAX_BROUGHT) if any(abs(m) > most for m in moves) else None
+    capped = limit if any(abs(m) > most for m in moves) else None
     return AtRunTemperature(values, float(statistics.median(temps)), run_c, per_degree, capped)
 
 

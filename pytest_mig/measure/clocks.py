@@ -57,6 +57,13 @@ def measured_clock(info: Mapping[str, Any] | None) -> float | None:
     return None
 
 
+def after_temperature(info: Mapping[str, Any] | None) -> float | None:
+    """The GPU temperature read right after a measurement (``info["clocks"]["after"]``: for a timing
+    that read energy, as its window ended), or None (:func:`temperature_of`)."""
+    clocks = (info or {}).get("clocks") or {}
+    return temperature_of(clocks.get("after")) if isinstance(clocks, Mapping) else None
+
+
 def _number(value: Any) -> float | None:
     """A finite float of a number (not a bool); None for anything else, an int too large for a float too."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -103,5 +110,6 @@ def temperature_of(info: Any) -> float | None:
     return value + 0.0 if value is not None and low <= value <= high else None  # + 0.0: never -0.0
 
 
-__all__ = ["TEMPERATURE", "TEMPERATURE_RANGE", "THROTTLE_REASONS", "Clocks", "measured_clock", "temperature_of",
+__all__ = ["TEMPERATURE", "TEMPERATURE_RANGE", "THROTTLE_REASONS", "Clocks", "after_temperature", "measured_clock",
+           "temperature_of",
            "throttle_reasons"]
