@@ -62,6 +62,11 @@ MARGIN_C = 5.0
 MIN_USED = 0.0001
 #: The most a run's value is moved when brought (2%); never more than half the figure's threshold either.
 MAX_BROUGHT = 0.02
+#: Degrees C beyond the temperatures its history's runs read that an energy figure still gates at: a
+#: board as steep as the steepest measured (H200 FMA +0.47%/°C; H100 FMA +0.9%/°C, whose thresholds
+#: are 6% and more) moves 1.9% over it, under half the tightest energy threshold (about 4%).  Further
+#: away it is reported, not gated (:func:`beyond_history`).
+GATES_WITHIN_C = 4.0
 
 
 @dataclass(frozen=True)
@@ -151,6 +156,43 @@ class AtRunTemperature:
                 f"(leakage){held}")
 
 
+@dataclass(frozen=True)
+class BeyondHistory:
+    """An energy figure read at ``run_c``, more than ``GATES_WITHIN_C`` outside the ``low_c``-``high_c``
+    its history's runs read."""
+
+    run_c: float
+    low_c: float
+    high_c: float
+
+    @property
+    def by(self) -> float:
+        """How far outside (degC): positive warmer than the warmest run, negative cooler than the coolest."""
+        return self.run_c - self.high_c if self.run_c > self.high_c else self.run_c - self.low_c
+
+    def text(self) -> str:
+        """'its runs read 44-49 °C, this run 61 °C'."""
+        read = f"{self.low_c:.0f} °C" if round(self.low_c) == round(self.high_c) else \
+            f"{self.low_c:.0f}-{self.high_c:.0f} °C"
+        return f"its runs read {read}, this run {self.run_c:.0f} °C"
+
+
+def beyond_history(info: Mapping[str, object], temperatures: Iterable[float | None]) -> BeyondHistory | None:
+    """Where the record whose info is ``info`` read a temperature more than ``GATES_WITHIN_C`` outside
+    the range its history's runs read (``temperatures``; those unknown left out), how far; else None,
+    as where the record or every run read none.  A night that starts on a GPU just off a user's job,
+    or one whose cooling changed: the history's spread holds the temperatures its runs read, and a
+    board's own leakage slope is not known well enough to bring a run further."""
+    run_c = temperature_of(info)
+    known = [t for read in temperatures if (t := temperature_of({"temperature_c": read})) is not None]
+    if run_c is None or not known:
+        return None
+    low, high = min(known), max(known)
+    if low - GATES_WITHIN_C <= run_c <= high + GATES_WITHIN_C:
+        return None
+    return BeyondHistory(run_c, low, high)
+
+
 def cap_for(threshold: float, detectable: float, limit: float) -> float:
     """The most a figure's run may be moved when brought (relative): half its ``threshold``, so that a
     slope wrong for the board never raises a false alarm alone, and no more than leaves a loss of
@@ -182,6 +224,6 @@ def at_run_temperature(info: Mapping[str, object], runs: Sequence[tuple[float, f
     return AtRunTemperature(values, float(statistics.median(temps)), run_c, per_degree, capped)
 
 
-__all__ = ["CAUTION", "MARGIN_C", "MAX_BROUGHT", "MAX_PER_DEGREE", "MIN_SLOPE_DOF", "MIN_T", "MIN_USED",
-           "AtRunTemperature", "Slope",
-           "at_run_temperature", "cap_for", "pooled_slope", "significant", "slope_of"]
+__all__ = ["CAUTION", "GATES_WITHIN_C", "MARGIN_C", "MAX_BROUGHT", "MAX_PER_DEGREE", "MIN_SLOPE_DOF", "MIN_T",
+           "MIN_USED", "AtRunTemperature", "BeyondHistory", "Slope",
+           "at_run_temperature", "beyond_history", "cap_for", "pooled_slope", "significant", "slope_of"]

@@ -57,9 +57,9 @@ from pytest_mig.judge.noise import (
     is_prior,
 )
 from pytest_mig.judge.reference import Reference, fingerprint_beside
-from pytest_mig.judge.thermal import Slope, at_run_temperature, cap_for
+from pytest_mig.judge.thermal import GATES_WITHIN_C, Slope, at_run_temperature, beyond_history, cap_for
 from pytest_mig.store.results import ResultRecord
-from pytest_mig.store.verdicts import ClockNote, Outcome, Verdict
+from pytest_mig.store.verdicts import TEMPERATURE_BASIS, ClockNote, Outcome, Verdict
 from pytest_mig.common.text import SHOWN, quoted
 
 #: The tolerance a figure is held to when nobody set one: a figure whose run-to-run noise needs a
@@ -294,10 +294,15 @@ def _at_run_temperature(record: ResultRecord, e: BaselineEntry, b: Band,
                         slope: Slope | None) -> tuple[Band, str | None]:
     """The band of an energy figure with its baseline at this run's temperature (no run moved by more
     than :func:`~pytest_mig.judge.thermal.cap_for` allows), its sigma as the runs read, and what the
-    verdict says of it (:mod:`pytest_mig.judge.thermal`); else ``b`` as it is."""
+    verdict says of it (:mod:`pytest_mig.judge.thermal`); one that read a temperature too far from
+    its runs' does not gate (:func:`~pytest_mig.judge.thermal.beyond_history`); else ``b`` as it is."""
+    if record.metric.kind != "energy":
+        return b, None
+    beyond = beyond_history(record.metric.info, [r.temperature_c for r in e.runs]) if b.gates else None
+    if beyond is not None:
+        return replace(b, gates=False, basis=TEMPERATURE_BASIS), beyond.text()
     cap = cap_for(b.threshold, b.detectable, b.limit)
-    warm = at_run_temperature(record.metric.info, [(r.value, r.temperature_c) for r in e.runs], slope, cap=cap) \
-        if record.metric.kind == "energy" else None
+    warm = at_run_temperature(record.metric.info, [(r.value, r.temperature_c) for r in e.runs], slope, cap=cap)
     if warm is None:
         return b, None
     return replace(b, center=float(statistics.median(warm.values))), warm.text()
@@ -397,6 +402,10 @@ def _message(v: Verdict, record: ResultRecord) -> str:
         msg += (f"too noisy to judge against another board (run-to-run sigma {_sigma_text(v)} across the "
                 f"reference's runs: its threshold would be {percent(v.threshold or 0)}, more than "
                 f"{percent(REFERENCE_MAX)}); reported, not judged")
+    elif v.outcome == "noisy" and v.basis == TEMPERATURE_BASIS:
+        msg += (f"not gated tonight: more than {GATES_WITHIN_C:g} °C from the temperatures its runs read, where "
+                f"a board's own leakage moves energy by more than its {percent(v.threshold or 0)} threshold holds "
+                f"(a night started on a warm GPU, or its cooling changed); reported, not judged")
     elif v.outcome == "noisy":
         msg += (f"too noisy to gate (run-to-run CV {_sigma_text(v)} over {v.runs} runs: its threshold would be "
                 f"{percent(v.threshold or 0)}, more than the {percent(v.tolerance or 0)} tolerance); reported, not judged")
