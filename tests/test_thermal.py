@@ -13,14 +13,14 @@ from pytest_mig.judge.noise import Prior
 from pytest_mig.judge.prior import Priors
 from pytest_mig.judge.reference import SHIPPED, ReferenceStore
 from pytest_mig.judge.thermal import (
-    CAUTION, GATES_WITHIN_C, MARGIN_C, MAX_BROUGHT, MAX_PER_DEGREE, MIN_SLOPE_DOF, MIN_USED, Slope, beyond_history,
-    cap_for, at_run_temperature, pooled_slope, significant, slope_of,
+    BOARDS, CAUTION, MARGIN_C, MAX_BROUGHT, MAX_PER_DEGREE, MIN_SLOPE_DOF, MIN_USED, STEEPEST, Slope, at_run_temperature,
+    cap_for, history_temperature, pooled_slope, significant, slope_of, steepest_for, widening,
 )
 from pytest_mig.judge.verdict import compare
 from pytest_mig.measure import Metric
 from pytest_mig.store.baselines import entry_from_records
 from pytest_mig.store.results import ResultRecord, read_results_file, write_results
-from pytest_mig.store.verdicts import TEMPERATURE_BASIS, Verdict
+from pytest_mig.store.verdicts import Verdict
 
 FMA = "benchmarks/test_cuda_cores.py::test_cuda_core_fma[fp32]"
 ENERGY = "fp32_fma_energy_j_per_tflop"
@@ -118,7 +118,8 @@ def test_a_verdict_moves_no_run_by_more_than_half_its_threshold() -> None:
     hist = history([(5.00, 55.0), (5.01, 56.0), (4.99, 55.0)])
     cool = compare(rec(5.00, 51.0), hist, prior=Prior(0.003), slope=SLOPE)
     assert cool.at_temperature and cool.outcome == "pass"
-    assert (cool.change_pct or 0) == pytest.approx(100 * (1.0 + (cool.threshold or 0) / 2 - 1.0), rel=0.01)
+    half = 5 * 0.003 * math.sqrt(1 + 1 / 3) / 2  # of the band's threshold, before any widening for warmth
+    assert (cool.change_pct or 0) == pytest.approx(100 * half, rel=0.01)
 
 
 @pytest.mark.parametrize("run_c, history_c, brought", [
@@ -147,11 +148,11 @@ def test_a_hot_start_passes_at_its_temperature_where_as_read_it_fails() -> None:
     hist = history([(5.00, 40.0), (5.01, 41.0), (4.99, 40.0)])
     hot = rec(5.00 * math.exp(0.005 * 5), 45.0)  # +2.5%: leakage of 5 degC, nothing else
     prior = Prior(0.004)
-    as_read = compare(hot, hist, prior=prior)
-    assert as_read.outcome == "regressed" and as_read.at_temperature is None
+    as_read = compare(hot, history([(5.00, None), (5.01, None), (4.99, None)]), prior=prior)  # runs that read none
+    assert as_read.outcome == "regressed" and as_read.at_temperature is None and as_read.warmth is None
     warm = compare(hot, hist, prior=prior, slope=SLOPE)
     assert warm.outcome == "pass" and 0 < (warm.change_pct or 0) < 1.5  # the lower bound and the cap leave a little
-    assert warm.threshold == pytest.approx(as_read.threshold)  # the prior is as the runs read
+    assert warm.sigma == pytest.approx(as_read.sigma)  # the prior is as the runs read
     assert warm.at_temperature and "at this run's 45 °C" in warm.message and "(leakage)" in warm.message
 
 
@@ -184,7 +185,7 @@ def test_a_rate_figure_is_never_brought_to_a_temperature() -> None:
 
 
 def test_the_note_survives_a_results_file(tmp_path: Any) -> None:
-    hot = rec(5.25, 50.0)
+    hot = rec(5.10, 44.0)
     hot.verdict = compare(hot, history([(5.0, 40.0)] * 3), prior=Prior(0.004), slope=SLOPE)
     path = tmp_path / "r.json"
     write_results(path, [hot])
@@ -192,52 +193,115 @@ def test_the_note_survives_a_results_file(tmp_path: Any) -> None:
     assert isinstance(back, Verdict) and back.at_temperature == hot.verdict.at_temperature is not None
 
 
-# --------------------------------------------------------------------------- too far from its history's temperatures
+# --------------------------------------------------------------------------- warmth beyond what the band holds
+
+STEEP = Slope(0.003, 0.0003, 20)  # +0.3 +- 0.03%/degC pooled: a board taken to reach +0.72%/degC (BOARDS)
 
 
-@pytest.mark.parametrize("run_c, temps, by", [
-    (49.0 + GATES_WITHIN_C, [44.0, 49.0, 46.0], None),  # at the edge: still gated
-    (49.0 + GATES_WITHIN_C + 0.5, [44.0, 49.0, 46.0], GATES_WITHIN_C + 0.5),  # a warm start
-    (44.0 - GATES_WITHIN_C - 2, [44.0, 49.0, None], -GATES_WITHIN_C - 2),  # a cool one; a run that read none left out
-    (60.0, [None, None], None),  # no run read one: as read
-    (float("nan"), [44.0], None),  # not a temperature
+def test_the_steepest_board_is_twice_the_pooled_slope_and_never_over_1_percent_per_degree() -> None:
+    assert BOARDS == 2.0 and STEEPEST == 0.01
+    assert steepest_for(STEEP) == pytest.approx(BOARDS * (0.003 + CAUTION * 0.0003))
+    assert steepest_for(Slope(0.008, 0.0008, 20)) == STEEPEST
+    assert steepest_for(Slope(0.0005, 0.0005, 20)) == pytest.approx(0.003)  # not significant: its upper bound
+    assert steepest_for(Slope(-0.002, 0.0005, 20)) == 0.0  # energy that falls as it warms: none
+    assert steepest_for(None) == steepest_for(Slope(float("nan"), 0.0, 20)) == STEEPEST  # none fitted
+
+
+@pytest.mark.parametrize("run_c, history_c, brought, widen", [
+    (55.0, 45.0, 0.0, 0.072 - 0.01),  # 10 degC at 0.72%/degC, less half a 2% threshold
+    (55.0, 45.0, 0.012, 0.072 - 0.012 - 0.01),  # less what the history was brought
+    (35.0, 45.0, -0.012, 0.072 - 0.012 - 0.01),  # a cool night alike: what it hides is not claimed
+    (46.0, 45.0, 0.0, 0.0),  # within what half the threshold holds
+    (None, 45.0, 0.0, 0.0), (55.0, None, 0.0, 0.0),
 ])
-def test_how_far_a_run_read_beyond_its_history_s_temperatures(run_c: float, temps: list[Any], by: float | None) -> None:
-    beyond = beyond_history({"temperature_c": run_c}, temps)
-    assert (beyond.by if beyond is not None else None) == (pytest.approx(by) if by is not None else None)
-    assert beyond_history({}, temps) is None
+def test_a_band_widens_by_what_a_steep_board_moves_beyond_what_it_holds(
+        run_c: float | None, history_c: float | None, brought: float, widen: float) -> None:
+    assert widening(run_c, history_c, STEEP, brought, 0.02) == pytest.approx(widen)
 
 
-def test_an_energy_figure_far_warmer_than_its_history_is_reported_not_gated(tmp_path: Any) -> None:
+def test_the_history_s_temperature_is_its_runs_median_where_most_read_one() -> None:
+    assert history_temperature([44.0, 60.0, 44.0, None]) == 44.0  # one warm run does not move it
+    assert history_temperature([44.0, None, None]) is None and history_temperature([]) is None
+
+
+def test_an_energy_figure_far_warmer_than_its_history_is_judged_with_its_band_widened(tmp_path: Any) -> None:
     hist = history([(5.00, 44.0), (5.01, 46.0), (4.99, 45.0)])
-    hot = rec(5.00 * 1.09, 46.0 + GATES_WITHIN_C + 3)  # a steep board's leakage alone: +9%
-    v = compare(hot, hist, prior=Prior(0.004), slope=SLOPE)
-    assert v.outcome == "noisy" and not v.failed and v.basis == TEMPERATURE_BASIS and not v.gates_within(0.05)
-    assert f"its runs read 44-46 °C, this run {46 + GATES_WITHIN_C + 3:.0f} °C" in v.message
-    assert "not gated tonight" in v.message
-    assert v.line().startswith("NOT GATED TONIGHT") and v.change_pct == pytest.approx(9.0)  # as it read
-    path = tmp_path / "r.json"
+    within = compare(rec(5.00, 45.0), hist, prior=Prior(0.004), slope=STEEP)
+    hot = rec(5.00 * math.exp(steepest_for(STEEP) * 10), 55.0)  # a steep board's leakage over 10 degC alone
+    v = compare(hot, hist, prior=Prior(0.004), slope=STEEP)
+    brought = (v.baseline or 0) / 5.00 - 1
+    widen = widening(55.0, 45.0, STEEP, brought, within.threshold or 0)
+    assert v.outcome == "pass" and v.at_temperature and 0 < brought < 0.02 and widen > 0.02
+    assert v.threshold == pytest.approx((within.threshold or 0) + widen)
+    assert v.detectable == pytest.approx((within.detectable or 0) + widen) and not v.catches(0.05)
+    assert f"read 10 °C warmer than its runs (median 45 °C): threshold widened {100 * widen:.1f}% for leakage" in v.message
     hot.verdict = v
-    write_results(path, [hot])
-    back = read_results_file(path)[0][0].verdict
-    assert isinstance(back, Verdict) and back.line() == v.line()
-    cool = compare(rec(5.00 * 1.09, 44.0 - GATES_WITHIN_C - 1), hist, prior=Prior(0.004), slope=SLOPE)
-    assert cool.outcome == "noisy" and f"this run {44 - GATES_WITHIN_C - 1:.0f} °C" in cool.message  # a loss a cool night hides is not claimed
+    write_results(tmp_path / "r.json", [hot])
+    back = read_results_file(tmp_path / "r.json")[0][0].verdict
+    assert isinstance(back, Verdict) and back.warmth == v.warmth and back.message == v.message
+    fan = compare(rec(5.00 * 1.20, 55.0), hist, prior=Prior(0.004), slope=STEEP)  # more than warmth explains
+    assert fan.outcome == "regressed" and fan.failed and "threshold widened" in fan.message
+    as_read = compare(hot, hist, prior=Prior(0.004))  # no slope known: the steepest, 1%/degC
+    assert as_read.outcome == "pass" and as_read.at_temperature is None and "up to 1.00%/°C" in as_read.message
 
 
-def test_within_its_history_s_temperatures_a_loss_is_still_caught() -> None:
+def test_near_its_history_s_temperature_a_loss_is_still_caught_at_its_band() -> None:
     hist = history([(5.00, 44.0), (5.01, 46.0), (4.99, 45.0)])
-    v = compare(rec(5.00 * 1.09, 46.0 + GATES_WITHIN_C), hist, prior=Prior(0.004), slope=SLOPE)
-    assert v.outcome == "regressed" and v.basis == "short"
+    v = compare(rec(5.00 * 1.05, 46.0), hist, prior=Prior(0.004), slope=STEEP)
+    assert v.outcome == "regressed" and v.warmth is None and v.basis == "short"
 
 
-def test_a_rate_figure_or_one_already_too_noisy_keeps_its_reason() -> None:
+def test_a_rate_figure_is_judged_at_any_temperature() -> None:
     rate = entry_from_records([rec(60.0, 40.0, name="fp32_fma_tflops", kind="compute")] * 3)
     rate.runs = [replace(r, temperature_c=40.0) for r in rate.runs]
-    v = compare(rec(54.0, 60.0, name="fp32_fma_tflops", kind="compute"), rate, prior=Prior(0.004))
-    assert v.outcome == "regressed"  # a rate is judged at any temperature
-    noisy = compare(rec(5.0, 60.0), history([(5.0 * (1 + 0.03 * (i % 3 - 1)), 40.0) for i in range(10)]))
-    assert noisy.outcome == "noisy" and noisy.basis != TEMPERATURE_BASIS and "too noisy to gate" in noisy.message
+    v = compare(rec(57.0, 60.0, name="fp32_fma_tflops", kind="compute"), rate, prior=Prior(0.004))
+    assert v.outcome == "regressed" and v.warmth is None
+
+
+def test_a_warmer_re_measurement_meets_the_band_it_would_have_had() -> None:
+    from pytest_mig.judge.pipeline import Pipeline, RecordHistories, Remeasured
+    pipeline = Pipeline(RecordHistories([[triad(0.12 * f, 45.0)] for f in SPREAD10]), references=ReferenceStore(SHIPPED))
+    slope = Priors(ReferenceStore(SHIPPED)).slope_for(triad(0.12, 45.0))
+    steep = steepest_for(slope)
+    first = triad(0.1200 * math.exp(steep * 2) * 1.04, 47.0)  # a blip on a steep board 2 degC warmer
+
+    def rerun() -> Remeasured:  # unchanged, and read far warmer
+        again = Remeasured()
+        for t in (55.0, 57.0):
+            again.keep(triad(0.1200 * math.exp(steep * (t - 45)), t).metric, False)
+        return again
+    (v,) = pipeline.judge([first])
+    assert v.outcome == "regressed" and v.warmth is None
+    (again,) = pipeline.judge([first], remeasure=rerun)
+    assert again.outcome == "transient"  # a re-run's warmth confirms nothing
+    loss = triad(0.1200 * math.exp(steep * 2) * 1.10, 47.0)
+
+    def rerun_lost() -> Remeasured:  # a real 10% loss, re-read far warmer
+        again = Remeasured()
+        for t in (55.0, 57.0):
+            again.keep(triad(0.1200 * math.exp(steep * (t - 45)) * 1.10, t).metric, False)
+        return again
+    assert pipeline.judge([loss], remeasure=rerun_lost)[0].outcome == "regressed"
+
+
+def test_a_widened_verdict_of_a_results_file_is_judged_again_as_the_run_judged_it(tmp_path: Any) -> None:
+    from pytest_mig.judge.pipeline import Pipeline, RecordHistories, Remeasured
+    a100 = "NVIDIA A100-SXM4-80GB"  # no reference slope: not brought, only widened
+    pipeline = Pipeline(RecordHistories([[rec(5.0 * f, 45.0, gpu=a100)] for f in SPREAD10]),
+                        references=ReferenceStore(SHIPPED))
+    first = rec(5.0 * 1.12, 53.0, gpu=a100)
+
+    def rerun() -> Remeasured:  # re-read warmer still
+        again = Remeasured()
+        for t in (56.0, 57.0):
+            again.keep(rec(5.0 * 1.12, t, gpu=a100).metric, False)
+        return again
+    (live,) = pipeline.judge([first], remeasure=rerun)
+    assert live.warmth and live.at_temperature is None and live.confirmations
+    write_results(tmp_path / "night.json", [first])
+    (back,) = read_results_file(tmp_path / "night.json")[0]
+    (again,) = pipeline.judge_runs([back])
+    assert again.outcome == live.outcome and again.confirmations == pytest.approx(live.confirmations)
 
 
 # --------------------------------------------------------------------------- where the slope comes from
@@ -320,7 +384,7 @@ def test_each_re_measurement_is_brought_alone_or_judged_as_it_read() -> None:
     from pytest_mig.judge.pipeline import Pipeline, RecordHistories, Remeasured
     history = RecordHistories([[triad(0.12 * f, 47.0)] for f in SPREAD10])
     pipeline = Pipeline(history, references=ReferenceStore(SHIPPED))
-    first = triad(0.1300, 43.0)
+    first = triad(0.1300, 45.0)
     (v,) = pipeline.judge([first])
     s = Priors(ReferenceStore(SHIPPED)).slope_for(first).cautious  # type: ignore[union-attr]
     most = math.log1p(cap_for(v.threshold or 0, v.detectable or 0, v.tolerance or 0))
@@ -328,13 +392,20 @@ def test_each_re_measurement_is_brought_alone_or_judged_as_it_read() -> None:
 
     def base_at(t: float) -> float:  # the history brought to t, no run moved further than the cap
         return 0.12 * math.exp(min(max(s * (t - 47), -most), most))
-    assert v.at_temperature and v.baseline == pytest.approx(base_at(43))
+    assert v.at_temperature and v.baseline == pytest.approx(base_at(45))
     again = Remeasured()
     again[TRIAD], again.temperatures[TRIAD] = [0.121, 0.122, 0.123, 0.124], [50.0, None, 44.0, 80.0]
     out = pipeline._at_first_temperature(first, v, again)
     as_read = v.baseline / 0.1200  # what the baseline was moved by
-    assert out == pytest.approx([0.121 * base_at(43) / base_at(50), 0.122 * as_read,
-                                 0.123 * base_at(43) / base_at(44), 0.124 * as_read])  # 80 degC: not covered
+    slope = Priors(ReferenceStore(SHIPPED)).slope_for(first)
+
+    def warmer(t: float, brought: float) -> float:  # the widening a first reading at t would have had
+        return (v.baseline or 0) * widening(t, 47.0, slope, brought, v.threshold or 0)
+    assert v.warmth is None and warmer(80.0, 0.0) > 0.1 * 0.12
+    assert out == pytest.approx([0.121 * base_at(45) / base_at(50) - warmer(50.0, base_at(50) / 0.12 - 1),
+                                 0.122 * as_read,
+                                 0.123 * base_at(45) / base_at(44) - warmer(44.0, base_at(44) / 0.12 - 1),
+                                 0.124 * as_read - warmer(80.0, 0.0)])  # 80 degC: not covered, and far warmer
     again[TRIAD], again.temperatures[TRIAD] = [0.121, 0.122], [50.0]
     assert pipeline._at_first_temperature(first, v, again) == pytest.approx(
         [0.121 * as_read, 0.122 * as_read])  # temperatures that do not line up: none is used
@@ -484,16 +555,16 @@ def test_pytest_mig_compare_reads_older_files_window_temperatures(tmp_path: Any)
     assert cmd_compare(as_read, None, False, io.StringIO(), reference="shipped") == 1
 
 
-def test_a_re_measurement_is_judged_against_the_history_at_its_own_temperature_capped_alike() -> None:
+def test_a_re_measurement_is_judged_as_a_first_measurement_at_its_temperature_would_be() -> None:
     from pytest_mig.judge.pipeline import Pipeline, RecordHistories, Remeasured
     pipeline = Pipeline(RecordHistories([[triad(0.12 * f, 41.0)] for f in SPREAD10]), references=ReferenceStore(SHIPPED))
     first = triad(0.1200 * 1.05, 45.0)  # a board with no leakage of its own, and a real 5% loss
     (v,) = pipeline.judge([first])
     assert v.at_temperature and v.outcome == "regressed"
-    again = Remeasured()
-    again[TRIAD], again.temperatures[TRIAD] = [0.1200 * 1.05], [56.0]  # re-run far warmer
-    (out,) = pipeline._at_first_temperature(first, v, again)
-    cap = cap_for(v.threshold or 0, v.detectable or 0, v.tolerance or 0)  # no further to 56 degC than to 45
-    assert 0 < cap < (v.threshold or 0) / 2  # here what a 5% loss needs left, not half the threshold
-    assert out / (v.baseline or 1) == pytest.approx(1.05 / (1 + cap), rel=1e-6)
-    assert out / (v.baseline or 1) - 1 > (v.threshold or 0)
+    for t in (45.0, 48.0, 52.0, 56.0):  # the last beyond what the slope covers: as read, and widened
+        again = Remeasured()
+        again[TRIAD], again.temperatures[TRIAD] = [0.1200 * 1.05], [t]
+        (out,) = pipeline._at_first_temperature(first, v, again)
+        (own,) = pipeline.judge([triad(0.1200 * 1.05, t)])  # no further brought, and its own widening
+        beyond = (out / (v.baseline or 1) - 1) - (v.threshold or 0)
+        assert beyond == pytest.approx((own.change_pct or 0) / 100 - (own.threshold or 0), abs=1e-9)

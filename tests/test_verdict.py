@@ -302,7 +302,7 @@ def test_a_judged_record_goes_to_its_results_file_and_back_unchanged(tmp_path: P
     assert set(rec.verdict.to_dict()) == {
         "outcome", "metric", "value", "baseline", "change_pct", "tolerance", "threshold", "sigma", "detectable", "runs",
         "gates", "confirmations", "fingerprint_changes", "throttled", "message", "unit", "test", "failed", "direction",
-        "basis", "source", "sigma_of", "at_temperature"}
+        "basis", "source", "sigma_of", "at_temperature", "warmth"}
     write_results(tmp_path / "a.json", [rec])
     (back,) = read_results(tmp_path / "a.json")
     assert back.target == rec.target and back.verdict is not None

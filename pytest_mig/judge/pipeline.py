@@ -34,7 +34,7 @@ from pytest_mig.device.host import SHARED_HOST, shared_host
 from pytest_mig.judge.prior import PriorSource, Priors
 from pytest_mig.judge.ceiling import Ceilings
 from pytest_mig.judge.reference import Reference, ReferenceStore
-from pytest_mig.judge.thermal import at_run_temperature, cap_for
+from pytest_mig.judge.thermal import Slope, at_run_temperature, cap_for, history_temperature, widening
 from pytest_mig.store.results import ResultRecord
 from pytest_mig.judge.verdict import (
     DEFAULT_TOLERANCE,
@@ -205,7 +205,7 @@ class Pipeline:
             taken = Remeasured()
             for r in mine:
                 taken[r.metric.name] = list(r.verdict.confirmations) if r.verdict is not None else []
-                if r.verdict is not None and r.verdict.at_temperature:
+                if r.verdict is not None and (r.verdict.at_temperature or r.verdict.warmth):
                     taken.brought.add(r.metric.name)
             for i, v in zip(idx, self.judge(mine, tolerance=tolerance, remeasure=lambda taken=taken: taken)):
                 out[i] = v
@@ -272,30 +272,35 @@ class Pipeline:
     def _at_first_temperature(self, rec: ResultRecord, verdict: Verdict,
                               again: Mapping[str, Sequence[float]]) -> list[float]:
         """An energy figure's re-measurements (of ``again``) put where its first measurement's baseline
-        was brought (:mod:`pytest_mig.judge.thermal`): each one judged against the history brought to
-        its own temperature, as that baseline is to the first measurement's (a re-run reads warmer, and
-        would read as a loss against it; no run moved by more than the cap for either), or, where its
-        temperature is unknown or one the slope does not cover (a results file written before keeps
-        none), judged as it read: moved by what the baseline was, so that it meets the baseline as the
-        runs read it.  As they are where the verdict's baseline was not brought, or they were brought
-        already (``Remeasured.brought``)."""
+        and threshold were (:mod:`pytest_mig.judge.thermal`): each one judged as a first measurement at
+        its own temperature would be, against the history brought there (no run moved by more than the
+        cap) and with its threshold widened for the warmth it read (a re-run reads warmer, and would
+        read as a loss against the first's), then moved by the difference; or, where its temperature is
+        unknown or one the slope does not cover (a results file written before keeps none), judged as it
+        read: moved by what the baseline was, so that it meets the baseline as the runs read it.  As
+        they are where the verdict was neither brought nor widened, or they were put so already
+        (``Remeasured.brought``)."""
         name = rec.metric.name
         values = list(again.get(name, []))
         temperatures: Sequence[float | None] = getattr(again, "temperatures", {}).get(name, [])
-        if name in getattr(again, "brought", ()):
+        if name in getattr(again, "brought", ()) or not (verdict.at_temperature or verdict.warmth):
             return values
-        base = self.history(rec) if verdict.at_temperature else None
+        base = self.history(rec)
         entry = base.get(rec.test, rec.metric.name, rec.mode) if base is not None else None
         if entry is None or not verdict.baseline or not entry.value:
             return values
         slope, as_read = self.priors.slope_for(rec), verdict.baseline / entry.value
         known = list(temperatures) if len(temperatures) == len(values) else [None] * len(values)
         runs = [(r.value, r.temperature_c) for r in entry.runs]
-        cap = cap_for(verdict.threshold or 0.0, verdict.detectable or math.inf, verdict.tolerance or 0.0)
+        widen = _Widening(rec, verdict, entry, slope)
+        cap = cap_for(widen.threshold, (verdict.detectable or math.inf) - widen.first, verdict.tolerance or 0.0)
         out = []
         for value, t in zip(values, known):
-            own = at_run_temperature({"temperature_c": t}, runs, slope, cap=cap) if t is not None else None
-            out.append(value * verdict.baseline / statistics.median(own.values) if own is not None else value * as_read)
+            own = at_run_temperature({"temperature_c": t}, runs, slope, cap=cap) \
+                if t is not None and verdict.at_temperature else None
+            center = statistics.median(own.values) if own is not None else entry.value
+            put = value * verdict.baseline / center if own is not None else value * as_read
+            out.append(put - verdict.baseline * (widen.at(t, center / entry.value - 1) - widen.first))
         return out
 
     def _confirmed(self, rec: ResultRecord, verdict: Verdict, values: Sequence[float],
@@ -316,6 +321,26 @@ class Pipeline:
         if verdict.source == "ceiling" and self.ceilings is not None:
             return self.ceilings.confirm(verdict, values)
         return confirm(verdict, rec, values, improvement_fails=self.improvement_fails)
+
+
+class _Widening:
+    """How far an energy verdict's threshold was widened for the warmth its first measurement read
+    (:func:`~pytest_mig.judge.thermal.warmth`), the threshold before it, and what a re-measurement at
+    another temperature would have been widened by."""
+
+    def __init__(self, rec: ResultRecord, verdict: Verdict, entry: BaselineEntry, slope: Slope | None) -> None:
+        self.slope, self.history_c = slope, history_temperature([r.temperature_c for r in entry.runs])
+        total = verdict.threshold or 0.0
+        first_c = temperature_of(rec.metric.info)
+        brought = (verdict.baseline or entry.value) / entry.value - 1
+        beyond = widening(first_c, self.history_c, slope, brought, 0.0) if verdict.warmth else 0.0
+        self.threshold = 2 * (total - beyond) if verdict.warmth else total  # widening = beyond - threshold / 2
+        self.first = max(0.0, total - self.threshold)
+
+    def at(self, temperature: float | None, brought: float) -> float:
+        """The widening a measurement read at ``temperature``, its history brought by ``brought``, has."""
+        return widening(temperature, self.history_c, self.slope, brought, self.threshold) if temperature is not None \
+            else self.first
 
 
 def _why_no_ceiling(verdict: Verdict, why: str | None) -> Verdict:

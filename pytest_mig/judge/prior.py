@@ -90,9 +90,10 @@ class Priors:
     def slope_for(self, rec: ResultRecord) -> Slope | None:
         """The leakage slope of the record's energy figure, fitted within each board's runs of the
         reference of its GPU model and profile (the shipped one where a site's folder does not hold
-        the figure, as its prior is), where significant (:func:`pytest_mig.judge.thermal.slope_of`):
-        what brings its history to this run's temperature.  None for any other figure, a CPU run, or a
-        figure that reference does not hold with temperatures enough to show one."""
+        the figure, as its prior is; :func:`pytest_mig.judge.thermal.slope_of`): where significant,
+        what brings its history to this run's temperature, and either way how steep a board may be.
+        None for any other figure, a CPU run, or a figure that reference does not hold with
+        temperatures enough to fit one."""
         meta = meta_from_record(rec)
         if rec.metric.kind != "energy" or meta.gpu_slug == CPU:
             return None

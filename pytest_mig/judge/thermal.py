@@ -35,7 +35,16 @@ read, since the noise left after the temperature differs between boards more tha
 few boards show.  A re-measurement, which reads warmer, is brought back to the first's, or, where its
 temperature is unknown or not covered, judged as it read
 (:meth:`pytest_mig.judge.pipeline.Pipeline._at_first_temperature`).  Where the record, a run of the
-history or the reference lacks a temperature, the figure is judged as it read.  Pure functions: no
+history or the reference lacks a temperature, the figure is judged as it read.
+
+What a board steeper than the slope used may still owe its temperature widens the band instead
+(:func:`warmth`): a board is taken to be up to ``BOARDS`` times the pooled slope's upper bound
+(``STEEPEST`` at most, and where none was fitted); what that moves over the distance from the median
+temperature of the history's runs, less what the history was brought and half the threshold (the
+rest holds the noise), is added to the threshold and to the smallest change it detects.  A night
+that starts on a GPU just off a user's job then passes, a loss larger than the warmth explains still
+fails, and the verdict says how far it was widened.  A re-measurement is judged as a first reading at
+its own temperature would be.  Pure functions: no
 files, no pytest.
 """
 
@@ -62,11 +71,12 @@ MARGIN_C = 5.0
 MIN_USED = 0.0001
 #: The most a run's value is moved when brought (2%); never more than half the figure's threshold either.
 MAX_BROUGHT = 0.02
-#: Degrees C beyond the temperatures its history's runs read that an energy figure still gates at: a
-#: board as steep as the steepest measured (H200 FMA +0.47%/°C; H100 FMA +0.9%/°C, whose thresholds
-#: are 6% and more) moves 1.9% over it, under half the tightest energy threshold (about 4%).  Further
-#: away it is reported, not gated (:func:`beyond_history`).
-GATES_WITHIN_C = 4.0
+#: How much steeper than the pooled slope a board's own may be: on the archived boards their own
+#: slopes ran 0.45 to 1.9 times it (H100 STREAM J/GB +0.16 to +0.65%/°C against +0.35).
+BOARDS = 2.0
+#: The steepest leakage a board is taken to have (1%/°C; the steepest measured: an H100's FMA energy,
+#: +0.90 ± 0.29%/°C), and that of a figure with no slope known.
+STEEPEST = 0.01
 
 
 @dataclass(frozen=True)
@@ -128,10 +138,10 @@ def significant(slope: Slope | None) -> bool:
 
 
 def slope_of(runs_by_board: Mapping[str, Sequence[tuple[float | None, float]]]) -> Slope | None:
-    """The :func:`significant` slope of a figure whose runs are given by board as (temperature, value)
-    pairs (runs without a temperature are left out), else None."""
-    slope = pooled_slope([[(t, v) for t, v in runs if t is not None] for runs in runs_by_board.values()])
-    return slope if significant(slope) else None
+    """The :func:`pooled_slope` of a figure whose runs are given by board as (temperature, value) pairs
+    (runs without a temperature are left out), else None.  It brings a history only where it is
+    :func:`significant`; any fit bounds how steep a board may be (:func:`steepest_for`)."""
+    return pooled_slope([[(t, v) for t, v in runs if t is not None] for runs in runs_by_board.values()])
 
 
 @dataclass(frozen=True)
@@ -156,41 +166,65 @@ class AtRunTemperature:
                 f"(leakage){held}")
 
 
+def steepest_for(slope: Slope | None) -> float:
+    """The steepest leakage a board of this figure is taken to have (relative per degC): ``BOARDS`` times
+    the upper bound of its pooled slope (``CAUTION`` standard errors above the fit; a figure whose
+    energy hardly follows the temperature, as GEMM's, which sets its own, gets little), at most
+    ``STEEPEST``; ``STEEPEST`` where no slope was fitted."""
+    if slope is None or not (math.isfinite(slope.per_degree) and math.isfinite(slope.se)):
+        return STEEPEST
+    return min(STEEPEST, BOARDS * max(slope.per_degree + CAUTION * slope.se, 0.0))
+
+
 @dataclass(frozen=True)
-class BeyondHistory:
-    """An energy figure read at ``run_c``, more than ``GATES_WITHIN_C`` outside the ``low_c``-``high_c``
-    its history's runs read."""
+class Warmth:
+    """An energy figure read at ``run_c``, away from the ``history_c`` its history's runs read (their
+    median), further than its band and the history brought to it hold for a board of the ``steepest``
+    leakage: its threshold, and the smallest change it detects, widened by ``widen`` (relative)."""
 
     run_c: float
-    low_c: float
-    high_c: float
-
-    @property
-    def by(self) -> float:
-        """How far outside (degC): positive warmer than the warmest run, negative cooler than the coolest."""
-        return self.run_c - self.high_c if self.run_c > self.high_c else self.run_c - self.low_c
+    history_c: float
+    steepest: float
+    widen: float
 
     def text(self) -> str:
-        """'its runs read 44-49 °C, this run 61 °C'."""
-        read = f"{self.low_c:.0f} °C" if round(self.low_c) == round(self.high_c) else \
-            f"{self.low_c:.0f}-{self.high_c:.0f} °C"
-        return f"its runs read {read}, this run {self.run_c:.0f} °C"
+        """'read 12 °C warmer than its runs (median 41 °C): threshold widened 6.9% for leakage (up to
+        0.70%/°C)'."""
+        side = "warmer" if self.run_c > self.history_c else "cooler"
+        return (f"read {abs(self.run_c - self.history_c):.0f} °C {side} than its runs (median {self.history_c:.0f} °C): "
+                f"threshold widened {100 * self.widen:.1f}% for leakage (up to {100 * self.steepest:.2f}%/°C)")
 
 
-def beyond_history(info: Mapping[str, object], temperatures: Iterable[float | None]) -> BeyondHistory | None:
-    """Where the record whose info is ``info`` read a temperature more than ``GATES_WITHIN_C`` outside
-    the range its history's runs read (``temperatures``; those unknown left out), how far; else None,
-    as where the record or every run read none.  A night that starts on a GPU just off a user's job,
-    or one whose cooling changed: the history's spread holds the temperatures its runs read, and a
-    board's own leakage slope is not known well enough to bring a run further."""
-    run_c = temperature_of(info)
+def history_temperature(temperatures: Sequence[float | None]) -> float | None:
+    """The median temperature of a history's runs (``temperatures``, one each), where at least half of
+    them read one (those that did not left out); else None."""
     known = [t for read in temperatures if (t := temperature_of({"temperature_c": read})) is not None]
-    if run_c is None or not known:
+    return float(statistics.median(known)) if known and 2 * len(known) >= len(temperatures) else None
+
+
+def widening(run_c: float | None, history_c: float | None, slope: Slope | None, brought: float,
+             threshold: float) -> float:
+    """How far a band of ``threshold`` widens for a run read at ``run_c`` whose history's runs read
+    ``history_c`` (their median) and were ``brought`` (relative) toward it: what a board of the
+    :func:`steepest_for` leakage moves over that distance, less what was brought and half the
+    threshold (the rest holds the noise); 0 where that is nothing or a temperature is unknown."""
+    if run_c is None or history_c is None or not (math.isfinite(threshold) and math.isfinite(brought)):
+        return 0.0
+    return max(0.0, steepest_for(slope) * abs(run_c - history_c) - abs(brought) - threshold / 2)
+
+
+def warmth(info: Mapping[str, object], temperatures: Sequence[float | None], threshold: float, brought: float,
+           slope: Slope | None) -> Warmth | None:
+    """The :func:`widening` of the band (``threshold``) of the record whose info is ``info``, whose
+    history's runs read ``temperatures`` (:func:`history_temperature`) and were ``brought`` toward its
+    temperature; None where it is nothing, or the record or most runs read no temperature.  A night
+    that starts on a GPU just off a user's job, or whose cooling changed, then passes, and a loss
+    larger than the warmth explains still fails."""
+    run_c, history_c = temperature_of(info), history_temperature(temperatures)
+    widen = widening(run_c, history_c, slope, brought, threshold)
+    if run_c is None or history_c is None or not widen > 0:
         return None
-    low, high = min(known), max(known)
-    if low - GATES_WITHIN_C <= run_c <= high + GATES_WITHIN_C:
-        return None
-    return BeyondHistory(run_c, low, high)
+    return Warmth(run_c, history_c, steepest_for(slope), widen)
 
 
 def cap_for(threshold: float, detectable: float, limit: float) -> float:
@@ -224,6 +258,7 @@ def at_run_temperature(info: Mapping[str, object], runs: Sequence[tuple[float, f
     return AtRunTemperature(values, float(statistics.median(temps)), run_c, per_degree, capped)
 
 
-__all__ = ["CAUTION", "GATES_WITHIN_C", "MARGIN_C", "MAX_BROUGHT", "MAX_PER_DEGREE", "MIN_SLOPE_DOF", "MIN_T",
-           "MIN_USED", "AtRunTemperature", "BeyondHistory", "Slope",
-           "at_run_temperature", "beyond_history", "cap_for", "pooled_slope", "significant", "slope_of"]
+__all__ = ["BOARDS", "CAUTION", "MARGIN_C", "MAX_BROUGHT", "MAX_PER_DEGREE", "MIN_SLOPE_DOF", "MIN_T", "MIN_USED",
+           "STEEPEST", "AtRunTemperature", "Slope", "Warmth",
+           "at_run_temperature", "cap_for", "history_temperature", "pooled_slope",
+           "significant", "slope_of", "steepest_for", "warmth", "widening"]

@@ -57,9 +57,9 @@ from pytest_mig.judge.noise import (
     is_prior,
 )
 from pytest_mig.judge.reference import Reference, fingerprint_beside
-from pytest_mig.judge.thermal import GATES_WITHIN_C, Slope, at_run_temperature, beyond_history, cap_for
+from pytest_mig.judge.thermal import Slope, at_run_temperature, cap_for, warmth
 from pytest_mig.store.results import ResultRecord
-from pytest_mig.store.verdicts import TEMPERATURE_BASIS, ClockNote, Outcome, Verdict
+from pytest_mig.store.verdicts import ClockNote, Outcome, Verdict
 from pytest_mig.common.text import SHOWN, quoted
 
 #: The tolerance a figure is held to when nobody set one: a figure whose run-to-run noise needs a
@@ -283,29 +283,32 @@ def compare(
     early = _unjudgeable(record, e, throttled)
     if early is not None:
         return early
-    b, warm = _at_run_temperature(record, e, band(e.values, tolerance=tolerance if tolerance is not None else
-                                                  e.tolerance, default_tolerance=default_tolerance,
-                                                  partners=partners, prior=prior), slope)
+    b, warm, more = _at_run_temperature(record, e, band(e.values, tolerance=tolerance if tolerance is not None
+                                                          else e.tolerance, default_tolerance=default_tolerance,
+                                                          partners=partners, prior=prior), slope)
     changes = fingerprint_diff(e.fingerprint or (meta.fingerprint if meta else {}), record.fingerprint)
-    return _judged(record, e, b, changes, improvement_fails=improvement_fails, at_temperature=warm)
+    return _judged(record, e, b, changes, improvement_fails=improvement_fails, at_temperature=warm, warmth=more)
 
 
 def _at_run_temperature(record: ResultRecord, e: BaselineEntry, b: Band,
-                        slope: Slope | None) -> tuple[Band, str | None]:
-    """The band of an energy figure with its baseline at this run's temperature (no run moved by more
-    than :func:`~pytest_mig.judge.thermal.cap_for` allows), its sigma as the runs read, and what the
-    verdict says of it (:mod:`pytest_mig.judge.thermal`); one that read a temperature too far from
-    its runs' does not gate (:func:`~pytest_mig.judge.thermal.beyond_history`); else ``b`` as it is."""
+                        slope: Slope | None) -> tuple[Band, str | None, str | None]:
+    """The band of an energy figure at this run's temperature (:mod:`pytest_mig.judge.thermal`), and
+    what the verdict says of it (its ``at_temperature``, its ``warmth``): its baseline brought there,
+    no run moved by more than :func:`~pytest_mig.judge.thermal.cap_for` allows, its sigma as the runs
+    read, and its threshold widened by what a steep board's leakage may add beyond what that and half
+    the threshold hold (:func:`~pytest_mig.judge.thermal.warmth`); else ``b`` as it is."""
     if record.metric.kind != "energy":
-        return b, None
-    beyond = beyond_history(record.metric.info, [r.temperature_c for r in e.runs]) if b.gates else None
-    if beyond is not None:
-        return replace(b, gates=False, basis=TEMPERATURE_BASIS), beyond.text()
+        return b, None, None
+    temperatures = [r.temperature_c for r in e.runs]
     cap = cap_for(b.threshold, b.detectable, b.limit)
     warm = at_run_temperature(record.metric.info, [(r.value, r.temperature_c) for r in e.runs], slope, cap=cap)
-    if warm is None:
-        return b, None
-    return replace(b, center=float(statistics.median(warm.values))), warm.text()
+    if warm is not None:
+        b = replace(b, center=float(statistics.median(warm.values)))
+    brought = b.center / float(statistics.median(e.values)) - 1 if warm is not None else 0.0
+    more = warmth(record.metric.info, temperatures, b.threshold, brought, slope)
+    if more is not None:
+        b = replace(b, threshold=b.threshold + more.widen, detectable=b.detectable + more.widen)
+    return b, warm.text() if warm is not None else None, more.text() if more is not None else None
 
 
 def _other_mode(record: ResultRecord, other_mode: str, throttled: list[str]) -> Verdict:
@@ -357,7 +360,7 @@ def _unjudgeable(record: ResultRecord, e: BaselineEntry, throttled: list[str]) -
 
 
 def _judged(record: ResultRecord, e: BaselineEntry, b: Band, changes: list[str], *, improvement_fails: bool,
-            source: str = "baseline", at_temperature: str | None = None) -> Verdict:
+            source: str = "baseline", at_temperature: str | None = None, warmth: str | None = None) -> Verdict:
     """The verdict of a record against a history whose band is ``b``."""
     m = record.metric
     change = (m.value - b.center) / abs(b.center)
@@ -379,7 +382,7 @@ def _judged(record: ResultRecord, e: BaselineEntry, b: Band, changes: list[str],
                  threshold=b.threshold, sigma=b.sigma, detectable=b.detectable, runs=b.runs, gates=b.gates,
                  basis=b.basis, fingerprint_changes=changes, throttled=throttle_reasons(m.info), failed=failed,
                  source=source, sigma_of=b.sigma_of, history_fingerprint=e.fingerprint,
-                 history_throttled=e.throttled, at_temperature=at_temperature)
+                 history_throttled=e.throttled, at_temperature=at_temperature, warmth=warmth)
     v.message = _message(v, record)
     return v
 
@@ -391,8 +394,7 @@ def _message(v: Verdict, record: ResultRecord) -> str:
     reference = v.source == "reference"
     if reference:
         runs += " of the reference for this GPU model"
-    if v.at_temperature:
-        runs += f", {v.at_temperature}"
+    runs += "".join(f"{sep}{note}" for sep, note in ((", ", v.at_temperature), ("; ", v.warmth)) if note)
     msg = (f"{value_text(record)}, {v.source} {format_number(v.baseline)} {v.unit}".rstrip()
            + f" ({runs}): {(v.change_pct or 0):+.1f}%, ")
     if v.outcome == "noisy" and reference and v.sigma is None:
@@ -402,10 +404,6 @@ def _message(v: Verdict, record: ResultRecord) -> str:
         msg += (f"too noisy to judge against another board (run-to-run sigma {_sigma_text(v)} across the "
                 f"reference's runs: its threshold would be {percent(v.threshold or 0)}, more than "
                 f"{percent(REFERENCE_MAX)}); reported, not judged")
-    elif v.outcome == "noisy" and v.basis == TEMPERATURE_BASIS:
-        msg += (f"not gated tonight: more than {GATES_WITHIN_C:g} °C from the temperatures its runs read, where "
-                f"a board's own leakage moves energy by more than its {percent(v.threshold or 0)} threshold holds "
-                f"(a night started on a warm GPU, or its cooling changed); reported, not judged")
     elif v.outcome == "noisy":
         msg += (f"too noisy to gate (run-to-run CV {_sigma_text(v)} over {v.runs} runs: its threshold would be "
                 f"{percent(v.threshold or 0)}, more than the {percent(v.tolerance or 0)} tolerance); reported, not judged")

@@ -47,7 +47,7 @@ VERDICT: dict[str, Any] = {
         "confirmations": _NUMBERS, "fingerprint_changes": _STRINGS, "throttled": _STRINGS,
         "message": {"type": "string"}, "unit": {"type": "string"}, "test": {"type": "string"},
         "failed": {"type": "boolean"}, "direction": _DIRECTION, "basis": _OPT_STRING, "source": {"type": "string"},
-        "sigma_of": _OPT_STRING, "at_temperature": _OPT_STRING,
+        "sigma_of": _OPT_STRING, "at_temperature": _OPT_STRING, "warmth": _OPT_STRING,
     },
 }
 

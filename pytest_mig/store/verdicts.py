@@ -36,11 +36,6 @@ _NOT_FILED = ("clock", "history_fingerprint", "history_throttled")
 _FILED: dict[type, frozenset[str]] = {}
 
 
-#: The basis of an energy figure's verdict that read a temperature too far from its history's to gate
-#: (:func:`pytest_mig.judge.thermal.beyond_history`).
-TEMPERATURE_BASIS = "temperature"
-
-
 @dataclass
 class Verdict:
     """The outcome for one metric of one test, and the sentence that explains it."""
@@ -64,8 +59,7 @@ class Verdict:
     test: str = ""
     failed: bool = False  # does this verdict fail the test?
     direction: str = "higher"
-    basis: str | None = None  # where the threshold came from: noise, floor, few-runs, tolerance, reference;
-    # temperature: an energy figure read too far from its runs' temperatures to gate
+    basis: str | None = None  # where the threshold came from: noise, floor, few-runs, tolerance, reference
     source: str | None = "baseline"  # against the site's own history ("baseline") or a shipped "reference"; None:
     # read from a results file that did not say
     sigma_of: str | None = None  # the rate figure that times the same work, where its sigma was the larger
@@ -73,6 +67,7 @@ class Verdict:
     history_fingerprint: dict[str, Any] = field(default_factory=dict)  # the newest run's of the history judged against
     history_throttled: list[str] = field(default_factory=list)  # throttle reasons seen in that history's runs
     at_temperature: str | None = None  # an energy figure's history brought to this run's temperature: how
+    warmth: str | None = None  # an energy figure read far from its runs' temperatures: how its band widened
 
     def to_dict(self) -> dict[str, Any]:
         """The ``verdict`` object of a results file."""
@@ -115,10 +110,8 @@ class Verdict:
 
     def line(self) -> str:
         """The message with its outcome in front, as a failing test shows it."""
-        label = self.outcome.upper()
-        if self.outcome == "noisy":
-            label = "NOT GATED TONIGHT" if self.basis == TEMPERATURE_BASIS else "TOO NOISY TO GATE"
+        label = "TOO NOISY TO GATE" if self.outcome == "noisy" else self.outcome.upper()
         return f"{label} {self.test + ' ' if self.test else ''}{self.message}".rstrip()
 
 
-__all__ = ["JUDGED", "LIMIT_SLACK", "OUTCOMES", "TEMPERATURE_BASIS", "ClockNote", "Outcome", "Verdict"]
+__all__ = ["JUDGED", "LIMIT_SLACK", "OUTCOMES", "ClockNote", "Outcome", "Verdict"]
