@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import replace
 from typing import Any
 
@@ -13,8 +14,9 @@ from pytest_mig.judge.noise import Prior
 from pytest_mig.judge.prior import Priors
 from pytest_mig.judge.reference import SHIPPED, ReferenceStore
 from pytest_mig.judge.thermal import (
-    BOARDS, CAUTION, MARGIN_C, MAX_BROUGHT, MAX_PER_DEGREE, MIN_SLOPE_DOF, MIN_USED, STEEPEST, Slope, at_run_temperature,
-    cap_for, history_temperature, pooled_slope, significant, slope_of, steepest_for, widening,
+    BOARDS, CAUTION, MARGIN_C, MAX_BROUGHT, MAX_PER_DEGREE, MAX_WARMTH_C, MIN_SLOPE_DOF, MIN_USED, STEEPEST, Slope,
+    at_run_temperature, cap_for, hidden, history_temperature, pooled_slope, significant, slope_of, steepest_for,
+    widening,
 )
 from pytest_mig.judge.verdict import compare
 from pytest_mig.measure import Metric
@@ -195,12 +197,12 @@ def test_the_note_survives_a_results_file(tmp_path: Any) -> None:
 
 # --------------------------------------------------------------------------- warmth beyond what the band holds
 
-STEEP = Slope(0.003, 0.0003, 20)  # +0.3 +- 0.03%/degC pooled: a board taken to reach +0.72%/degC (BOARDS)
+STEEP = Slope(0.003, 0.0003, 20)  # +0.3%/degC pooled: a board taken to reach +0.6%/degC (BOARDS)
 
 
 def test_the_steepest_board_is_twice_the_pooled_slope_and_never_over_1_percent_per_degree() -> None:
     assert BOARDS == 2.0 and STEEPEST == 0.01
-    assert steepest_for(STEEP) == pytest.approx(BOARDS * (0.003 + CAUTION * 0.0003))
+    assert steepest_for(STEEP) == pytest.approx(BOARDS * 0.003)
     assert steepest_for(Slope(0.008, 0.0008, 20)) == STEEPEST
     assert steepest_for(Slope(0.0005, 0.0005, 20)) == pytest.approx(0.003)  # not significant: its upper bound
     assert steepest_for(Slope(-0.002, 0.0005, 20)) == 0.0  # energy that falls as it warms: none
@@ -208,15 +210,29 @@ def test_the_steepest_board_is_twice_the_pooled_slope_and_never_over_1_percent_p
 
 
 @pytest.mark.parametrize("run_c, history_c, brought, widen", [
-    (55.0, 45.0, 0.0, 0.072 - 0.01),  # 10 degC at 0.72%/degC, less half a 2% threshold
-    (55.0, 45.0, 0.012, 0.072 - 0.012 - 0.01),  # less what the history was brought
-    (35.0, 45.0, -0.012, 0.072 - 0.012 - 0.01),  # a cool night alike: what it hides is not claimed
+    (55.0, 45.0, 0.0, 0.06 - 0.01),  # 10 degC at 0.6%/degC, less half a 2% threshold
+    (55.0, 45.0, 0.012, 0.06 - 0.012 - 0.01),  # less what the history was brought
+    (45.0 + MAX_WARMTH_C + 100, 45.0, 0.0, MAX_WARMTH_C * 0.006 - 0.01),  # a glitch counts MAX_WARMTH_C at most
+    (35.0, 45.0, -0.012, 0.0),  # a cool night raises no false alarm: its band stays
     (46.0, 45.0, 0.0, 0.0),  # within what half the threshold holds
     (None, 45.0, 0.0, 0.0), (55.0, None, 0.0, 0.0),
 ])
 def test_a_band_widens_by_what_a_steep_board_moves_beyond_what_it_holds(
         run_c: float | None, history_c: float | None, brought: float, widen: float) -> None:
     assert widening(run_c, history_c, STEEP, brought, 0.02) == pytest.approx(widen)
+
+
+def test_a_cool_night_claims_no_loss_its_leakage_may_hide() -> None:
+    assert hidden(35.0, 45.0, STEEP, -0.012) == pytest.approx(0.06 - 0.012)
+    assert hidden(55.0, 45.0, STEEP, 0.012) == 0.0 and hidden(None, 45.0, STEEP, 0.0) == 0.0
+    assert widening(55.0, 45.0, STEEP, 0.0, float("nan")) == 0.0 and hidden(35.0, 45.0, STEEP, float("inf")) == 0.0
+    hist = history([(5.00, 44.0), (5.01, 46.0), (4.99, 45.0)])
+    near = compare(rec(5.00, 45.0), hist, prior=Prior(0.004), slope=STEEP)
+    cool = compare(rec(5.00 * 1.04 * math.exp(-0.006 * 10), 35.0), hist, prior=Prior(0.004), slope=STEEP)  # 4% hidden
+    brought = (cool.baseline or 0) / 5.00 - 1
+    assert cool.outcome == "pass" and cool.threshold == pytest.approx(near.threshold)  # no wider
+    assert cool.detectable == pytest.approx((near.detectable or 0) + hidden(35.0, 45.0, STEEP, brought))
+    assert "read 10 °C cooler than its runs (median 45 °C): leakage (up to 0.60%/°C) may hide" in cool.message
 
 
 def test_the_history_s_temperature_is_its_runs_median_where_most_read_one() -> None:
@@ -234,7 +250,8 @@ def test_an_energy_figure_far_warmer_than_its_history_is_judged_with_its_band_wi
     assert v.outcome == "pass" and v.at_temperature and 0 < brought < 0.02 and widen > 0.02
     assert v.threshold == pytest.approx((within.threshold or 0) + widen)
     assert v.detectable == pytest.approx((within.detectable or 0) + widen) and not v.catches(0.05)
-    assert f"read 10 °C warmer than its runs (median 45 °C): threshold widened {100 * widen:.1f}% for leakage" in v.message
+    assert (f"read 10 °C warmer than its runs (median 45 °C): its {100 * (within.threshold or 0):.1f}% threshold widened "
+            f"by {100 * widen:.1f}% for leakage") in v.message
     hot.verdict = v
     write_results(tmp_path / "r.json", [hot])
     back = read_results_file(tmp_path / "r.json")[0][0].verdict
@@ -384,7 +401,7 @@ def test_each_re_measurement_is_brought_alone_or_judged_as_it_read() -> None:
     from pytest_mig.judge.pipeline import Pipeline, RecordHistories, Remeasured
     history = RecordHistories([[triad(0.12 * f, 47.0)] for f in SPREAD10])
     pipeline = Pipeline(history, references=ReferenceStore(SHIPPED))
-    first = triad(0.1300, 45.0)
+    first = triad(0.1300, 47.0)
     (v,) = pipeline.judge([first])
     s = Priors(ReferenceStore(SHIPPED)).slope_for(first).cautious  # type: ignore[union-attr]
     most = math.log1p(cap_for(v.threshold or 0, v.detectable or 0, v.tolerance or 0))
@@ -392,7 +409,7 @@ def test_each_re_measurement_is_brought_alone_or_judged_as_it_read() -> None:
 
     def base_at(t: float) -> float:  # the history brought to t, no run moved further than the cap
         return 0.12 * math.exp(min(max(s * (t - 47), -most), most))
-    assert v.at_temperature and v.baseline == pytest.approx(base_at(45))
+    assert v.at_temperature and v.baseline == pytest.approx(base_at(47))
     again = Remeasured()
     again[TRIAD], again.temperatures[TRIAD] = [0.121, 0.122, 0.123, 0.124], [50.0, None, 44.0, 80.0]
     out = pipeline._at_first_temperature(first, v, again)
@@ -402,9 +419,9 @@ def test_each_re_measurement_is_brought_alone_or_judged_as_it_read() -> None:
     def warmer(t: float, brought: float) -> float:  # the widening a first reading at t would have had
         return (v.baseline or 0) * widening(t, 47.0, slope, brought, v.threshold or 0)
     assert v.warmth is None and warmer(80.0, 0.0) > 0.1 * 0.12
-    assert out == pytest.approx([0.121 * base_at(45) / base_at(50) - warmer(50.0, base_at(50) / 0.12 - 1),
+    assert out == pytest.approx([0.121 * base_at(47) / base_at(50) - warmer(50.0, base_at(50) / 0.12 - 1),
                                  0.122 * as_read,
-                                 0.123 * base_at(45) / base_at(44) - warmer(44.0, base_at(44) / 0.12 - 1),
+                                 0.123 * base_at(47) / base_at(44) - warmer(44.0, base_at(44) / 0.12 - 1),
                                  0.124 * as_read - warmer(80.0, 0.0)])  # 80 degC: not covered, and far warmer
     again[TRIAD], again.temperatures[TRIAD] = [0.121, 0.122], [50.0]
     assert pipeline._at_first_temperature(first, v, again) == pytest.approx(
@@ -568,3 +585,23 @@ def test_a_re_measurement_is_judged_as_a_first_measurement_at_its_temperature_wo
         (own,) = pipeline.judge([triad(0.1200 * 1.05, t)])  # no further brought, and its own widening
         beyond = (out / (v.baseline or 1) - 1) - (v.threshold or 0)
         assert beyond == pytest.approx((own.change_pct or 0) / 100 - (own.threshold or 0), abs=1e-9)
+    assert v.warmth  # widened: a re-measurement whose temperature is unknown meets the first's band as it read
+    again[TRIAD], again.temperatures[TRIAD] = [0.126], [None]
+    as_read = (v.baseline or 0) / statistics.median([0.12 * f for f in SPREAD10])
+    assert pipeline._at_first_temperature(first, v, again) == pytest.approx([0.126 * as_read])
+
+
+def test_a_warmer_re_measurement_confirms_nothing_where_the_first_was_neither_brought_nor_widened() -> None:
+    from pytest_mig.judge.pipeline import Pipeline, RecordHistories, Remeasured
+    a100 = "NVIDIA A100-SXM4-80GB"  # no reference slope: nothing brought, 1%/degC taken
+    pipeline = Pipeline(RecordHistories([[rec(5.0 * f, 45.0, gpu=a100)] for f in SPREAD10]),
+                        references=ReferenceStore(SHIPPED))
+    (v,) = pipeline.judge([rec(5.0 * 1.03, 46.0, gpu=a100)])  # a blip, 1 degC warm
+    assert v.outcome == "regressed" and v.warmth is None and v.at_temperature is None
+
+    def rerun() -> Remeasured:  # unchanged, on a board of 0.5%/degC, re-read far warmer
+        again = Remeasured()
+        for t in (54.0, 56.0):
+            again.keep(rec(5.0 * math.exp(0.005 * (t - 45)), t, gpu=a100).metric, False)
+        return again
+    assert pipeline.judge([rec(5.0 * 1.03, 46.0, gpu=a100)], remeasure=rerun)[0].outcome == "transient"

@@ -34,7 +34,7 @@ from pytest_mig.device.host import SHARED_HOST, shared_host
 from pytest_mig.judge.prior import PriorSource, Priors
 from pytest_mig.judge.ceiling import Ceilings
 from pytest_mig.judge.reference import Reference, ReferenceStore
-from pytest_mig.judge.thermal import Slope, at_run_temperature, cap_for, history_temperature, widening
+from pytest_mig.judge.thermal import Slope, at_run_temperature, cap_for, hidden, history_temperature, widening
 from pytest_mig.store.results import ResultRecord
 from pytest_mig.judge.verdict import (
     DEFAULT_TOLERANCE,
@@ -205,7 +205,7 @@ class Pipeline:
             taken = Remeasured()
             for r in mine:
                 taken[r.metric.name] = list(r.verdict.confirmations) if r.verdict is not None else []
-                if r.verdict is not None and (r.verdict.at_temperature or r.verdict.warmth):
+                if r.verdict is not None and r.verdict.at_temperature:
                     taken.brought.add(r.metric.name)
             for i, v in zip(idx, self.judge(mine, tolerance=tolerance, remeasure=lambda taken=taken: taken)):
                 out[i] = v
@@ -278,12 +278,11 @@ class Pipeline:
         read as a loss against the first's), then moved by the difference; or, where its temperature is
         unknown or one the slope does not cover (a results file written before keeps none), judged as it
         read: moved by what the baseline was, so that it meets the baseline as the runs read it.  As
-        they are where the verdict was neither brought nor widened, or they were put so already
-        (``Remeasured.brought``)."""
+        they are for any other figure, or where they were put so already (``Remeasured.brought``)."""
         name = rec.metric.name
         values = list(again.get(name, []))
         temperatures: Sequence[float | None] = getattr(again, "temperatures", {}).get(name, [])
-        if name in getattr(again, "brought", ()) or not (verdict.at_temperature or verdict.warmth):
+        if name in getattr(again, "brought", ()) or rec.metric.kind != "energy":
             return values
         base = self.history(rec)
         entry = base.get(rec.test, rec.metric.name, rec.mode) if base is not None else None
@@ -293,11 +292,10 @@ class Pipeline:
         known = list(temperatures) if len(temperatures) == len(values) else [None] * len(values)
         runs = [(r.value, r.temperature_c) for r in entry.runs]
         widen = _Widening(rec, verdict, entry, slope)
-        cap = cap_for(widen.threshold, (verdict.detectable or math.inf) - widen.first, verdict.tolerance or 0.0)
+        cap = cap_for(widen.threshold, widen.detectable, verdict.tolerance or 0.0)
         out = []
         for value, t in zip(values, known):
-            own = at_run_temperature({"temperature_c": t}, runs, slope, cap=cap) \
-                if t is not None and verdict.at_temperature else None
+            own = at_run_temperature({"temperature_c": t}, runs, slope, cap=cap) if t is not None else None
             center = statistics.median(own.values) if own is not None else entry.value
             put = value * verdict.baseline / center if own is not None else value * as_read
             out.append(put - verdict.baseline * (widen.at(t, center / entry.value - 1) - widen.first))
@@ -324,18 +322,22 @@ class Pipeline:
 
 
 class _Widening:
-    """How far an energy verdict's threshold was widened for the warmth its first measurement read
-    (:func:`~pytest_mig.judge.thermal.warmth`), the threshold before it, and what a re-measurement at
-    another temperature would have been widened by."""
+    """How far an energy verdict's band was widened for the temperature its first measurement read
+    (:func:`~pytest_mig.judge.thermal.warmth`), the band before it, and what a re-measurement at another
+    temperature would have been widened by.  The threshold before is recovered from the one widened:
+    ``widening`` adds what the warmth moves less half the threshold, so the total is half the band's
+    threshold plus that warmth."""
 
     def __init__(self, rec: ResultRecord, verdict: Verdict, entry: BaselineEntry, slope: Slope | None) -> None:
         self.slope, self.history_c = slope, history_temperature([r.temperature_c for r in entry.runs])
         total = verdict.threshold or 0.0
         first_c = temperature_of(rec.metric.info)
         brought = (verdict.baseline or entry.value) / entry.value - 1
-        beyond = widening(first_c, self.history_c, slope, brought, 0.0) if verdict.warmth else 0.0
-        self.threshold = 2 * (total - beyond) if verdict.warmth else total  # widening = beyond - threshold / 2
+        moved = widening(first_c, self.history_c, slope, brought, 0.0) if verdict.warmth else 0.0
+        self.threshold = 2 * (total - moved) if moved > 0 else total
         self.first = max(0.0, total - self.threshold)
+        hides = hidden(first_c, self.history_c, slope, brought) if verdict.warmth else 0.0
+        self.detectable = (verdict.detectable or math.inf) - self.first - hides
 
     def at(self, temperature: float | None, brought: float) -> float:
         """The widening a measurement read at ``temperature``, its history brought by ``brought``, has."""

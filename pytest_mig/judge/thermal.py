@@ -38,13 +38,14 @@ temperature is unknown or not covered, judged as it read
 history or the reference lacks a temperature, the figure is judged as it read.
 
 What a board steeper than the slope used may still owe its temperature widens the band instead
-(:func:`warmth`): a board is taken to be up to ``BOARDS`` times the pooled slope's upper bound
-(``STEEPEST`` at most, and where none was fitted); what that moves over the distance from the median
-temperature of the history's runs, less what the history was brought and half the threshold (the
-rest holds the noise), is added to the threshold and to the smallest change it detects.  A night
-that starts on a GPU just off a user's job then passes, a loss larger than the warmth explains still
-fails, and the verdict says how far it was widened.  A re-measurement is judged as a first reading at
-its own temperature would be.  Pure functions: no
+(:func:`warmth`): a board is taken to be up to ``BOARDS`` times the pooled slope (``STEEPEST`` at
+most, and where none was fitted); on a warmer night what that moves over the distance from the
+median temperature of the history's runs (``MAX_WARMTH_C`` at most), less what the history was
+brought and half the threshold (the rest holds the noise), is added to the threshold and to the
+smallest change it detects; on a cooler night, what it may hide of a loss is added to what it
+detects.  A night that starts on a GPU just off a user's job then passes, a loss larger than the
+warmth explains still fails, and the verdict says how far it was widened.  A re-measurement is
+judged as a first reading at its own temperature would be.  Pure functions: no
 files, no pytest.
 """
 
@@ -77,6 +78,9 @@ BOARDS = 2.0
 #: The steepest leakage a board is taken to have (1%/°C; the steepest measured: an H100's FMA energy,
 #: +0.90 ± 0.29%/°C), and that of a figure with no slope known.
 STEEPEST = 0.01
+#: The farthest from its history's temperature a reading is counted as (degC): further is no night a
+#: GPU's nightly reads (a sensor's glitch, a failed fan), and widening on would let any loss pass.
+MAX_WARMTH_C = 20.0
 
 
 @dataclass(frozen=True)
@@ -168,31 +172,38 @@ class AtRunTemperature:
 
 def steepest_for(slope: Slope | None) -> float:
     """The steepest leakage a board of this figure is taken to have (relative per degC): ``BOARDS`` times
-    the upper bound of its pooled slope (``CAUTION`` standard errors above the fit; a figure whose
-    energy hardly follows the temperature, as GEMM's, which sets its own, gets little), at most
-    ``STEEPEST``; ``STEEPEST`` where no slope was fitted."""
+    its pooled slope, or times the slope's upper bound (``CAUTION`` standard errors above the fit)
+    where it is not :func:`significant` (a figure whose energy hardly follows the temperature, as
+    GEMM's, which sets its own, gets little); at most ``STEEPEST``, and that where none was fitted."""
     if slope is None or not (math.isfinite(slope.per_degree) and math.isfinite(slope.se)):
         return STEEPEST
-    return min(STEEPEST, BOARDS * max(slope.per_degree + CAUTION * slope.se, 0.0))
+    fit = slope.per_degree if significant(slope) else slope.per_degree + CAUTION * slope.se
+    return min(STEEPEST, BOARDS * max(fit, 0.0))
 
 
 @dataclass(frozen=True)
 class Warmth:
     """An energy figure read at ``run_c``, away from the ``history_c`` its history's runs read (their
-    median), further than its band and the history brought to it hold for a board of the ``steepest``
-    leakage: its threshold, and the smallest change it detects, widened by ``widen`` (relative)."""
+    median), further than its band (``threshold``) and the history brought to it hold for a board of
+    the ``steepest`` leakage.  Warmer: its threshold, and the smallest change it detects, widened by
+    ``widen`` (relative).  Cooler: what leakage may hide of a loss, ``hidden``, added to what it detects."""
 
     run_c: float
     history_c: float
     steepest: float
+    threshold: float
     widen: float
+    hidden: float
 
     def text(self) -> str:
-        """'read 12 °C warmer than its runs (median 41 °C): threshold widened 6.9% for leakage (up to
-        0.70%/°C)'."""
+        """'read 12 °C warmer than its runs (median 41 °C): its 2.9% threshold widened by 6.9% for
+        leakage (up to 0.70%/°C)', or for a cooler reading what it detects the less."""
         side = "warmer" if self.run_c > self.history_c else "cooler"
-        return (f"read {abs(self.run_c - self.history_c):.0f} °C {side} than its runs (median {self.history_c:.0f} °C): "
-                f"threshold widened {100 * self.widen:.1f}% for leakage (up to {100 * self.steepest:.2f}%/°C)")
+        head = f"read {abs(self.run_c - self.history_c):.0f} °C {side} than its runs (median {self.history_c:.0f} °C): "
+        up_to = f"(up to {100 * self.steepest:.2f}%/°C)"
+        if self.widen > 0:
+            return head + f"its {100 * self.threshold:.1f}% threshold widened by {100 * self.widen:.1f}% for leakage {up_to}"
+        return head + f"leakage {up_to} may hide {100 * self.hidden:.1f}% of a loss, which it detects the less"
 
 
 def history_temperature(temperatures: Sequence[float | None]) -> float | None:
@@ -202,29 +213,51 @@ def history_temperature(temperatures: Sequence[float | None]) -> float | None:
     return float(statistics.median(known)) if known and 2 * len(known) >= len(temperatures) else None
 
 
+def _counted(run_c: float | None, history_c: float | None) -> float | None:
+    """How far ``run_c`` read from ``history_c`` (degC, warmer positive), at most ``MAX_WARMTH_C``."""
+    if run_c is None or history_c is None:
+        return None
+    return max(min(run_c - history_c, MAX_WARMTH_C), -MAX_WARMTH_C)
+
+
 def widening(run_c: float | None, history_c: float | None, slope: Slope | None, brought: float,
              threshold: float) -> float:
-    """How far a band of ``threshold`` widens for a run read at ``run_c`` whose history's runs read
-    ``history_c`` (their median) and were ``brought`` (relative) toward it: what a board of the
-    :func:`steepest_for` leakage moves over that distance, less what was brought and half the
-    threshold (the rest holds the noise); 0 where that is nothing or a temperature is unknown."""
-    if run_c is None or history_c is None or not (math.isfinite(threshold) and math.isfinite(brought)):
+    """How far a band of ``threshold`` widens for a run read at ``run_c``, warmer than its history's
+    runs (their median ``history_c``), which were ``brought`` (relative) toward it: what a board of the
+    :func:`steepest_for` leakage moves over that distance (``MAX_WARMTH_C`` at most), less what was
+    brought and half the threshold (the rest holds the noise); 0 where it read no warmer, or a
+    temperature is unknown.  A cooler reading raises no false alarm: :func:`hidden` says what it hides."""
+    d = _counted(run_c, history_c)
+    if d is None or not (math.isfinite(threshold) and math.isfinite(brought)):
         return 0.0
-    return max(0.0, steepest_for(slope) * abs(run_c - history_c) - abs(brought) - threshold / 2)
+    return max(0.0, steepest_for(slope) * d - abs(brought) - threshold / 2)
+
+
+def hidden(run_c: float | None, history_c: float | None, slope: Slope | None, brought: float) -> float:
+    """What a run read at ``run_c``, cooler than its history's runs (their median ``history_c``), which
+    were ``brought`` toward it, may hide of a loss: what a board of the :func:`steepest_for` leakage
+    moves over that distance (``MAX_WARMTH_C`` at most), less what was brought; 0 where it read no
+    cooler or a temperature is unknown."""
+    d = _counted(run_c, history_c)
+    if d is None or not math.isfinite(brought):
+        return 0.0
+    return max(0.0, steepest_for(slope) * -d - abs(brought))
 
 
 def warmth(info: Mapping[str, object], temperatures: Sequence[float | None], threshold: float, brought: float,
            slope: Slope | None) -> Warmth | None:
     """The :func:`widening` of the band (``threshold``) of the record whose info is ``info``, whose
     history's runs read ``temperatures`` (:func:`history_temperature`) and were ``brought`` toward its
-    temperature; None where it is nothing, or the record or most runs read no temperature.  A night
-    that starts on a GPU just off a user's job, or whose cooling changed, then passes, and a loss
-    larger than the warmth explains still fails."""
+    temperature, or what it :func:`hidden` reading cooler; None where neither is anything, or the
+    record or most runs read no temperature.  A night that starts on a GPU just off a user's job, or
+    whose cooling changed, then passes, a loss larger than the warmth explains still fails, and a cool
+    night claims no loss that its leakage may hide."""
     run_c, history_c = temperature_of(info), history_temperature(temperatures)
     widen = widening(run_c, history_c, slope, brought, threshold)
-    if run_c is None or history_c is None or not widen > 0:
+    hides = hidden(run_c, history_c, slope, brought)
+    if run_c is None or history_c is None or not (widen > 0 or hides > 0):
         return None
-    return Warmth(run_c, history_c, steepest_for(slope), widen)
+    return Warmth(run_c, history_c, steepest_for(slope), threshold, widen, hides)
 
 
 def cap_for(threshold: float, detectable: float, limit: float) -> float:
@@ -258,7 +291,7 @@ def at_run_temperature(info: Mapping[str, object], runs: Sequence[tuple[float, f
     return AtRunTemperature(values, float(statistics.median(temps)), run_c, per_degree, capped)
 
 
-__all__ = ["BOARDS", "CAUTION", "MARGIN_C", "MAX_BROUGHT", "MAX_PER_DEGREE", "MIN_SLOPE_DOF", "MIN_T", "MIN_USED",
-           "STEEPEST", "AtRunTemperature", "Slope", "Warmth",
-           "at_run_temperature", "cap_for", "history_temperature", "pooled_slope",
+__all__ = ["BOARDS", "CAUTION", "MARGIN_C", "MAX_BROUGHT", "MAX_PER_DEGREE", "MAX_WARMTH_C", "MIN_SLOPE_DOF", "MIN_T",
+           "MIN_USED", "STEEPEST", "AtRunTemperature", "Slope", "Warmth",
+           "at_run_temperature", "cap_for", "hidden", "history_temperature", "pooled_slope",
            "significant", "slope_of", "steepest_for", "warmth", "widening"]

@@ -307,7 +307,7 @@ def _at_run_temperature(record: ResultRecord, e: BaselineEntry, b: Band,
     brought = b.center / float(statistics.median(e.values)) - 1 if warm is not None else 0.0
     more = warmth(record.metric.info, temperatures, b.threshold, brought, slope)
     if more is not None:
-        b = replace(b, threshold=b.threshold + more.widen, detectable=b.detectable + more.widen)
+        b = replace(b, threshold=b.threshold + more.widen, detectable=b.detectable + more.widen + more.hidden)
     return b, warm.text() if warm is not None else None, more.text() if more is not None else None
 
 
