@@ -233,6 +233,29 @@ def test_a_cool_night_claims_no_loss_its_leakage_may_hide() -> None:
     assert cool.outcome == "pass" and cool.threshold == pytest.approx(near.threshold)  # no wider
     assert cool.detectable == pytest.approx((near.detectable or 0) + hidden(35.0, 45.0, STEEP, brought))
     assert "read 10 °C cooler than its runs (median 45 °C): leakage (up to 0.60%/°C) may hide" in cool.message
+    leakage = compare(rec(5.00 * math.exp(-0.006 * 10), 35.0), hist, prior=Prior(0.004), slope=STEEP,
+                      improvement_fails=True)
+    assert leakage.outcome == "improved" and not leakage.failed  # a cool night's leakage fails no improvement
+    glitch = compare(rec(5.00 * 1.30, 45.0 + 100), hist, prior=Prior(0.004), slope=STEEP)
+    assert glitch.outcome == "regressed" and f"(median 45 °C, counted as {MAX_WARMTH_C:g} °C)" in glitch.message
+
+
+def test_a_re_measurement_widened_further_widens_what_the_verdict_detects() -> None:
+    from pytest_mig.judge.pipeline import Pipeline, RecordHistories, Remeasured
+    a100 = "NVIDIA A100-SXM4-80GB"
+    pipeline = Pipeline(RecordHistories([[rec(5.0 * f, 45.0, gpu=a100)] for f in SPREAD10]),
+                        references=ReferenceStore(SHIPPED))
+    loss = rec(5.0 * 1.05, 45.0, gpu=a100)  # a real 5% loss on a board whose energy ignores its temperature
+    (first,) = pipeline.judge([loss])
+
+    def rerun() -> Remeasured:  # re-read far warmer, the loss as it was
+        again = Remeasured()
+        for t in (54.0, 56.0):
+            again.keep(rec(5.0 * 1.05, t, gpu=a100).metric, False)
+        return again
+    (v,) = pipeline.judge([loss], remeasure=rerun)
+    assert first.outcome == "regressed" and v.outcome == "transient"
+    assert (v.detectable or 0) - (first.detectable or 0) > 0.05  # it no longer claims what its re-runs cannot show
 
 
 def test_the_history_s_temperature_is_its_runs_median_where_most_read_one() -> None:
@@ -412,7 +435,7 @@ def test_each_re_measurement_is_brought_alone_or_judged_as_it_read() -> None:
     assert v.at_temperature and v.baseline == pytest.approx(base_at(47))
     again = Remeasured()
     again[TRIAD], again.temperatures[TRIAD] = [0.121, 0.122, 0.123, 0.124], [50.0, None, 44.0, 80.0]
-    out = pipeline._at_first_temperature(first, v, again)
+    out, _ = pipeline._at_first_temperature(first, v, again)
     as_read = v.baseline / 0.1200  # what the baseline was moved by
     slope = Priors(ReferenceStore(SHIPPED)).slope_for(first)
 
@@ -424,10 +447,10 @@ def test_each_re_measurement_is_brought_alone_or_judged_as_it_read() -> None:
                                  0.123 * base_at(47) / base_at(44) - warmer(44.0, base_at(44) / 0.12 - 1),
                                  0.124 * as_read - warmer(80.0, 0.0)])  # 80 degC: not covered, and far warmer
     again[TRIAD], again.temperatures[TRIAD] = [0.121, 0.122], [50.0]
-    assert pipeline._at_first_temperature(first, v, again) == pytest.approx(
+    assert pipeline._at_first_temperature(first, v, again)[0] == pytest.approx(
         [0.121 * as_read, 0.122 * as_read])  # temperatures that do not line up: none is used
     again.brought.add(TRIAD)
-    assert pipeline._at_first_temperature(first, v, again) == [0.121, 0.122]  # brought already
+    assert pipeline._at_first_temperature(first, v, again) == ([0.121, 0.122], 0.0)  # brought already
 
 
 def test_a_re_run_keeps_each_temperature_beside_its_value() -> None:
@@ -581,14 +604,14 @@ def test_a_re_measurement_is_judged_as_a_first_measurement_at_its_temperature_wo
     for t in (45.0, 48.0, 52.0, 56.0):  # the last beyond what the slope covers: as read, and widened
         again = Remeasured()
         again[TRIAD], again.temperatures[TRIAD] = [0.1200 * 1.05], [t]
-        (out,) = pipeline._at_first_temperature(first, v, again)
+        (out,), _ = pipeline._at_first_temperature(first, v, again)
         (own,) = pipeline.judge([triad(0.1200 * 1.05, t)])  # no further brought, and its own widening
         beyond = (out / (v.baseline or 1) - 1) - (v.threshold or 0)
         assert beyond == pytest.approx((own.change_pct or 0) / 100 - (own.threshold or 0), abs=1e-9)
     assert v.warmth  # widened: a re-measurement whose temperature is unknown meets the first's band as it read
     again[TRIAD], again.temperatures[TRIAD] = [0.126], [None]
     as_read = (v.baseline or 0) / statistics.median([0.12 * f for f in SPREAD10])
-    assert pipeline._at_first_temperature(first, v, again) == pytest.approx([0.126 * as_read])
+    assert pipeline._at_first_temperature(first, v, again)[0] == pytest.approx([0.126 * as_read])
 
 
 def test_a_warmer_re_measurement_confirms_nothing_where_the_first_was_neither_brought_nor_widened() -> None:

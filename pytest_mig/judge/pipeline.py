@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import replace
 
 from typing import Callable, Iterable, Mapping, Protocol, Sequence
 
@@ -183,8 +184,7 @@ class Pipeline:
         if remeasure is not None and any(v.failed for v in verdicts):
             again = remeasure()
             shared: Mapping[str, Sequence[float]] = getattr(again, "shared", {})
-            verdicts = [self._confirmed(rec, v, self._at_first_temperature(rec, v, again),
-                                        shared.get(rec.metric.name, []))
+            verdicts = [self._remeasured(rec, v, again, shared.get(rec.metric.name, []))
                         if v.failed else v for rec, v in zip(records, verdicts)]
         explain_clock(records, verdicts)
         health = next((r.health for r in records if r.health), None)
@@ -269,8 +269,18 @@ class Pipeline:
                        default_tolerance=self.default_tolerance, prior=self.priors.for_record(rec, history),
                        slope=self.priors.slope_for(rec))
 
+    def _remeasured(self, rec: ResultRecord, verdict: Verdict, again: Mapping[str, Sequence[float]],
+                    shared: Sequence[float]) -> Verdict:
+        """The verdict re-judged on its re-measurements, put where its first measurement was; where one
+        was widened further for the warmth it read, the smallest change the verdict detects grows alike
+        (a re-run that reads warmer can clear a loss its first reading's band would have caught)."""
+        values, wider = self._at_first_temperature(rec, verdict, again)
+        if wider > 0 and verdict.detectable is not None:
+            verdict = replace(verdict, detectable=verdict.detectable + wider)
+        return self._confirmed(rec, verdict, values, shared)
+
     def _at_first_temperature(self, rec: ResultRecord, verdict: Verdict,
-                              again: Mapping[str, Sequence[float]]) -> list[float]:
+                              again: Mapping[str, Sequence[float]]) -> tuple[list[float], float]:
         """An energy figure's re-measurements (of ``again``) put where its first measurement's baseline
         and threshold were (:mod:`pytest_mig.judge.thermal`): each one judged as a first measurement at
         its own temperature would be, against the history brought there (no run moved by more than the
@@ -278,28 +288,31 @@ class Pipeline:
         read as a loss against the first's), then moved by the difference; or, where its temperature is
         unknown or one the slope does not cover (a results file written before keeps none), judged as it
         read: moved by what the baseline was, so that it meets the baseline as the runs read it.  As
-        they are for any other figure, or where they were put so already (``Remeasured.brought``)."""
+        they are for any other figure, or where they were put so already (``Remeasured.brought``).  With
+        them, the most any one was widened beyond the first reading."""
         name = rec.metric.name
         values = list(again.get(name, []))
         temperatures: Sequence[float | None] = getattr(again, "temperatures", {}).get(name, [])
         if name in getattr(again, "brought", ()) or rec.metric.kind != "energy":
-            return values
+            return values, 0.0
         base = self.history(rec)
         entry = base.get(rec.test, rec.metric.name, rec.mode) if base is not None else None
         if entry is None or not verdict.baseline or not entry.value:
-            return values
+            return values, 0.0
         slope, as_read = self.priors.slope_for(rec), verdict.baseline / entry.value
         known = list(temperatures) if len(temperatures) == len(values) else [None] * len(values)
         runs = [(r.value, r.temperature_c) for r in entry.runs]
         widen = _Widening(rec, verdict, entry, slope)
         cap = cap_for(widen.threshold, widen.detectable, verdict.tolerance or 0.0)
-        out = []
+        out, wider = [], 0.0
         for value, t in zip(values, known):
             own = at_run_temperature({"temperature_c": t}, runs, slope, cap=cap) if t is not None else None
             center = statistics.median(own.values) if own is not None else entry.value
             put = value * verdict.baseline / center if own is not None else value * as_read
-            out.append(put - verdict.baseline * (widen.at(t, center / entry.value - 1) - widen.first))
-        return out
+            extra = widen.at(t, center / entry.value - 1) - widen.first
+            out.append(put - verdict.baseline * extra)
+            wider = max(wider, extra)
+        return out, wider
 
     def _confirmed(self, rec: ResultRecord, verdict: Verdict, values: Sequence[float],
                    shared: Sequence[float]) -> Verdict:

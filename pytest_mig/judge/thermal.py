@@ -199,7 +199,9 @@ class Warmth:
         """'read 12 °C warmer than its runs (median 41 °C): its 2.9% threshold widened by 6.9% for
         leakage (up to 0.70%/°C)', or for a cooler reading what it detects the less."""
         side = "warmer" if self.run_c > self.history_c else "cooler"
-        head = f"read {abs(self.run_c - self.history_c):.0f} °C {side} than its runs (median {self.history_c:.0f} °C): "
+        far = abs(self.run_c - self.history_c)
+        counted = f", counted as {MAX_WARMTH_C:g} °C" if far > MAX_WARMTH_C else ""
+        head = f"read {far:.0f} °C {side} than its runs (median {self.history_c:.0f} °C{counted}): "
         up_to = f"(up to {100 * self.steepest:.2f}%/°C)"
         if self.widen > 0:
             return head + f"its {100 * self.threshold:.1f}% threshold widened by {100 * self.widen:.1f}% for leakage {up_to}"

@@ -57,7 +57,7 @@ from pytest_mig.judge.noise import (
     is_prior,
 )
 from pytest_mig.judge.reference import Reference, fingerprint_beside
-from pytest_mig.judge.thermal import Slope, at_run_temperature, cap_for, warmth
+from pytest_mig.judge.thermal import Slope, Warmth, at_run_temperature, cap_for, warmth
 from pytest_mig.store.results import ResultRecord
 from pytest_mig.store.verdicts import ClockNote, Outcome, Verdict
 from pytest_mig.common.text import SHOWN, quoted
@@ -287,11 +287,13 @@ def compare(
                                                           else e.tolerance, default_tolerance=default_tolerance,
                                                           partners=partners, prior=prior), slope)
     changes = fingerprint_diff(e.fingerprint or (meta.fingerprint if meta else {}), record.fingerprint)
-    return _judged(record, e, b, changes, improvement_fails=improvement_fails, at_temperature=warm, warmth=more)
+    cooler = more is not None and more.hidden > 0  # reads lower for its temperature: no improvement to fail on
+    return _judged(record, e, b, changes, improvement_fails=improvement_fails and not cooler, at_temperature=warm,
+                   warmth=more.text() if more is not None else None)
 
 
 def _at_run_temperature(record: ResultRecord, e: BaselineEntry, b: Band,
-                        slope: Slope | None) -> tuple[Band, str | None, str | None]:
+                        slope: Slope | None) -> tuple[Band, str | None, Warmth | None]:
     """The band of an energy figure at this run's temperature (:mod:`pytest_mig.judge.thermal`), and
     what the verdict says of it (its ``at_temperature``, its ``warmth``): its baseline brought there,
     no run moved by more than :func:`~pytest_mig.judge.thermal.cap_for` allows, its sigma as the runs
@@ -308,7 +310,7 @@ def _at_run_temperature(record: ResultRecord, e: BaselineEntry, b: Band,
     more = warmth(record.metric.info, temperatures, b.threshold, brought, slope)
     if more is not None:
         b = replace(b, threshold=b.threshold + more.widen, detectable=b.detectable + more.widen + more.hidden)
-    return b, warm.text() if warm is not None else None, more.text() if more is not None else None
+    return b, warm.text() if warm is not None else None, more
 
 
 def _other_mode(record: ResultRecord, other_mode: str, throttled: list[str]) -> Verdict:
