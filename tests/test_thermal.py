@@ -236,11 +236,13 @@ def test_a_cool_night_claims_no_loss_its_leakage_may_hide() -> None:
     leakage = compare(rec(5.00 * math.exp(-0.006 * 10), 35.0), hist, prior=Prior(0.004), slope=STEEP,
                       improvement_fails=True)
     assert leakage.outcome == "improved" and not leakage.failed  # a cool night's leakage fails no improvement
+    gain = compare(rec(5.00 * 0.70, 44.0), hist, prior=Prior(0.004), slope=STEEP, improvement_fails=True)
+    assert gain.outcome == "improved" and gain.failed  # one far beyond what it may owe the cool still does
     glitch = compare(rec(5.00 * 1.30, 45.0 + 100), hist, prior=Prior(0.004), slope=STEEP)
     assert glitch.outcome == "regressed" and f"(median 45 °C, counted as {MAX_WARMTH_C:g} °C)" in glitch.message
 
 
-def test_a_re_measurement_widened_further_widens_what_the_verdict_detects() -> None:
+def test_a_re_measurement_widened_further_widens_what_the_verdict_detects(tmp_path: Any) -> None:
     from pytest_mig.judge.pipeline import Pipeline, RecordHistories, Remeasured
     a100 = "NVIDIA A100-SXM4-80GB"
     pipeline = Pipeline(RecordHistories([[rec(5.0 * f, 45.0, gpu=a100)] for f in SPREAD10]),
@@ -256,6 +258,12 @@ def test_a_re_measurement_widened_further_widens_what_the_verdict_detects() -> N
     (v,) = pipeline.judge([loss], remeasure=rerun)
     assert first.outcome == "regressed" and v.outcome == "transient"
     assert (v.detectable or 0) - (first.detectable or 0) > 0.05  # it no longer claims what its re-runs cannot show
+    assert "re-measured warmer: what it detects widened by" in v.message
+    loss.verdict = v
+    write_results(tmp_path / "night.json", [loss])
+    (back,) = read_results_file(tmp_path / "night.json")[0]
+    (again,) = pipeline.judge_runs([back])  # pytest-mig compare: its re-measurements keep no temperature
+    assert again.outcome == v.outcome and again.detectable == pytest.approx(v.detectable) and again.message == v.message
 
 
 def test_the_history_s_temperature_is_its_runs_median_where_most_read_one() -> None:

@@ -55,18 +55,25 @@ Tolerance = float | Mapping[str, float] | None
 Remeasure = Callable[[], Mapping[str, Sequence[float]]]
 
 
+#: How a verdict says that a re-measurement read warmer widened what it detects (:meth:`Pipeline._remeasured`).
+REMEASURED_WARMER = "re-measured warmer"
+
+
 class Remeasured(dict):  # type: ignore[type-arg]
     """Each metric's re-measured values made alone; ``shared``: those made while the host's other GPUs
     copied, which judge nothing (:meth:`Pipeline.judge`); ``temperatures``: the GPU temperature each
     one made alone read (None where it read none), beside its value; ``brought``: the metrics whose
     values are at their first measurement's temperature already (a results file's, brought as the
-    run judged them: :meth:`Pipeline.judge_runs`)."""
+    run judged them: :meth:`Pipeline.judge_runs`); ``detects``: the smallest change each metric's
+    verdict said it detected once re-measured (a results file's, whose re-measurements keep no
+    temperature to widen it again)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.shared: dict[str, list[float]] = {}
         self.temperatures: dict[str, list[float | None]] = {}
         self.brought: set[str] = set()
+        self.detects: dict[str, float] = {}
 
     def keep(self, metric: Metric, shared: bool) -> None:
         """One re-measured figure: among those made while the host's other GPUs copied where ``shared``."""
@@ -207,6 +214,9 @@ class Pipeline:
                 taken[r.metric.name] = list(r.verdict.confirmations) if r.verdict is not None else []
                 if r.verdict is not None and r.verdict.at_temperature:
                     taken.brought.add(r.metric.name)
+                if r.verdict is not None and REMEASURED_WARMER in (r.verdict.warmth or "") \
+                        and r.verdict.detectable is not None:
+                    taken.detects[r.metric.name] = r.verdict.detectable
             for i, v in zip(idx, self.judge(mine, tolerance=tolerance, remeasure=lambda taken=taken: taken)):
                 out[i] = v
         return [v for v in out if v is not None]
@@ -275,8 +285,13 @@ class Pipeline:
         was widened further for the warmth it read, the smallest change the verdict detects grows alike
         (a re-run that reads warmer can clear a loss its first reading's band would have caught)."""
         values, wider = self._at_first_temperature(rec, verdict, again)
+        recorded = getattr(again, "detects", {}).get(rec.metric.name)
+        if recorded is not None and verdict.detectable is not None:
+            wider = max(wider, recorded - verdict.detectable)
         if wider > 0 and verdict.detectable is not None:
-            verdict = replace(verdict, detectable=verdict.detectable + wider)
+            note = f"{REMEASURED_WARMER}: what it detects widened by {100 * wider:.1f}% for leakage"
+            verdict = replace(verdict, detectable=verdict.detectable + wider,
+                              warmth=f"{verdict.warmth}; {note}" if verdict.warmth else note)
         return self._confirmed(rec, verdict, values, shared)
 
     def _at_first_temperature(self, rec: ResultRecord, verdict: Verdict,
@@ -373,5 +388,5 @@ def tolerance_for(tolerance: Tolerance, metric: str) -> float | None:
     return tolerance.get(metric)
 
 
-__all__ = ["Histories", "Pipeline", "RecordHistories", "Remeasure", "Remeasured", "StoreHistories", "Tolerance",
-           "tolerance_for"]
+__all__ = ["REMEASURED_WARMER", "Histories", "Pipeline", "RecordHistories", "Remeasure", "Remeasured",
+           "StoreHistories", "Tolerance", "tolerance_for"]

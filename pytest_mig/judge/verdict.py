@@ -287,9 +287,8 @@ def compare(
                                                           else e.tolerance, default_tolerance=default_tolerance,
                                                           partners=partners, prior=prior), slope)
     changes = fingerprint_diff(e.fingerprint or (meta.fingerprint if meta else {}), record.fingerprint)
-    cooler = more is not None and more.hidden > 0  # reads lower for its temperature: no improvement to fail on
-    return _judged(record, e, b, changes, improvement_fails=improvement_fails and not cooler, at_temperature=warm,
-                   warmth=more.text() if more is not None else None)
+    return _judged(record, e, b, changes, improvement_fails=improvement_fails, at_temperature=warm,
+                   warmth=more.text() if more is not None else None, cooler=more.hidden if more is not None else 0.0)
 
 
 def _at_run_temperature(record: ResultRecord, e: BaselineEntry, b: Band,
@@ -362,8 +361,10 @@ def _unjudgeable(record: ResultRecord, e: BaselineEntry, throttled: list[str]) -
 
 
 def _judged(record: ResultRecord, e: BaselineEntry, b: Band, changes: list[str], *, improvement_fails: bool,
-            source: str = "baseline", at_temperature: str | None = None, warmth: str | None = None) -> Verdict:
-    """The verdict of a record against a history whose band is ``b``."""
+            source: str = "baseline", at_temperature: str | None = None, warmth: str | None = None,
+            cooler: float = 0.0) -> Verdict:
+    """The verdict of a record against a history whose band is ``b``; an improvement fails (where it
+    does) only beyond ``cooler`` more, what a cool reading's leakage may lower it by."""
     m = record.metric
     change = (m.value - b.center) / abs(b.center)
     if not math.isfinite(change):  # 1.5e308 against 0.5: no measurement, and no verdict either way
@@ -379,7 +380,7 @@ def _judged(record: ResultRecord, e: BaselineEntry, b: Band, changes: list[str],
         outcome = "improved"
     else:
         outcome = "pass"
-    failed = outcome == "regressed" or (outcome == "improved" and improvement_fails)
+    failed = outcome == "regressed" or (outcome == "improved" and improvement_fails and -worse > b.threshold + cooler)
     v = make_verdict(record, outcome, "", baseline=b.center, change_pct=change * 100, tolerance=b.limit,
                  threshold=b.threshold, sigma=b.sigma, detectable=b.detectable, runs=b.runs, gates=b.gates,
                  basis=b.basis, fingerprint_changes=changes, throttled=throttle_reasons(m.info), failed=failed,
