@@ -314,7 +314,7 @@ class Pipeline:
         entry = base.get(rec.test, rec.metric.name, rec.mode) if base is not None else None
         if entry is None or not verdict.baseline or not entry.value:
             return values, 0.0
-        slope, as_read = self.priors.slope_for(rec), verdict.baseline / entry.value
+        slope = self.priors.slope_for(rec)
         known = list(temperatures) if len(temperatures) == len(values) else [None] * len(values)
         runs = [(r.value, r.temperature_c) for r in entry.runs]
         widen = _Widening(rec, verdict, entry, slope)
@@ -322,10 +322,9 @@ class Pipeline:
         out, wider = [], 0.0
         for value, t in zip(values, known):
             own = at_run_temperature({"temperature_c": t}, runs, slope, cap=cap) if t is not None else None
-            center = statistics.median(own.values) if own is not None else entry.value
-            put = value * verdict.baseline / center if own is not None else value * as_read
+            center = statistics.median(own.values) if own is not None else entry.value  # as read where not brought
             extra = widen.at(t, center / entry.value - 1) - widen.first
-            out.append(put - verdict.baseline * extra)
+            out.append(value * verdict.baseline / center - verdict.baseline * extra)
             wider = max(wider, extra)
         return out, wider
 

@@ -300,13 +300,12 @@ def _at_run_temperature(record: ResultRecord, e: BaselineEntry, b: Band,
     the threshold hold (:func:`~pytest_mig.judge.thermal.warmth`); else ``b`` as it is."""
     if record.metric.kind != "energy":
         return b, None, None
-    temperatures = [r.temperature_c for r in e.runs]
+    as_read = b.center
     cap = cap_for(b.threshold, b.detectable, b.limit)
     warm = at_run_temperature(record.metric.info, [(r.value, r.temperature_c) for r in e.runs], slope, cap=cap)
     if warm is not None:
         b = replace(b, center=float(statistics.median(warm.values)))
-    brought = b.center / float(statistics.median(e.values)) - 1 if warm is not None else 0.0
-    more = warmth(record.metric.info, temperatures, b.threshold, brought, slope)
+    more = warmth(record.metric.info, [r.temperature_c for r in e.runs], b.threshold, b.center / as_read - 1, slope)
     if more is not None:
         b = replace(b, threshold=b.threshold + more.widen, detectable=b.detectable + more.widen + more.hidden)
     return b, warm.text() if warm is not None else None, more
